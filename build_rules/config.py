@@ -1,0 +1,370 @@
+"""chips.toml and models/<name>/model.toml, parsed once into typed objects.
+
+Every error names the file and the key, so a user can fix it without reading this code.
+Only the standard library is used: this runs every time doit loads the build file.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import BuildError
+
+# Names become folder and task names: keep them to one safe path component.
+SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+TENSOR_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "bool")
+ACTIVATION_TYPES = ("uint8", "uint16")
+WEIGHT_TYPES = ("uint8", "int8", "uint16", "int4")
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+METRICS_HIGHER_IS_BETTER = ("accuracy", "cosine", "sqnr")
+METRICS_LOWER_IS_BETTER = ("max_abs", "wer")
+
+
+class ConfigError(BuildError):
+    """A config file is wrong; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class Chip:
+    name: str
+    marketing_name: str
+    soc_id: int
+    dsp_arch: str  # "v79"
+    vtcm_mb: int
+    fp16: bool
+
+    @property
+    def arch_number(self) -> int:
+        return int(self.dsp_arch[1:])
+
+
+@dataclass(frozen=True)
+class ChipTable:
+    path: Path
+    chips: dict[str, Chip]
+    default: tuple[str, ...]
+
+    def get(self, name: str, where: str) -> Chip:
+        if name not in self.chips:
+            known = ", ".join(sorted(self.chips))
+            raise ConfigError(f"{where}: unknown chip '{name}' (chips in {self.path.name}: {known})")
+        return self.chips[name]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A metric with a bound: `min` for higher-is-better metrics, `max` for lower-is-better."""
+    metric: str
+    bound: float
+    higher_is_better: bool
+
+    def passes(self, value: float) -> bool:
+        return value >= self.bound if self.higher_is_better else value <= self.bound
+
+    def describe(self) -> str:
+        return f"{self.metric} {'>=' if self.higher_is_better else '<='} {self.bound:g}"
+
+    def as_dict(self) -> dict:
+        return {"metric": self.metric, ("min" if self.higher_is_better else "max"): self.bound}
+
+
+@dataclass(frozen=True)
+class Graph:
+    name: str
+    checkpoints: tuple[str, ...]
+    inputs: dict[str, TensorSpec]
+    outputs: tuple[str, ...]
+    calibration_samples: int
+    verify: Threshold
+    gate: Threshold | None
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    precision: str  # "fp16" or "quantized"
+    activations: str | None = None
+    weights: str | None = None
+    per_channel: bool = True
+    calibration_method: str = "minmax"
+    calibration_samples: int = 0
+    overrides: dict[str, str] = field(default_factory=dict)  # tensor -> activation type
+
+    @property
+    def is_fp16(self) -> bool:
+        return self.precision == "fp16"
+
+    def settings(self) -> dict:
+        """What changes the quantized model: goes into task keys and manifests."""
+        if self.is_fp16:
+            return {"precision": "fp16"}
+        return {"precision": "quantized", "activations": self.activations, "weights": self.weights,
+                "per_channel": self.per_channel, "calibration_method": self.calibration_method,
+                "calibration_samples": self.calibration_samples, "overrides": dict(sorted(self.overrides.items()))}
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    folder: Path
+    toml_path: Path
+    description: str
+    license: str
+    hooks: Path
+    onnx: Path | None
+    checkpoints: tuple[str, ...]
+    chips: tuple[str, ...]
+    graphs: dict[str, Graph]
+    variants: dict[str, Variant]
+
+    def checkpoint_paths(self, graph: Graph) -> list[Path]:
+        return [resolve_file(ref, self.folder, f"{self.toml_path}: [graphs.{graph.name}] checkpoints")
+                for ref in self.checkpoints + graph.checkpoints]
+
+
+# --- reading helpers -------------------------------------------------------------------------
+
+def read_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+
+
+class _Table:
+    """One TOML table with the file and key path it came from, for error messages."""
+
+    def __init__(self, path: Path, where: str, data: object):
+        self.path, self.where = path, where
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: {where or 'top level'}: expected a table, got {data!r}")
+        self.data = data
+
+    def error(self, key: str, message: str) -> ConfigError:
+        place = f"{self.where} {key}" if self.where else key
+        return ConfigError(f"{self.path}: {place}: {message}")
+
+    def check_keys(self, allowed: tuple[str, ...]) -> None:
+        for key in self.data:
+            if key not in allowed:
+                raise self.error(key, f"unknown key (allowed: {', '.join(allowed)})")
+
+    def get(self, key: str, kind: type | tuple, default=..., choices: tuple | None = None):
+        if key not in self.data:
+            if default is ...:
+                raise self.error(key, "missing")
+            return default
+        value = self.data[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        # TOML booleans are ints in Python; do not let `true` pass as a number.
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            names = " or ".join(k.__name__ for k in kinds)
+            raise self.error(key, f"expected {names}, got {value!r}")
+        if choices is not None and value not in choices:
+            raise self.error(key, f"expected one of {', '.join(map(repr, choices))}, got {value!r}")
+        return value
+
+    def table(self, key: str, default=...) -> "_Table":
+        if key not in self.data and default is not ...:
+            return _Table(self.path, self._sub(key), default)
+        return _Table(self.path, self._sub(key), self.get(key, dict))
+
+    def _sub(self, key: str) -> str:
+        return f"[{key}]" if not self.where else f"{self.where[:-1]}.{key}]"
+
+    def name(self, key: str, value: str) -> str:
+        if not SAFE_NAME.match(value) or value in (".", ".."):
+            raise self.error(key, f"name {value!r} is not allowed: use letters, digits, '_', '-' or '.', "
+                                  "no slashes (it becomes a folder under out/)")
+        return value
+
+
+def resolve_file(ref: str, folder: Path, where: str) -> Path:
+    """A path relative to the model folder, or pkg:<module>/<path> inside an installed package."""
+    if ref.startswith("pkg:"):
+        module, _, inner = ref[4:].partition("/")
+        spec = importlib.util.find_spec(module) if module else None  # finds without importing the package
+        if spec is None or not spec.submodule_search_locations:
+            raise ConfigError(f"{where}: {ref}: package '{module}' is not installed")
+        path = Path(list(spec.submodule_search_locations)[0]) / inner
+    else:
+        path = folder / ref
+    if not path.is_file():
+        raise ConfigError(f"{where}: checkpoint {ref} not found (looked for {path})")
+    return path
+
+
+# --- chips.toml ------------------------------------------------------------------------------
+
+def load_chips(path: Path) -> ChipTable:
+    root = _Table(path, "", read_toml(path))
+    root.check_keys(("default", "chips"))
+    chips = {}
+    for name, data in root.table("chips").data.items():
+        t = root.table("chips").table(name)
+        root.name(f"[chips.{name}]", name)
+        t.check_keys(("marketing_name", "soc_id", "dsp_arch", "vtcm_mb", "fp16"))
+        arch = t.get("dsp_arch", str)
+        if not re.fullmatch(r"v\d\d", arch):
+            raise t.error("dsp_arch", f"expected 'v' and two digits like 'v79', got {arch!r}")
+        chips[name] = Chip(name=name, marketing_name=t.get("marketing_name", str, ""), soc_id=t.get("soc_id", int),
+                           dsp_arch=arch, vtcm_mb=t.get("vtcm_mb", int), fp16=t.get("fp16", bool))
+    default = tuple(root.get("default", list, list(chips)))
+    table = ChipTable(path=path, chips=chips, default=default)
+    for name in default:
+        table.get(name, f"{path}: default")
+    return table
+
+
+# --- models/<name>/model.toml ----------------------------------------------------------------
+
+def _threshold(t: _Table, key: str) -> Threshold | None:
+    if key not in t.data:
+        return None
+    s = t.table(key)
+    s.check_keys(("metric", "min", "max"))
+    metric = s.get("metric", str, choices=METRICS_HIGHER_IS_BETTER + METRICS_LOWER_IS_BETTER)
+    higher = metric in METRICS_HIGHER_IS_BETTER
+    bound_key = "min" if higher else "max"
+    other = "max" if higher else "min"
+    if other in s.data:
+        raise s.error(other, f"metric {metric!r} takes '{bound_key}', not '{other}'")
+    return Threshold(metric=metric, bound=float(s.get(bound_key, (int, float))), higher_is_better=higher)
+
+
+def _graph(t: _Table, name: str, onnx_entry: bool) -> Graph:
+    t.check_keys(("checkpoints", "inputs", "outputs", "calibration_samples", "verify", "gate"))
+    inputs = {}
+    for input_name in t.table("inputs").data:
+        s = t.table("inputs").table(input_name)
+        s.check_keys(("shape", "dtype"))
+        shape = s.get("shape", list)
+        if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+            raise s.error("shape", f"every dim must be a positive integer (the NPU runs static shapes), got {shape!r}")
+        dtype = s.get("dtype", str)
+        if dtype == "int64":
+            raise s.error("dtype", "int64 is not supported on QNN HTP: export the input as int32")
+        if dtype not in TENSOR_DTYPES:
+            raise s.error("dtype", f"expected one of {', '.join(TENSOR_DTYPES)}, got {dtype!r}")
+        inputs[input_name] = TensorSpec(tuple(shape), dtype)
+    if not inputs and not onnx_entry:
+        raise t.error("inputs", "missing (name = { shape = [...], dtype = \"float32\" } per input)")
+    outputs = t.get("outputs", list, [])
+    samples = t.get("calibration_samples", int, 32)
+    if samples < 1:
+        raise t.error("calibration_samples", f"must be at least 1, got {samples}")
+    verify = _threshold(t, "verify") or Threshold("max_abs", 1e-4, False)
+    return Graph(name=name, checkpoints=tuple(t.get("checkpoints", list, [])), inputs=inputs,
+                 outputs=tuple(outputs), calibration_samples=samples, verify=verify, gate=_threshold(t, "gate"))
+
+
+VARIANT_KEYS = ("inherits", "precision", "activations", "weights", "per_channel", "calibration", "overrides")
+
+
+def _merged_variant(name: str, raw_variants: dict, where: str, seen: tuple = ()) -> dict:
+    """The variant's table with the tables it inherits from underneath it."""
+    data = raw_variants[name]
+    parent = data.get("inherits")
+    if parent is None:
+        return dict(data)
+    if parent not in raw_variants or parent in seen + (name,):
+        raise ConfigError(f"{where}: [variants.{name}] inherits: no such variant {parent!r} (or a cycle)")
+    merged = _merged_variant(parent, raw_variants, where, seen + (name,))
+    merged.update({k: v for k, v in data.items() if k != "inherits"})
+    return merged
+
+
+def _variant(t: _Table, name: str, raw_variants: dict, graphs: dict[str, Graph]) -> Variant:
+    t.check_keys(VARIANT_KEYS)
+    data = _merged_variant(name, raw_variants, str(t.path))
+    t = _Table(t.path, t.where, data)
+    precision = t.get("precision", str, "quantized", choices=("fp16", "quantized"))
+    if precision == "fp16":
+        extra = [k for k in data if k != "precision"]
+        if extra:
+            raise t.error(extra[0], "an fp16 variant takes no quantization settings")
+        return Variant(name=name, precision="fp16")
+    calibration = t.table("calibration", {})
+    calibration.check_keys(("method", "samples"))
+    smallest = min((g.calibration_samples for g in graphs.values()), default=0)
+    samples = calibration.get("samples", int, smallest)
+    for g in graphs.values():
+        if samples > g.calibration_samples:
+            raise calibration.error("samples", f"{samples} is more than graph {g.name!r} calibrates "
+                                               f"(calibration_samples = {g.calibration_samples})")
+    if samples < 1:
+        raise calibration.error("samples", f"must be at least 1, got {samples}")
+    overrides = t.table("overrides", {})
+    for tensor in overrides.data:
+        overrides.get(tensor, str, choices=ACTIVATION_TYPES)
+    return Variant(name=name, precision="quantized",
+                   activations=t.get("activations", str, choices=ACTIVATION_TYPES),
+                   weights=t.get("weights", str, choices=WEIGHT_TYPES),
+                   per_channel=t.get("per_channel", bool, True),
+                   calibration_method=calibration.get("method", str, "minmax", choices=CALIBRATION_METHODS),
+                   calibration_samples=samples, overrides=dict(overrides.data))
+
+
+def load_model(folder: Path, chips: ChipTable) -> Model:
+    path = folder / "model.toml"
+    root = _Table(path, "", read_toml(path))
+    root.check_keys(("model", "graphs", "variants"))
+    m = root.table("model")
+    m.check_keys(("description", "license", "hooks", "onnx", "checkpoints", "chips"))
+    name = folder.name
+    root.name("model folder", name)
+    onnx_ref = m.get("onnx", str, None)
+    hooks = folder / m.get("hooks", str, "export.py")
+    if not hooks.is_file():
+        raise m.error("hooks", f"file not found: {hooks}")
+    onnx_path = None
+    if onnx_ref is not None:
+        onnx_path = folder / onnx_ref
+        if not onnx_path.is_file():
+            raise m.error("onnx", f"file not found: {onnx_path}")
+    model_chips = tuple(m.get("chips", list, list(chips.default)))
+    for chip in model_chips:
+        chips.get(chip, f"{path}: [model] chips")
+    graphs = {}
+    graph_tables = root.table("graphs")
+    if not graph_tables.data:
+        raise root.error("[graphs]", "no graphs: add a [graphs.<name>] table")
+    for graph_name in graph_tables.data:
+        root.name(f"[graphs.{graph_name}]", graph_name)
+        graphs[graph_name] = _graph(graph_tables.table(graph_name), graph_name, onnx_path is not None)
+    if onnx_path is not None and len(graphs) != 1:
+        raise m.error("onnx", "an ONNX-file model has exactly one graph")
+    variants = {}
+    variant_tables = root.table("variants")
+    if not variant_tables.data:
+        raise root.error("[variants]", "no variants: add e.g. [variants.fp16] precision = \"fp16\"")
+    for variant_name in variant_tables.data:
+        root.name(f"[variants.{variant_name}]", variant_name)
+        variants[variant_name] = _variant(variant_tables.table(variant_name), variant_name,
+                                          variant_tables.data, graphs)
+    model = Model(name=name, folder=folder, toml_path=path, description=m.get("description", str, ""),
+                  license=m.get("license", str, "unknown"), hooks=hooks, onnx=onnx_path,
+                  checkpoints=tuple(m.get("checkpoints", list, [])), chips=model_chips, graphs=graphs,
+                  variants=variants)
+    for graph in graphs.values():
+        model.checkpoint_paths(graph)  # fail now, naming the file, rather than in the middle of a build
+    return model
+
+
+def load_models(models_dir: Path, chips: ChipTable) -> list[Model]:
+    if not models_dir.is_dir():
+        return []
+    return [load_model(folder, chips) for folder in sorted(models_dir.iterdir())
+            if (folder / "model.toml").is_file()]

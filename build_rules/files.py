@@ -1,0 +1,59 @@
+"""Writing outputs so that a reader never sees half a file.
+
+doit takes a target that exists as built, whatever its bytes; an interrupted write must therefore
+leave either the old file or no file, never a truncated one: write beside, fsync, os.replace.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_json(path: str | os.PathLike, data) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def publish(staged: Path, target: Path) -> None:
+    """Move a finished file from the staging folder to its target (same file system: atomic)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(staged, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(staged, target)
+
+
+def remove_quietly(*paths: str | os.PathLike) -> None:
+    for p in paths:
+        p = Path(p)
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            _unlink(p)
+
+
+def _unlink(p) -> None:
+    try:
+        os.unlink(p)
+    except FileNotFoundError:
+        pass

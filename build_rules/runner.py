@@ -1,0 +1,65 @@
+"""Runs one stage in its own Python process and publishes its outputs atomically.
+
+Why a process per stage: QNN libraries can crash natively, torch and onnxruntime are heavy to
+import, and doit itself must stay light. The stage writes into a private staging folder under
+out/.staging; only when it succeeded are its files moved onto the targets (same file system, so
+each move is atomic). A failed or interrupted stage leaves the old targets or none, never a half file.
+The stage's stdout and stderr go to a log beside its outputs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from doit.exceptions import TaskFailed
+
+from .files import publish, remove_quietly
+
+STAGING = Path("out/.staging")
+PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+
+
+def run_stage(stage: str, params: dict, targets: list[str], log: str):
+    """doit action: run build_rules.stages.<stage>.run(params) in a subprocess.
+
+    params["outputs"] maps names to target paths; the stage sees them rewritten into its staging
+    folder (params["final_outputs"] keeps the real ones, for files that name other files).
+    """
+    staging = (STAGING / uuid.uuid4().hex).resolve()
+    staging.mkdir(parents=True)
+    try:
+        staged = {key: str(staging / path) for key, path in params.get("outputs", {}).items()}
+        job = dict(params, outputs=staged, final_outputs=params.get("outputs", {}))
+        (staging / "params.json").write_text(json.dumps(job))
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p))
+        with open(log, "wb") as log_file:
+            code = subprocess.call([sys.executable, "-m", "build_rules.stage_main", stage, str(staging)],
+                                   stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        result_path = staging / "result.json"
+        result = json.loads(result_path.read_text()) if result_path.exists() else {}
+        if code != 0 or "error" in result:
+            message = result.get("error") or f"stage '{stage}' exited with code {code}; last lines of {log}:\n" \
+                + _tail(log)
+            return TaskFailed(f"{message}\n(log: {log})")
+        missing = [t for t in targets if not (staging / t).exists()]
+        if missing:
+            return TaskFailed(f"stage '{stage}' did not write {', '.join(missing)} (log: {log})")
+        for target in targets:
+            publish(staging / target, Path(target))
+        return result.get("values", {})
+    finally:
+        remove_quietly(staging)
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""

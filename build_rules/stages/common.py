@@ -1,0 +1,95 @@
+"""Helpers shared by stages: the model's hook file, raw calibration files, metrics."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BuildError
+
+
+def load_hooks(path: str):
+    """Import models/<name>/export.py by path (model folders are not packages)."""
+    spec = importlib.util.spec_from_file_location(f"model_hooks_{Path(path).parent.name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_sample(sample, specs: dict, where: str) -> dict[str, np.ndarray]:
+    """A sample from a data hook must have exactly the declared inputs, shapes and dtypes."""
+    if not isinstance(sample, dict):
+        raise BuildError(f"{where}: expected a dict of input name -> array, got {type(sample).__name__}")
+    if set(sample) != set(specs):
+        raise BuildError(f"{where}: inputs {sorted(sample)} do not match the graph's inputs {sorted(specs)}")
+    checked = {}
+    for name, spec in specs.items():
+        array = np.asarray(sample[name])
+        if tuple(array.shape) != tuple(spec["shape"]) or array.dtype != np.dtype(spec["dtype"]):
+            raise BuildError(f"{where}: input '{name}' is {array.dtype}{list(array.shape)}, "
+                             f"the graph declares {spec['dtype']}{list(spec['shape'])}")
+        checked[name] = np.ascontiguousarray(array)
+    return checked
+
+
+def read_input_list(input_list: str, specs: dict, count: int | None = None) -> list[dict[str, np.ndarray]]:
+    """The raw calibration files named by input_list.txt (one line per sample, one path per input)."""
+    samples = []
+    with open(input_list) as f:
+        lines = [line.split() for line in f if line.strip()]
+    for line in lines[:count]:
+        sample = {}
+        for (name, spec), path in zip(specs.items(), line):
+            sample[name] = np.fromfile(path, dtype=spec["dtype"]).reshape(spec["shape"])
+        samples.append(sample)
+    return samples
+
+
+def compare(reference: list[dict], actual: list[dict]) -> dict[str, dict[str, float]]:
+    """Per output: cosine, SQNR (dB) and max abs error of actual against reference, over all samples."""
+    metrics = {}
+    for name in reference[0]:
+        ref = np.concatenate([r[name].astype(np.float64).ravel() for r in reference])
+        act = np.concatenate([a[name].astype(np.float64).ravel() for a in actual])
+        noise = ref - act
+        denominator = np.linalg.norm(ref) * np.linalg.norm(act)
+        cosine = float(ref @ act / denominator) if denominator > 0 else float(np.array_equal(ref, act))
+        noise_power = float(noise @ noise)
+        sqnr = float(10 * np.log10(float(ref @ ref) / noise_power)) if noise_power > 0 else float("inf")
+        metrics[name] = {"cosine": cosine, "sqnr": sqnr, "max_abs": float(np.max(np.abs(noise)))}
+    return metrics
+
+
+def worst(metrics: dict[str, dict[str, float]], metric: str) -> float:
+    """The worst value of a metric over all outputs (lowest cosine/SQNR, highest max abs)."""
+    values = [m[metric] for m in metrics.values()]
+    return max(values) if metric == "max_abs" else min(values)
+
+
+def save_arrays(path: str, arrays: dict[str, np.ndarray]) -> None:
+    """Like np.savez, but byte-identical for identical arrays (np.savez stamps the current time)."""
+    import io
+    import zipfile
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+        for name, array in arrays.items():
+            buffer = io.BytesIO()
+            np.lib.format.write_array(buffer, np.asarray(array), allow_pickle=False)
+            archive.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), buffer.getvalue())
+
+
+def load_evaluation(path: str) -> tuple[list[dict], list[dict]]:
+    """(inputs, float reference outputs) saved by verify."""
+    with np.load(path) as data:
+        count = int(data["count"])
+        inputs = [{} for _ in range(count)]
+        outputs = [{} for _ in range(count)]
+        for key in data.files:
+            if key == "count":
+                continue
+            index, kind, name = key.split("/", 2)
+            (inputs if kind == "input" else outputs)[int(index)][name] = data[key]
+    return inputs, outputs

@@ -1,0 +1,77 @@
+"""Stage 3, verify: ONNX Runtime (CPU) on the simplified graph against the source model on real inputs.
+
+The source is the PyTorch module from the build hook, or the original ONNX file for ONNX-file
+models. Also saves the evaluation inputs with the float reference outputs: every later check
+compares the compiled binary against these, without importing torch again.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import BuildError
+from ..files import atomic_write_json
+from .common import check_sample, compare, load_hooks, save_arrays, worst
+
+VERSION = 1
+
+
+def evaluation_samples(hooks, params) -> list[dict]:
+    graph, specs = params["graph"], params["inputs"]
+    if hasattr(hooks, "evaluation_inputs"):
+        samples = list(hooks.evaluation_inputs(graph))
+        source = "evaluation_inputs"
+    elif hasattr(hooks, "calibration_inputs"):
+        samples = list(hooks.calibration_inputs(graph, params["default_evaluation_count"]))
+        source = "calibration_inputs"
+    else:
+        raise BuildError(f"{params['hooks']}: needs evaluation_inputs(graph) or calibration_inputs(graph, count)")
+    if not samples:
+        raise BuildError(f"{params['hooks']}: {source}({graph!r}) returned no samples")
+    return [check_sample(s, specs, f"{params['hooks']}: {source}({graph!r}) sample {i}") for i, s in enumerate(samples)]
+
+
+def _run_onnx(path, samples):
+    import onnxruntime as ort
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return [dict(zip(names, session.run(None, s))) for s in samples]
+
+
+def _run_torch(hooks, params, samples):
+    import torch
+    module = hooks.build(params["graph"], {Path(p).name: Path(p) for p in params["checkpoints"]}).eval()
+    results = []
+    with torch.no_grad():
+        for s in samples:
+            out = module(*(torch.from_numpy(s[n]) for n in params["inputs"]))
+            out = out if isinstance(out, (tuple, list)) else (out,)
+            results.append({n: o.numpy() for n, o in zip(params["output_names"], out)})
+    return results
+
+
+def run(params: dict) -> dict:
+    import numpy as np
+
+    hooks = load_hooks(params["hooks"])
+    samples = evaluation_samples(hooks, params)
+    onnx_outputs = _run_onnx(params["onnx"], samples)
+    if params.get("source_onnx"):
+        source_outputs = _run_onnx(params["source_onnx"], samples)
+    else:
+        source_outputs = _run_torch(hooks, params, samples)
+    metrics = compare(source_outputs, onnx_outputs)
+    threshold = params["verify"]
+    value = worst(metrics, threshold["metric"])
+    report = {"samples": len(samples), "metrics": metrics, "threshold": threshold, "value": value}
+    bound = threshold.get("max", threshold.get("min"))
+    passed = value <= bound if "max" in threshold else value >= bound
+    if not passed:
+        raise BuildError(f"verify {params['name']}: ONNX Runtime vs source {threshold['metric']} = {value:.3g}, "
+                         f"allowed {'<=' if 'max' in threshold else '>='} {bound:g} (per output: {metrics})")
+    atomic_write_json(params["outputs"]["report"], report)
+    arrays = {}
+    for i, (sample, reference) in enumerate(zip(samples, onnx_outputs)):
+        arrays.update({f"{i}/input/{k}": v for k, v in sample.items()})
+        arrays.update({f"{i}/output/{k}": v for k, v in reference.items()})
+    save_arrays(params["outputs"]["evaluation"], {"count": np.array(len(samples)), **arrays})
+    return {"value": value}

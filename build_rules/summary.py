@@ -1,0 +1,53 @@
+"""doit's console output plus a short summary at the end: what ran, what was built, what was skipped."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from doit.reporter import ConsoleReporter
+
+
+class SummaryReporter(ConsoleReporter):
+    desc = "console output with a build summary"
+
+    def __init__(self, outstream, options):
+        super().__init__(outstream, options)
+        self.ran: list = []
+        self.up_to_date = 0
+
+    def add_success(self, task):
+        if task.actions:
+            self.ran.append(task)
+
+    def skip_uptodate(self, task):
+        super().skip_uptodate(task)
+        if task.actions:
+            self.up_to_date += 1
+
+    def complete_run(self):
+        super().complete_run()
+        failed = len(self.failures)
+        self.write(f"summary: {len(self.ran)} task(s) ran, {self.up_to_date} up to date"
+                   + (f", {failed} failed" if failed else "") + "\n")
+        for task in self.ran:
+            if task.name.startswith("package:"):
+                self.write(f"  built {_describe(task.targets[0])}\n")
+        from .tasks import skipped_builds
+        for note in skipped_builds():
+            self.write(f"  note: {note}\n")
+
+
+def _describe(manifest_path: str) -> str:
+    try:
+        manifest = json.loads(Path(manifest_path).read_text())
+    except (OSError, ValueError):
+        return manifest_path
+    parts = []
+    for graph, info in manifest["graphs"].items():
+        gate = info.get("gate")
+        gate_text = ""
+        if gate:
+            metric = gate["metric"]
+            gate_text = f" {metric} {info['metrics'].get(metric, float('nan')):.4g}"
+        parts.append(f"{graph} {info['bytes'] / 1e6:.2f} MB{gate_text}")
+    return f"{Path(manifest_path).parent}: " + ", ".join(parts)

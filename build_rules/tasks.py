@@ -1,0 +1,332 @@
+"""The task graph: doit task dicts from chips.toml + models/, one small generator per stage.
+
+dodo.py imports the task_* functions from here. Loading must stay light (no torch, onnx,
+onnxruntime, not even numpy): every heavy stage runs in its own process via runner.run_stage.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import layout
+from .config import Chip, ChipTable, ConfigError, Graph, Model, Variant, load_chips, load_models
+from .hashing import ContentChecker, TaskKey, use_stat_cache
+from .runner import run_stage
+
+# Bump a stage's number when its output for the same inputs changes: it re-runs that stage everywhere.
+STAGE_VERSIONS = {"export": 1, "simplify": 1, "verify": 1, "calibrate": 1, "quantize": 1, "compile": 1,
+                  "check": 1, "package": 1}
+# The Python packages whose version can change each stage's output.
+STAGE_TOOLS = {
+    "export": ("torch", "numpy"),
+    "simplify": ("onnx", "onnxsim"),
+    "verify": ("onnxruntime", "torch", "numpy"),
+    "calibrate": ("numpy",),
+    "quantize": ("onnxruntime", "onnx", "numpy"),
+    "compile": ("onnxruntime", "onnx"),
+    "check": ("onnxruntime", "numpy"),
+    "package": (),
+}
+SDK_STAGES = ("compile", "check", "package")
+STATE_DIR = f"{layout.OUT}/.build-state"
+
+
+@functools.cache
+def tool_version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class Project:
+    root: Path
+    chips: ChipTable
+    models: list[Model]
+    toolchain: dict  # identity: name, versions, build id
+
+    def chips_for(self, model: Model) -> list[Chip]:
+        return [self.chips.chips[name] for name in model.chips]
+
+
+@functools.cache
+def project() -> Project:
+    root = Path.cwd()  # doit runs with the dodo file's folder as cwd
+    chips = load_chips(root / "chips.toml")
+    models = load_models(root / "models", chips)
+    _check_names(models, chips)
+    from .toolchains import ort_qnn  # light module: only its identity() runs here, from a cache file
+    identity = ort_qnn.identity(Path(STATE_DIR))
+    return Project(root=root, chips=chips, models=models, toolchain=identity)
+
+
+def _check_names(models: list[Model], chips: ChipTable) -> None:
+    taken = set(STAGE_VERSIONS) | set(chips.chips) | {"report"}
+    for model in models:
+        if model.name in taken:
+            raise ConfigError(f"{model.toml_path}: model folder name '{model.name}' clashes with a stage or chip "
+                              "task name; rename the folder")
+        for name in model.variants:
+            if name in layout.RESERVED_VARIANT_NAMES:
+                raise ConfigError(f"{model.toml_path}: [variants.{name}]: '{name}' is reserved (it is a folder of "
+                                  "out/<model>/); choose another variant name")
+
+
+def _key(stage: str, params: dict) -> TaskKey:
+    key = {"stage": stage, "version": STAGE_VERSIONS[stage], "params": params,
+           "tools": {t: tool_version(t) for t in STAGE_TOOLS[stage]}}
+    if stage in SDK_STAGES:
+        key["toolchain"] = project().toolchain
+    return TaskKey(key)
+
+
+def _stage_task(stage: str, name: str, params: dict, file_dep: list, targets: list[str], log: str,
+                doc: str | None = None) -> dict:
+    """A doit task that runs `stage` in a subprocess; params are both the stage's input and its key."""
+    params = dict(params, name=f"{stage}:{name}")
+    task = {
+        "name": name,
+        "actions": [(run_stage, [stage, params, targets, log])],
+        "file_dep": [str(p) for p in file_dep],
+        "targets": targets,
+        "uptodate": [_key(stage, params)],
+        "clean": True,
+    }
+    if doc:
+        task["doc"] = doc
+    return task
+
+
+def _inputs(graph: Graph) -> dict:
+    return {name: {"shape": list(s.shape), "dtype": s.dtype} for name, s in graph.inputs.items()}
+
+
+def _source_onnx(model: Model, graph: Graph) -> str:
+    return str(model.onnx.relative_to(project().root)) if model.onnx else layout.float_file(model.name, graph.name, ".onnx")
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.relative_to(project().root))
+    except ValueError:
+        return str(path)  # a checkpoint inside an installed package
+
+
+def _graphs():
+    for model in project().models:
+        for graph in model.graphs.values():
+            yield model, graph
+
+
+def _quantized_variants(model: Model):
+    return [v for v in model.variants.values() if not v.is_fp16]
+
+
+def _variant_builds(model: Model):
+    """(variant, chip) pairs to build; fp16 on a chip without fp16 is skipped (noted in the summary)."""
+    for variant in model.variants.values():
+        for chip in project().chips_for(model):
+            if variant.is_fp16 and not chip.fp16:
+                continue
+            yield variant, chip
+
+
+def skipped_builds() -> list[str]:
+    notes = []
+    for model in project().models:
+        for variant in model.variants.values():
+            for chip in project().chips_for(model):
+                if variant.is_fp16 and not chip.fp16:
+                    notes.append(f"{model.name}/{variant.name}@{chip.name}: skipped, {chip.name} "
+                                 f"({chip.dsp_arch}) has no fp16 support")
+    return notes
+
+
+def _float_model(model: Model, graph: Graph, variant: Variant) -> str:
+    if variant.is_fp16:
+        return layout.float_file(model.name, graph.name, ".sim.onnx")
+    return layout.variant_file(model.name, variant.name, graph.name, ".qdq.onnx")
+
+
+# --- stages -------------------------------------------------------------------------------------
+
+def task_export():
+    """1 export: checkpoint + build hook -> ONNX (static shapes, int32, batch 1)"""
+    for model, graph in _graphs():
+        if model.onnx:
+            continue  # ONNX-file models enter at simplify
+        checkpoints = [_rel(p) for p in model.checkpoint_paths(graph)]
+        target = layout.float_file(model.name, graph.name, ".onnx")
+        params = {"hooks": _rel(model.hooks), "graph": graph.name, "checkpoints": checkpoints,
+                  "inputs": _inputs(graph), "output_names": list(graph.outputs), "outputs": {"onnx": target}}
+        yield _stage_task("export", f"{model.name}/{graph.name}", params, [_rel(model.hooks), *checkpoints],
+                          [target], layout.float_file(model.name, graph.name, ".export.log"))
+
+
+def task_simplify():
+    """2 simplify: onnxsim, then check static shapes and no int64 on graph I/O; I/O summary + op inventory"""
+    for model, graph in _graphs():
+        source = _source_onnx(model, graph)
+        outputs = {"onnx": layout.float_file(model.name, graph.name, ".sim.onnx"),
+                   "io": layout.float_file(model.name, graph.name, ".io.json")}
+        params = {"onnx": source, "inputs": _inputs(graph), "output_names": list(graph.outputs), "outputs": outputs}
+        yield _stage_task("simplify", f"{model.name}/{graph.name}", params, [source], list(outputs.values()),
+                          layout.float_file(model.name, graph.name, ".simplify.log"))
+
+
+def task_verify():
+    """3 verify: ONNX Runtime CPU vs PyTorch on real inputs, within the model's tolerance"""
+    for model, graph in _graphs():
+        sim = layout.float_file(model.name, graph.name, ".sim.onnx")
+        checkpoints = [] if model.onnx else [_rel(p) for p in model.checkpoint_paths(graph)]
+        outputs = {"report": layout.float_file(model.name, graph.name, ".verify.json"),
+                   "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz")}
+        params = {"hooks": _rel(model.hooks), "graph": graph.name, "onnx": sim, "checkpoints": checkpoints,
+                  "source_onnx": _source_onnx(model, graph) if model.onnx else None,
+                  "inputs": _inputs(graph), "output_names": list(graph.outputs),
+                  "verify": graph.verify.as_dict(), "default_evaluation_count": 8, "outputs": outputs}
+        file_dep = [sim, _rel(model.hooks), *checkpoints] + ([params["source_onnx"]] if model.onnx else [])
+        yield _stage_task("verify", f"{model.name}/{graph.name}", params, file_dep, list(outputs.values()),
+                          layout.float_file(model.name, graph.name, ".verify.log"))
+
+
+def _calibration_files(model: Model, graph: Graph, count: int) -> list[str]:
+    folder = layout.calibration_dir(model.name, graph.name)
+    return [f"{folder}/{layout.raw_name(i, name)}" for i in range(count) for name in graph.inputs]
+
+
+def task_calibrate():
+    """4 calibrate: real calibration inputs -> raw files + input_list.txt (QNN format, shared by variants)"""
+    for model, graph in _graphs():
+        if not _quantized_variants(model):
+            continue
+        folder = layout.calibration_dir(model.name, graph.name)
+        input_list = f"{folder}/input_list.txt"
+        params = {"hooks": _rel(model.hooks), "graph": graph.name, "count": graph.calibration_samples,
+                  "inputs": _inputs(graph), "outputs": {"dir": folder, "input_list": input_list}}
+        targets = [input_list, *_calibration_files(model, graph, graph.calibration_samples)]
+        yield _stage_task("calibrate", f"{model.name}/{graph.name}", params, [_rel(model.hooks)], targets,
+                          f"{folder}.calibrate.log")
+
+
+def task_quantize():
+    """5 quantize: QDQ model per precision variant (onnxruntime QNN config; fp16 variants skip this)"""
+    for model, graph in _graphs():
+        for variant in _quantized_variants(model):
+            sim = layout.float_file(model.name, graph.name, ".sim.onnx")
+            input_list = f"{layout.calibration_dir(model.name, graph.name)}/input_list.txt"
+            target = layout.variant_file(model.name, variant.name, graph.name, ".qdq.onnx")
+            params = {"onnx": sim, "input_list": input_list, "inputs": _inputs(graph),
+                      "variant": variant.settings(), "outputs": {"onnx": target}}
+            raws = _calibration_files(model, graph, variant.calibration_samples)
+            yield _stage_task("quantize", f"{model.name}/{graph.name}/{variant.name}", params,
+                              [sim, input_list, *raws], [target],
+                              layout.variant_file(model.name, variant.name, graph.name, ".quantize.log"))
+
+
+def _chip_params(chip: Chip) -> dict:
+    return {"name": chip.name, "soc_id": chip.soc_id, "dsp_arch": chip.dsp_arch, "vtcm_mb": chip.vtcm_mb}
+
+
+def task_compile():
+    """6 compile: one QNN HTP context binary per graph, variant and chip"""
+    for model in project().models:
+        for variant, chip in _variant_builds(model):
+            for graph in model.graphs.values():
+                source = _float_model(model, graph, variant)
+                outputs = {"binary": layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.bin"),
+                           "ctx_model": layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}_ctx.onnx")}
+                params = {"onnx": source, "graph": graph.name, "chip": _chip_params(chip), "fp16": variant.is_fp16,
+                          "outputs": outputs}
+                yield _stage_task("compile", f"{model.name}/{graph.name}/{variant.name}@{chip.name}", params,
+                                  [source], list(outputs.values()),
+                                  layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.compile.log"))
+
+
+def task_check():
+    """7 check: run each binary on the HTP emulator vs the float model; fail below the graph's gate"""
+    for model in project().models:
+        for variant, chip in _variant_builds(model):
+            for graph in model.graphs.values():
+                ctx = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}_ctx.onnx")
+                binary = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.bin")
+                evaluation = layout.float_file(model.name, graph.name, ".evaluation.npz")
+                report = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.check.json")
+                params = {"ctx_model": ctx, "evaluation": evaluation, "hooks": _rel(model.hooks),
+                          "graph": graph.name, "gate": graph.gate.as_dict() if graph.gate else None,
+                          "outputs": {"report": report}}
+                yield _stage_task("check", f"{model.name}/{graph.name}/{variant.name}@{chip.name}", params,
+                                  [ctx, binary, evaluation, _rel(model.hooks)], [report],
+                                  layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.check.log"))
+
+
+def _package(params: dict):
+    from .stages import package
+    return package.run(params)
+
+
+def task_package():
+    """8 package: manifest.json per model, variant and chip (SDK identity, hashes, metrics)"""
+    for model in project().models:
+        for variant, chip in _variant_builds(model):
+            graphs = {g: {"binary": layout.chip_file(model.name, variant.name, chip.name, f"{g}.bin"),
+                          "ctx_model": layout.chip_file(model.name, variant.name, chip.name, f"{g}_ctx.onnx"),
+                          "check": layout.chip_file(model.name, variant.name, chip.name, f"{g}.check.json")}
+                      for g in model.graphs}
+            checkpoints = sorted({_rel(p) for g in model.graphs.values() for p in model.checkpoint_paths(g)})
+            manifest = layout.chip_file(model.name, variant.name, chip.name, "manifest.json")
+            params = {"model": {"name": model.name, "description": model.description, "license": model.license},
+                      "model_folder": _rel(model.folder), "variant": {"name": variant.name, **variant.settings()},
+                      "chip": {**_chip_params(chip), "marketing_name": chip.marketing_name},
+                      "toolchain": project().toolchain,
+                      "tools": {t: tool_version(t) for t in ("onnxruntime", "onnx", "onnxsim", "torch")},
+                      "checkpoints": checkpoints, "graphs": graphs, "outputs": {"manifest": manifest}}
+            yield {
+                "name": f"{model.name}/{variant.name}@{chip.name}",
+                "actions": [(_package, [params])],
+                "file_dep": [f for files in graphs.values() for f in files.values()] + checkpoints,
+                "targets": [manifest],
+                "uptodate": [_key("package", params)],
+                "clean": True,
+            }
+
+
+# --- groups -------------------------------------------------------------------------------------
+
+def task_chips():
+    """Per-chip groups: `doit SM8750` builds every model for that chip only"""
+    for chip in project().chips.chips.values():
+        packages = [f"package:{model.name}/{variant.name}@{chip.name}" for model in project().models
+                    for variant, c in _variant_builds(model) if c.name == chip.name]
+        if packages:
+            yield {"basename": chip.name, "actions": None, "task_dep": packages, "uptodate": [True],
+                   "doc": f"all models for {chip.marketing_name} ({chip.name}, {chip.dsp_arch}, soc {chip.soc_id}) "
+                          f"with {project().toolchain['name']}"}
+
+
+def task_models():
+    """Per-model groups: `doit mtcnn` builds that model for all its chips"""
+    for model in project().models:
+        packages = [f"package:{model.name}/{variant.name}@{chip.name}" for variant, chip in _variant_builds(model)]
+        yield {"basename": model.name, "actions": None, "task_dep": packages, "uptodate": [True],
+               "doc": f"{model.description or model.name}: {len(model.graphs)} graph(s) x "
+                      f"{len(model.variants)} variant(s) x {len(model.chips)} chip(s)"}
+
+
+def doit_config() -> dict:
+    from .summary import SummaryReporter
+    os.makedirs(STATE_DIR, exist_ok=True)
+    use_stat_cache(f"{STATE_DIR}/stat-cache.json")
+    return {
+        "default_tasks": [m.name for m in project().models],
+        "check_file_uptodate": ContentChecker,
+        # doit's default dbm backend is dbm.dumb on many Pythons (slow, can corrupt): choose one.
+        "backend": "json",
+        "dep_file": f"{STATE_DIR}/doit.json",
+        "reporter": SummaryReporter,
+        "verbosity": 0,
+    }

@@ -1,0 +1,89 @@
+"""Shared fixtures: throwaway copies of a model repo, and doit runs that report which tasks ran."""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import runpy
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_MODELS = Path(__file__).resolve().parent / "models"
+
+
+@dataclass
+class DoitRun:
+    code: int
+    output: str
+    ran: set[str]         # tasks whose actions executed (".  name" lines)
+    up_to_date: set[str]  # tasks doit skipped ("-- name" lines)
+
+    def ran_stage(self, stage: str) -> set[str]:
+        return {t for t in self.ran if t.startswith(stage + ":")}
+
+
+def run_doit(repo: Path, *args: str) -> DoitRun:
+    """Run doit in-process on a repo, as the `doit` command would (cwd = the dodo file's folder)."""
+    from doit.cmd_base import ModuleTaskLoader
+    from doit.doit_cmd import DoitMain
+
+    from build_rules import tasks
+    from build_rules.hashing import stat_cache
+
+    old_cwd = os.getcwd()
+    os.chdir(repo)
+    tasks.project.cache_clear()  # config is re-read on every run, like a new doit process
+    out = io.StringIO()
+    try:
+        namespace = runpy.run_path(str(repo / "dodo.py"))
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            code = DoitMain(ModuleTaskLoader(namespace), config_filenames=()).run(list(args))
+        stat_cache().save()
+    finally:
+        os.chdir(old_cwd)
+        tasks.project.cache_clear()
+    text = out.getvalue()
+    ran = set(re.findall(r"^\.  (\S+)$", text, re.M))
+    skipped = set(re.findall(r"^-- (\S+)$", text, re.M))
+    return DoitRun(code, text, ran, skipped)
+
+
+def make_repo(dest: Path, models: dict[str, Path], chips: str | None = None) -> Path:
+    """A model repo as a user has it: dodo.py, chips.toml and models/<name>/ (copied)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "dodo.py", dest / "dodo.py")
+    (dest / "chips.toml").write_text(chips if chips is not None else (ROOT / "chips.toml").read_text())
+    for name, source in models.items():
+        shutil.copytree(source, dest / "models" / name)
+    return dest
+
+
+def write_tinynet_checkpoints(folder: Path, seed: int = 0) -> None:
+    import torch
+    namespace = runpy.run_path(str(folder / "hooks.py"))
+    torch.manual_seed(seed)
+    for graph, cls in namespace["modules"]().items():
+        torch.save(cls().state_dict(), folder / f"{graph}.pt")
+
+
+@pytest.fixture(scope="session")
+def built_tinynet(tmp_path_factory) -> Path:
+    """The tiny two-graph model, fully built once; tests take copies of it."""
+    repo = make_repo(tmp_path_factory.mktemp("tinynet-built"), {"tinynet": TEST_MODELS / "tinynet"})
+    write_tinynet_checkpoints(repo / "models" / "tinynet")
+    result = run_doit(repo)
+    assert result.code == 0, result.output
+    return repo
+
+
+@pytest.fixture
+def tinynet_repo(built_tinynet, tmp_path) -> Path:
+    """A private copy of the built tiny repo (mtimes kept, so the copy is up to date)."""
+    copy = tmp_path / "repo"
+    shutil.copytree(built_tinynet, copy, symlinks=True)
+    return copy
