@@ -41,6 +41,8 @@ def run_doit(repo: Path, *args: str) -> DoitRun:
     out = io.StringIO()
     try:
         namespace = runpy.run_path(str(repo / "dodo.py"))
+        # doit binds sys.stdout as the reporter's default stream at import: hand it ours.
+        namespace["DOIT_CONFIG"] = dict(namespace["DOIT_CONFIG"], outfile=out)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             code = DoitMain(ModuleTaskLoader(namespace), config_filenames=()).run(list(args))
         stat_cache().save()

@@ -1,0 +1,674 @@
+"""The "ort-qnn" toolchain: ONNX -> Qualcomm QNN HTP context binaries with the PyPI package onnxruntime-qnn.
+
+What it does:
+- `identity()` names the exact toolchain for task keys: wheel version, QNN version and HTP backend build id.
+- `quantize()` turns a float model into a QDQ model for HTP with onnxruntime.quantization.
+- `compile_context_binary()` compiles a float or QDQ model offline for one Snapdragon SoC. It writes a raw QNN
+  context binary `<graph>.bin` plus an EPContext model `<graph>_ctx.onnx` that points at it.
+- `read_binary_target()` reads back which chip and VTCM size a binary was built for.
+- `run_context_binary()` runs a compiled model on the x86 HTP emulator that ships in the wheel.
+
+This module is imported when build files are loaded, and only `identity()` runs then. So onnxruntime, onnx and
+numpy are imported inside the functions that need them, never at module level.
+Measured facts behind the choices here are in shared/research/ort-qnn.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # only for annotations; numpy is imported lazily
+    import numpy as np
+
+NAME = "ort-qnn"
+
+_DIST = "onnxruntime-qnn"  # distribution name on PyPI
+_PKG = "onnxruntime_qnn"  # import name
+_EP = "QNNExecutionProvider"
+_INSTALL_HINT = "pip install onnxruntime-qnn"
+
+
+class UnsupportedOpsError(Exception):
+    """Nodes of a model that QNN HTP cannot run, so they would run on the CPU instead.
+
+    `.nodes` is `[(op_type, node_name), ...]`. `.reasons` maps a node name to the EP's reason, where one is known.
+    """
+
+    def __init__(self, model: str | os.PathLike, nodes: list[tuple[str, str]],
+                 reasons: dict[str, str] | None = None, partitions: int | None = None):
+        self.model = str(model)
+        self.nodes = [(str(t), str(n)) for t, n in nodes]
+        self.reasons = dict(reasons or {})
+        self.partitions = partitions
+        listed = ", ".join(f"{t} (node '{n}')" for t, n in self.nodes)
+        super().__init__(f"QNN HTP cannot run {len(self.nodes)} node(s) of {self.model}: {listed}")
+
+    def __reduce__(self):
+        # Build tools may run tasks in worker processes: keep the error picklable despite the custom __init__.
+        return (type(self), (self.model, self.nodes, self.reasons, self.partitions))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# identity
+
+
+def _not_installed(detail: str = "") -> ModuleNotFoundError:
+    msg = f"the {NAME} toolchain needs the Python package onnxruntime-qnn, which is not installed"
+    if detail:
+        msg += f" ({detail})"
+    return ModuleNotFoundError(f"{msg}: {_INSTALL_HINT}", name=_PKG)
+
+
+def _package_dir() -> Path:
+    # find_spec on a top-level package locates it without running its __init__ (which would be slow to import).
+    spec = importlib.util.find_spec(_PKG)
+    if spec is None or not spec.submodule_search_locations:
+        raise _not_installed()
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _htp_lib(pkg_dir: Path) -> Path:
+    names = ("QnnHtp.dll",) if sys.platform == "win32" else ("libQnnHtp.so",)
+    for name in names:
+        if (pkg_dir / name).is_file():
+            return pkg_dir / name
+    # Some wheels keep their libraries in a platform sub-folder (see the package's optional platform_loader).
+    for name in names:
+        found = sorted(pkg_dir.rglob(name))
+        if found:
+            return found[0]
+    raise _not_installed(f"no {names[0]} inside {pkg_dir}; reinstall it")
+
+
+def _read_package_info(pkg_dir: Path) -> dict[str, str]:
+    # Read build_and_package_info.py as text: importing the package would import its __init__.
+    info_file = pkg_dir / "build_and_package_info.py"
+    try:
+        text = info_file.read_text(encoding="utf-8")
+    except OSError as e:
+        raise _not_installed(f"cannot read {info_file}: {e}") from e
+    info = dict(re.findall(r"^\s*(\w+)\s*=\s*['\"]([^'\"]*)['\"]", text, re.M))
+    if "qnn_version" not in info:
+        raise RuntimeError(f"{info_file} has no qnn_version; unsupported onnxruntime-qnn layout")
+    return info
+
+
+# Runs in a child process so that a crash inside the 100 MB HTP library cannot take the build tool down, and so
+# that the library is never mapped into the build process just to read one string.
+_PROBE = r"""
+import ctypes, json, sys
+lib = ctypes.CDLL(sys.argv[1])
+class Version(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("patch", ctypes.c_uint32)]
+class Interface(ctypes.Structure):
+    # QnnInterface_t: backendId, providerName, apiVersion{core, backend}, then the table of function pointers.
+    _fields_ = [("backend_id", ctypes.c_uint32), ("provider_name", ctypes.c_char_p),
+                ("core_api", Version), ("backend_api", Version), ("fns", ctypes.c_void_p * 5)]
+get_providers = lib.QnnInterface_getProviders
+get_providers.restype = ctypes.c_uint64  # Qnn_ErrorHandle_t
+get_providers.argtypes = [ctypes.POINTER(ctypes.POINTER(ctypes.POINTER(Interface))), ctypes.POINTER(ctypes.c_uint32)]
+providers = ctypes.POINTER(ctypes.POINTER(Interface))()
+count = ctypes.c_uint32()
+rc = get_providers(ctypes.byref(providers), ctypes.byref(count))
+if rc != 0 or count.value < 1:
+    sys.exit("QnnInterface_getProviders failed: rc=%d, %d provider(s)" % (rc, count.value))
+p = providers[0].contents
+# Function pointer #4 of QNN_INTERFACE_VER_TYPE is backendGetBuildId(const char**).
+get_build_id = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.POINTER(ctypes.c_char_p))(p.fns[4])
+build_id = ctypes.c_char_p()
+rc = get_build_id(ctypes.byref(build_id))
+if rc != 0 or not build_id.value:
+    sys.exit("backendGetBuildId failed: rc=%d" % rc)
+v = lambda x: "%d.%d.%d" % (x.major, x.minor, x.patch)
+sys.stdout.write("\nQNN_PROBE_JSON " + json.dumps({
+    "build_id": build_id.value.decode(), "provider": (p.provider_name or b"").decode(),
+    "backend_id": p.backend_id, "core_api": v(p.core_api), "backend_api": v(p.backend_api)}) + "\n")
+"""
+
+
+def _probe_build_id(lib: Path) -> dict[str, Any]:
+    """Ask libQnnHtp for its build id through the QNN C API (in a child process)."""
+    proc = subprocess.run([sys.executable, "-c", _PROBE, str(lib)], capture_output=True, text=True, timeout=300)
+    for line in proc.stdout.splitlines():
+        if line.startswith("QNN_PROBE_JSON "):
+            return json.loads(line[len("QNN_PROBE_JSON "):])
+    raise RuntimeError(f"could not read the QNN build id from {lib} (exit code {proc.returncode}): "
+                       f"{(proc.stderr or proc.stdout).strip()[-2000:]}")
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "build_rules"
+
+
+_identity_memo: dict[tuple, dict] = {}
+_identity_lock = threading.Lock()
+
+
+def identity(cache_dir: Path | None = None) -> dict:
+    """Toolchain identity for task keys.
+
+    Returns {"name": "ort-qnn", "package_version": "2.7.0", "qnn_version": "2.51.0",
+    "build_id": "v2.51.0.260929181845"}. It is cheap and never imports onnxruntime or onnxruntime_qnn. The build id
+    comes from libQnnHtp.so once, and is then cached as JSON in `cache_dir`, keyed by the library's path, size and
+    mtime. The default `cache_dir` is $XDG_CACHE_HOME/build_rules, or ~/.cache/build_rules.
+    Raises ModuleNotFoundError when onnxruntime-qnn is not installed.
+    """
+    pkg_dir = _package_dir()
+    try:
+        package_version = importlib.metadata.version(_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        raise _not_installed(f"found {pkg_dir} but no installed distribution metadata") from None
+    info = _read_package_info(pkg_dir)
+    lib = _htp_lib(pkg_dir).resolve()
+    st = lib.stat()
+    key = {"lib": str(lib), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    cache_dir = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
+    memo_key = (str(cache_dir), key["lib"], key["size"], key["mtime_ns"])
+
+    with _identity_lock:
+        probe = _identity_memo.get(memo_key)
+        if probe is None:
+            digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+            cache_file = cache_dir / f"{NAME}-identity-{digest}.json"
+            try:
+                cached = json.loads(cache_file.read_text(encoding="utf-8"))
+                if cached.get("key") == key and cached.get("probe", {}).get("build_id"):
+                    probe = cached["probe"]
+            except (OSError, ValueError, AttributeError):
+                probe = None  # missing or corrupt cache: probe again
+            if probe is None:
+                probe = _probe_build_id(lib)
+                _write_atomic(cache_file, json.dumps({"key": key, "probe": probe}, indent=1, sort_keys=True).encode())
+            _identity_memo[memo_key] = probe
+
+    return {"name": NAME, "package_version": package_version, "qnn_version": info["qnn_version"],
+            "build_id": probe["build_id"]}
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(Path(tmp))
+        raise
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+# --------------------------------------------------------------------------------------------------------------
+# onnxruntime plumbing
+
+_register_lock = threading.Lock()
+_registered = False
+
+
+def _ort():
+    """onnxruntime with the QNN EP plugin library registered (once per process)."""
+    global _registered
+    try:
+        import onnxruntime as ort
+    except ImportError as e:
+        raise ModuleNotFoundError(f"the {NAME} toolchain needs onnxruntime: {_INSTALL_HINT}", name="onnxruntime") from e
+    with _register_lock:
+        if not _registered:
+            # Another part of the process may have registered it already; a second registration raises.
+            if not any(d.ep_name == _EP for d in ort.get_ep_devices()):
+                try:
+                    import onnxruntime_qnn
+                except ImportError as e:
+                    raise _not_installed() from e
+                ort.register_execution_provider_library(_EP, onnxruntime_qnn.get_library_path())
+            _registered = True
+    return ort
+
+
+def _qnn_session_options(ort, provider_options: dict[str, str]):
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == _EP]
+    if not devices:
+        raise RuntimeError(f"onnxruntime lists no {_EP} device after registering onnxruntime-qnn")
+    so = ort.SessionOptions()
+    so.log_severity_level = 3  # errors only: the EP's routine warnings are noise in build logs
+    so.add_provider_for_devices(devices, provider_options)
+    return so
+
+
+# --------------------------------------------------------------------------------------------------------------
+# quantize
+
+_ACTIVATION_TYPES = {"uint8": "QUInt8", "uint16": "QUInt16"}
+_WEIGHT_TYPES = {"uint8": "QUInt8", "int8": "QInt8", "uint16": "QUInt16", "int4": "QInt4"}
+_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
+
+
+def _choice(kind: str, value: str, table: dict[str, str]) -> str:
+    if value not in table:
+        raise ValueError(f"unknown {kind} {value!r}; expected one of {', '.join(table)}")
+    return table[value]
+
+
+def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.ndarray"]], *, activations: str,
+             weights: str, per_channel: bool, method: str = "minmax", overrides: dict[str, str] | None = None) -> None:
+    """Write a QDQ model for QNN HTP, using onnxruntime.quantization's QNN recipe.
+
+    The recipe is qnn_preprocess_model, then get_qnn_qdq_config, then quantize.
+    - activations: "uint8" | "uint16"
+    - weights: "uint8" | "int8" | "uint16" | "int4"
+    - method: "minmax" | "entropy" | "percentile"
+    - overrides: maps an activation tensor name to the type it should keep, e.g. {"conv3_out": "uint16"}.
+      An unknown tensor name raises ValueError.
+    `output` appears only when it is complete.
+    """
+    act_name = _choice("activation type", activations, _ACTIVATION_TYPES)
+    wgt_name = _choice("weight type", weights, _WEIGHT_TYPES)
+    method_name = _choice("calibration method", method, _METHODS)
+    override_names = {t: _choice(f"override type for tensor {t!r}", v, _ACTIVATION_TYPES)
+                      for t, v in (overrides or {}).items()}
+    calibration = list(calibration)
+    if not calibration:
+        raise ValueError("quantize() needs at least one calibration sample")
+
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantType
+    from onnxruntime.quantization import quantize as ort_quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
+
+    float_model, output = Path(float_model), Path(output)
+    model = onnx.load(str(float_model))
+    # qnn_preprocess_model crashes on models that carry metadata_props (onnxsim writes some; see
+    # research/models-and-data.md fact 3). So strip them for preprocessing and put them back before quantizing.
+    props = [(p.key, p.value) for p in model.metadata_props]
+    del model.metadata_props[:]
+    original_tensors = _tensor_names(model)
+
+    with tempfile.TemporaryDirectory(prefix="ort-qnn-quant-") as tmp:
+        # Pass a path, not the proto: qnn_preprocess_model saves its input with save_as_external_data, which
+        # rewrites the given proto in place to point at a temp folder that is gone afterwards.
+        stripped_path, pre_path = Path(tmp) / "stripped.onnx", Path(tmp) / "preprocessed.onnx"
+        onnx.save(model, str(stripped_path))
+        if qnn_preprocess_model(str(stripped_path), pre_path):
+            model = onnx.load(str(pre_path))
+        if props:
+            kept = {p.key: p.value for p in model.metadata_props}
+            onnx.helper.set_model_props(model, {**dict(props), **kept})
+
+        activations_known, initializers = _tensor_names(model)
+        for tensor in override_names:
+            if tensor in activations_known:
+                continue
+            if tensor in initializers or tensor in original_tensors[1]:
+                raise ValueError(f"quantization override names {tensor!r}, which is a weight/initializer of "
+                                 f"{float_model}, not an activation tensor")
+            if tensor in original_tensors[0]:
+                raise ValueError(f"quantization override names tensor {tensor!r}, which qnn_preprocess_model removed "
+                                 f"from {float_model} (it was fused away); override a neighbouring tensor instead")
+            raise ValueError(f"quantization override names unknown tensor {tensor!r}: {float_model} has no such tensor")
+
+        qnn_input = Path(tmp) / "input.onnx"
+        onnx.save(model, str(qnn_input))
+
+        class _Reader(CalibrationDataReader):
+            def __init__(self, samples):
+                self._samples = samples
+                self._next = 0
+
+            def get_next(self):
+                if self._next >= len(self._samples):
+                    return None
+                self._next += 1
+                return self._samples[self._next - 1]
+
+            def rewind(self):
+                self._next = 0
+
+        config = get_qnn_qdq_config(
+            str(qnn_input), _Reader(calibration),
+            calibrate_method=getattr(CalibrationMethod, method_name),
+            activation_type=getattr(QuantType, act_name), weight_type=getattr(QuantType, wgt_name),
+            per_channel=per_channel,
+            init_overrides={t: [{"quant_type": getattr(QuantType, q)}] for t, q in override_names.items()} or None,
+        )
+        if config.use_external_data_format:
+            # The external data file would be named after the temp file and break on rename.
+            raise NotImplementedError(f"{float_model} needs external data (>= 2 GB); not supported by {NAME} quantize")
+
+        output.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_out = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp.onnx", dir=output.parent)
+        os.close(fd)
+        try:
+            ort_quantize(str(qnn_input), tmp_out, config)
+            os.replace(tmp_out, output)
+        except BaseException:
+            _unlink(Path(tmp_out))
+            raise
+
+
+def _tensor_names(model) -> tuple[set[str], set[str]]:
+    """(activation tensor names, initializer names) of a model's main graph."""
+    initializers = {i.name for i in model.graph.initializer}
+    values = {i.name for i in model.graph.input} | {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        values.update(n for n in node.output if n)
+    return values - initializers, initializers
+
+
+# --------------------------------------------------------------------------------------------------------------
+# compile
+
+_GRAPH_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+def compile_context_binary(model: Path, out_dir: Path, graph: str, *, soc_model: int, vtcm_mb: int, fp16: bool,
+                           trace_dir: Path | None = None) -> dict:
+    """Compile `model` (float or QDQ ONNX) into a QNN HTP context binary for one SoC.
+
+    Writes out_dir/<graph>.bin, the raw QNN context binary, and out_dir/<graph>_ctx.onnx, an EPContext model whose
+    ep_cache_context is "<graph>.bin". It writes nothing else to out_dir. On failure, earlier outputs of this graph
+    are removed, so a stale binary never passes for a new one.
+    When `trace_dir` is given, the EP's op-support trace is kept as trace_dir/<graph>_qnn_op_trace.json, and this
+    happens even when the compile fails.
+    Raises UnsupportedOpsError when any node except graph-input QuantizeLinear or graph-output DequantizeLinear would
+    run on the CPU.
+    Returns {"binary", "ctx_model", "seconds", "target", "ops": {"qnn": n, "cpu_io": [names]}}.
+    """
+    model, out_dir = Path(model), Path(out_dir)
+    if not _GRAPH_NAME.match(graph or ""):
+        raise ValueError(f"bad graph name {graph!r}: use letters, digits, '_', '.', '-'")
+    if isinstance(soc_model, bool) or not isinstance(soc_model, int) or soc_model <= 0:
+        # Names like "QCS9100" are silently ignored by the EP (falls back to a v68 build), so insist on numbers.
+        raise ValueError(f"soc_model must be a positive integer QNN SoC id (e.g. 43 for SM8550), got {soc_model!r}")
+    if isinstance(vtcm_mb, bool) or not isinstance(vtcm_mb, int) or vtcm_mb < 0:
+        raise ValueError(f"vtcm_mb must be an integer >= 0, got {vtcm_mb!r}")
+
+    import onnx
+
+    model_bytes = model.read_bytes()
+    bin_path, ctx_path = out_dir / f"{graph}.bin", out_dir / f"{graph}_ctx.onnx"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{graph}.compiling-", dir=out_dir))
+    done = False
+    try:
+        trace_work = work / "trace"
+        work_ctx = work / "model_ctx.onnx"
+        provider_options = {
+            "backend_type": "htp",
+            "soc_model": str(soc_model),  # soc_model alone fixes arch and VTCM size; htp_arch is not needed
+            "vtcm_mb": str(vtcm_mb),
+            "htp_graph_finalization_optimization_mode": "3",
+            "enable_htp_fp16_precision": "1" if fp16 else "0",
+            # The op trace names every node the EP rejects; it does not change the binary's bytes.
+            "enable_framework_op_trace": "1",
+            "framework_op_trace_dir": str(trace_work),
+        }
+        try:
+            seconds = _compile_in_child(model, work_ctx, provider_options)
+        except _CompileFailed as failure:
+            # E.g. ERROR_IF_NO_NODES_COMPILED on a model made only of unsupported ops: name them if the trace can.
+            trace = _keep_trace(trace_work, trace_dir, graph)
+            try:
+                source = onnx.load_from_string(model_bytes)
+            except Exception:
+                raise RuntimeError(f"onnxruntime-qnn could not compile {model}: {failure}") from None
+            _, rejected, reasons, partitions = _placement(source, None, trace)
+            if rejected:
+                raise UnsupportedOpsError(model, rejected, reasons, partitions) from failure
+            raise RuntimeError(f"onnxruntime-qnn could not compile {model}: {failure}") from None
+        trace = _keep_trace(trace_work, trace_dir, graph)
+
+        source = onnx.load_from_string(model_bytes)
+        ctx = onnx.load(str(work_ctx), load_external_data=False)
+        cpu_io, rejected, reasons, partitions = _placement(source, ctx, trace)
+        if rejected:
+            raise UnsupportedOpsError(model, rejected, reasons, partitions)
+        if partitions != 1:
+            raise RuntimeError(f"compiling {model} produced {partitions} QNN partitions; exactly one is required")
+
+        ep_node = next(n for n in ctx.graph.node if n.op_type == "EPContext")
+        attrs = {a.name: a for a in ep_node.attribute}
+        if attrs["embed_mode"].i != 0:
+            raise RuntimeError("expected an external context binary (embed_mode 0)")
+        work_bin = work / attrs["ep_cache_context"].s.decode()
+        target = read_binary_target(work_bin)
+        if target["soc_type"].startswith("UNKNOWN"):
+            raise RuntimeError(f"compiling {model} gave a {target['soc_type']} binary: soc_model {soc_model} "
+                               "was not applied")
+        # Point the EPContext node at the final, graph-named binary (relative to the ctx model).
+        attrs["ep_cache_context"].s = bin_path.name.encode()
+        work_ctx.write_bytes(ctx.SerializeToString())
+
+        # Binary first, then the ctx model: a ctx model on disk always has its binary next to it.
+        os.replace(work_bin, bin_path)
+        os.replace(work_ctx, ctx_path)
+        done = True
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if not done:
+            _unlink(bin_path)
+            _unlink(ctx_path)
+
+    source_nodes = len(source.graph.node)
+    return {"binary": bin_path, "ctx_model": ctx_path, "seconds": seconds, "target": target,
+            "ops": {"qnn": source_nodes - len(cpu_io), "cpu_io": cpu_io}}
+
+
+class _CompileFailed(Exception):
+    """onnxruntime refused to compile (an exception inside the compile process, not a crash)."""
+
+
+_CHILD_MARK = "ORT_QNN_COMPILE_JSON "
+
+
+def _compile_in_child(model: Path, ctx_out: Path, provider_options: dict[str, str]) -> float:
+    """Run the ModelCompiler in a fresh Python process and return the seconds the compile itself took.
+
+    Why a process per compile:
+    - Determinism. The HTP backend keeps state between compiles in one process: every further compile of the same
+      model in the same process gives different .bin bytes (measured: PICKLE/256, 258, ... records). The first
+      compile in a fresh process is byte-stable.
+    - Isolation. A native crash in the 100 MB QNN libraries cannot take the build tool down, and the
+      compiler's memory goes back to the system.
+    """
+    request = json.dumps({"model": str(model), "ctx": str(ctx_out), "options": provider_options})
+    # Load this very file in the child (not "import build_rules..."), so it works wherever the package lives.
+    code = ("import importlib.util as u, sys; s = u.spec_from_file_location('_ort_qnn_compile_child', sys.argv[1]); "
+            "m = u.module_from_spec(s); s.loader.exec_module(m); m._compile_child()")
+    proc = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve())], input=request,
+                          capture_output=True, text=True)
+    reply = None
+    for line in proc.stdout.splitlines():
+        if line.startswith(_CHILD_MARK):
+            reply = json.loads(line[len(_CHILD_MARK):])
+    if reply is None or proc.returncode != 0 and "error" not in reply:
+        raise RuntimeError(f"the onnxruntime-qnn compile process for {model} died (exit code {proc.returncode}): "
+                           f"{(proc.stderr or proc.stdout).strip()[-3000:]}")
+    if "error" in reply:
+        raise _CompileFailed(reply["error"])
+    return float(reply["seconds"])
+
+
+def _compile_child() -> None:
+    """Body of the compile process: read the request from stdin, compile, report one JSON line on stdout."""
+    request = json.loads(sys.stdin.read())
+    try:
+        ort = _ort()
+        # CPU fallback stays allowed on purpose: only then does the EP offload graph-I/O Q/DQ to the CPU, so the
+        # binary's own I/O is 16-bit fixed point (what sherpa-onnx expects). The parent polices the CPU nodes.
+        so = _qnn_session_options(ort, request["options"])
+        # Compile from bytes: given a path, the QNN graph name inside the .bin hashes the path string.
+        model_bytes = Path(request["model"]).read_bytes()
+        started = time.perf_counter()
+        compiler = ort.ModelCompiler(so, model_bytes, embed_compiled_data_into_model=False,
+                                     flags=ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED)
+        compiler.compile_to_file(request["ctx"])
+        reply = {"seconds": time.perf_counter() - started}
+    except Exception as e:  # reported to the parent, which raises with context
+        reply = {"error": f"{type(e).__name__}: {e}"}
+    sys.stdout.write("\n" + _CHILD_MARK + json.dumps(reply) + "\n")
+    sys.stdout.flush()
+
+
+def _keep_trace(trace_work: Path, trace_dir: Path | None, graph: str) -> dict:
+    trace_file = trace_work / "qnn_op_trace.json"
+    if not trace_file.is_file():
+        return {}
+    if trace_dir is not None:
+        Path(trace_dir).mkdir(parents=True, exist_ok=True)
+        _write_atomic(Path(trace_dir) / f"{graph}_qnn_op_trace.json", trace_file.read_bytes())
+    try:
+        return json.loads(trace_file.read_text(encoding="utf-8"))
+    except ValueError:
+        return {}
+
+
+def _placement(source, ctx, trace: dict):
+    """Split the compiled model's nodes into allowed CPU I/O Q/DQ nodes and rejected ones.
+
+    Two sources are combined, because neither is complete on its own:
+    - The op trace lists the nodes the EP refused, with reasons.
+    - The compiled model shows what really ended up outside QNN. A lone Q/DQ left next to a rejected op is
+      missing from the trace.
+    The trace names nodes of the layout-transformed graph: an output DQ can be re-created there under a new
+    name (e.g. "DequantizeLinear_token_67" after a Transpose was pushed through it). So a traced Q/DQ is judged
+    by where it sits in the compiled model, and otherwise by the source model.
+    Returns (cpu_io_names, rejected [(op_type, name)], reasons {name: reason}, partition_count).
+    """
+    def is_io_qdq(node, graph_inputs, graph_outputs) -> bool:
+        if node.op_type == "QuantizeLinear":
+            return bool(node.input) and node.input[0] in graph_inputs
+        if node.op_type == "DequantizeLinear":
+            return bool(node.output) and node.output[0] in graph_outputs
+        return False
+
+    cpu_io: list[str] = []
+    rejected: list[tuple[str, str]] = []
+    reasons: dict[str, str] = {}
+    ctx_in = {i.name for i in ctx.graph.input} if ctx is not None else set()
+    ctx_out = {o.name for o in ctx.graph.output} if ctx is not None else set()
+    partitions = 0
+    for node in ctx.graph.node if ctx is not None else []:
+        if node.op_type == "EPContext":
+            partitions += 1
+        elif is_io_qdq(node, ctx_in, ctx_out):
+            cpu_io.append(node.name)
+        else:
+            rejected.append((node.op_type, node.name))
+
+    src_nodes = {n.name: n for n in source.graph.node if n.name}
+    src_in = {i.name for i in source.graph.input}
+    src_out = {o.name for o in source.graph.output}
+    seen = {name for _, name in rejected}
+    for entry in trace.get("unsupported_nodes", []):
+        name, op_type = entry.get("node_name", ""), entry.get("op_type", "")
+        reasons[name] = entry.get("reason", "")
+        if name in cpu_io:
+            continue  # seen in the compiled model as a graph-I/O Q/DQ on the CPU
+        node = src_nodes.get(name)
+        if node is not None and is_io_qdq(node, src_in, src_out):
+            continue
+        if name not in seen:
+            rejected.append((op_type, name))
+            seen.add(name)
+    partitions = max(partitions, int(trace.get("summary", {}).get("qnn_subgraphs", 0) or 0))
+    return cpu_io, rejected, {n: r for n, r in reasons.items() if n in seen}, partitions
+
+
+# --------------------------------------------------------------------------------------------------------------
+# read back
+
+_CONFIG_MARKER = b"soc_type="
+_CONFIG_MAX = 64 * 1024  # the embedded config string is a few KB
+
+
+def read_binary_target(binary: Path) -> dict:
+    """Parse the config string embedded in a QNN HTP context binary.
+
+    Returns {"soc_type": "SM8750", "arch": "79", "vtcm_size": 8388608}. The file is read once, in chunks.
+    """
+    chunk_size = 1 << 20
+    overlap = len(_CONFIG_MARKER) - 1
+    buf = b""
+    with open(binary, "rb") as f:
+        while True:
+            chunk = f.read(chunk_size)
+            if not chunk:
+                break
+            buf += chunk
+            at = buf.find(_CONFIG_MARKER)
+            if at < 0:
+                buf = buf[-overlap:]  # keep only what could be the start of a marker split across chunks
+                continue
+            # Make sure the whole printable config run after the marker is in memory.
+            while len(buf) - at < _CONFIG_MAX:
+                more = f.read(chunk_size)
+                if not more:
+                    break
+                buf += more
+            run = re.match(rb"[\x20-\x7e]*", buf[at:at + _CONFIG_MAX]).group(0).decode("ascii")
+            fields: dict[str, str] = {}
+            for item in run.split(";"):
+                key, sep, value = item.partition("=")
+                if sep and key not in fields:
+                    fields[key] = value
+            if "arch" not in fields:
+                raise ValueError(f"{binary}: embedded HTP config has soc_type but no arch: {run[:200]!r}")
+            vtcm = fields.get("vtcm_size")
+            return {"soc_type": fields["soc_type"], "arch": fields["arch"],
+                    "vtcm_size": int(vtcm) if vtcm and vtcm.isdigit() else None}
+    raise ValueError(f"{binary} has no embedded HTP config (soc_type=...); not a QNN HTP context binary?")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# run on the x86 HTP emulator
+
+
+def run_context_binary(ctx_model: Path, inputs: list[dict[str, "np.ndarray"]]) -> list[dict[str, "np.ndarray"]]:
+    """Run a compiled EPContext model on the x86 HTP emulator (QNN EP), once per input dict.
+
+    Returns one dict per input, mapping output names to arrays. The emulator is 30-110x slower than the CPU EP,
+    so keep input lists small.
+    """
+    ort = _ort()
+    import onnx
+
+    ctx_model = Path(ctx_model)
+    ctx = onnx.load(str(ctx_model), load_external_data=False)
+    if not any(n.op_type == "EPContext" for n in ctx.graph.node):
+        raise ValueError(f"{ctx_model} is not an EPContext model (no EPContext node); compile it first")
+
+    # CPU fallback must stay allowed: the graph-I/O Q/DQ nodes of the ctx model run on the CPU EP by design.
+    so = _qnn_session_options(ort, {"backend_type": "htp"})
+    session = ort.InferenceSession(str(ctx_model), sess_options=so)
+    # InferenceSession.run() would otherwise catch an EP failure and silently retry on the CPU EP alone.
+    session.disable_fallback()
+    if session.get_providers()[0] != _EP:
+        raise RuntimeError(f"{ctx_model} did not load on {_EP}: providers {session.get_providers()}")
+    names = [o.name for o in session.get_outputs()]
+    results = []
+    for feed in inputs:
+        values = session.run(names, feed)
+        if session.get_providers()[0] != _EP:  # belt and braces: a retry would have replaced the providers
+            raise RuntimeError(f"{ctx_model} fell back to {session.get_providers()} while running")
+        results.append(dict(zip(names, values)))
+    return results

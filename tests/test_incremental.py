@@ -1,0 +1,110 @@
+"""What re-runs after each kind of change (issue: the build graph). Each test starts from a fully
+built copy of the tiny two-graph model (2 graphs x fp16/w8a16 x SM8550/SM8750) and asserts the
+exact set of tasks that ran."""
+from __future__ import annotations
+
+import os
+import re
+
+from conftest import run_doit
+
+GRAPHS = ("encoder", "head")
+VARIANTS = ("fp16", "w8a16")
+CHIPS = ("SM8550", "SM8750")
+
+
+def per_chip(stage, graphs=GRAPHS, variants=VARIANTS, chips=CHIPS):
+    return {f"{stage}:tinynet/{g}/{v}@{c}" for g in graphs for v in variants for c in chips}
+
+
+def packages(variants=VARIANTS, chips=CHIPS):
+    return {f"package:tinynet/{v}@{c}" for v in variants for c in chips}
+
+
+def test_second_run_runs_nothing(tinynet_repo):
+    result = run_doit(tinynet_repo)
+    assert result.code == 0, result.output
+    assert result.ran == set()
+    assert "package:tinynet/w8a16@SM8750" in result.up_to_date
+    assert "summary: 0 task(s) ran, 30 up to date" in result.output
+
+
+def test_touching_a_checkpoint_without_changing_bytes_runs_nothing(tinynet_repo):
+    checkpoint = tinynet_repo / "models/tinynet/encoder.pt"
+    st = checkpoint.stat()
+    os.utime(checkpoint, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert run_doit(tinynet_repo).ran == set()
+    assert run_doit(tinynet_repo).ran == set()
+
+
+def test_changing_one_checkpoint_reruns_that_graphs_chain_only(tinynet_repo):
+    import torch
+    checkpoint = tinynet_repo / "models/tinynet/encoder.pt"
+    state = torch.load(checkpoint, weights_only=True)
+    state["conv1.bias"] = state["conv1.bias"] + 0.01
+    torch.save(state, checkpoint)
+
+    result = run_doit(tinynet_repo)
+    assert result.code == 0, result.output
+    expected = {"export:tinynet/encoder", "simplify:tinynet/encoder", "verify:tinynet/encoder",
+                "quantize:tinynet/encoder/w8a16"}
+    expected |= per_chip("compile", graphs=("encoder",)) | per_chip("check", graphs=("encoder",)) | packages()
+    assert result.ran == expected
+    assert not any("head" in t for t in result.ran)
+    assert "calibrate:tinynet/encoder" in result.up_to_date  # calibration data does not depend on weights
+
+
+def test_changing_one_variant_setting_reruns_that_variants_quantize_compile_check_package(tinynet_repo):
+    toml = tinynet_repo / "models/tinynet/model.toml"
+    text = toml.read_text()
+    toml.write_text(text.replace('calibration = { method = "minmax", samples = 8 }',
+                                 'calibration = { method = "minmax", samples = 6 }'))
+    result = run_doit(tinynet_repo)
+    assert result.code == 0, result.output
+    expected = {f"quantize:tinynet/{g}/w8a16" for g in GRAPHS}
+    expected |= per_chip("compile", variants=("w8a16",)) | per_chip("check", variants=("w8a16",))
+    expected |= packages(variants=("w8a16",))
+    assert result.ran == expected
+    for stage in ("export", "simplify", "verify", "calibrate"):
+        assert not result.ran_stage(stage)
+
+
+def test_changing_one_chip_entry_reruns_that_chips_compile_check_package(tinynet_repo):
+    chips = tinynet_repo / "chips.toml"
+    text = chips.read_text()
+    block = re.search(r"\[chips\.SM8750\][^\[]*", text).group(0)
+    chips.write_text(text.replace(block, block.replace("vtcm_mb = 8", "vtcm_mb = 4")))
+    result = run_doit(tinynet_repo)
+    assert result.code == 0, result.output
+    expected = per_chip("compile", chips=("SM8750",)) | per_chip("check", chips=("SM8750",))
+    expected |= packages(chips=("SM8750",))
+    assert result.ran == expected
+
+
+def test_a_new_sdk_identity_reruns_every_sdk_stage_and_nothing_upstream(tinynet_repo, monkeypatch):
+    from build_rules.toolchains import ort_qnn
+    real = ort_qnn.identity
+
+    def upgraded(cache_dir=None):
+        return dict(real(cache_dir), package_version="2.8.0", build_id="v2.52.0.261101000000")
+
+    monkeypatch.setattr(ort_qnn, "identity", upgraded)
+    result = run_doit(tinynet_repo)
+    assert result.code == 0, result.output
+    assert result.ran == per_chip("compile") | per_chip("check") | packages()
+    manifest = (tinynet_repo / "out/tinynet/w8a16/SM8550/manifest.json").read_text()
+    assert "v2.52.0.261101000000" in manifest
+
+    monkeypatch.setattr(ort_qnn, "identity", real)  # back to the installed SDK: SDK stages again only
+    assert run_doit(tinynet_repo).ran == per_chip("compile") | per_chip("check") | packages()
+
+
+def test_one_chip_group_builds_only_that_chip(tinynet_repo):
+    import shutil
+    shutil.rmtree(tinynet_repo / "out/tinynet/fp16")
+    shutil.rmtree(tinynet_repo / "out/tinynet/w8a16/SM8550")
+    result = run_doit(tinynet_repo, "SM8750")
+    assert result.code == 0, result.output
+    assert result.ran == per_chip("compile", variants=("fp16",), chips=("SM8750",)) \
+        | per_chip("check", variants=("fp16",), chips=("SM8750",)) | packages(variants=("fp16",), chips=("SM8750",))
+    assert not (tinynet_repo / "out/tinynet/w8a16/SM8550").exists()
