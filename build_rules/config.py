@@ -247,8 +247,9 @@ def _threshold(t: _Table, key: str) -> Threshold | None:
 def _graph(t: _Table, name: str, onnx_entry: bool) -> Graph:
     t.check_keys(("checkpoints", "inputs", "outputs", "calibration_samples", "verify", "gate"))
     inputs = {}
-    for input_name in t.table("inputs").data:
-        s = t.table("inputs").table(input_name)
+    input_tables = t.table("inputs", {})
+    for input_name in input_tables.data:
+        s = input_tables.table(input_name)
         s.check_keys(("shape", "dtype"))
         shape = s.get("shape", list)
         if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):

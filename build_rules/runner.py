@@ -44,11 +44,13 @@ def run_stage(stage: str, params: dict, targets: list[str], log: str):
         result_path = staging / "result.json"
         result = json.loads(result_path.read_text()) if result_path.exists() else {}
         if code != 0 or "error" in result:
+            remove_quietly(*targets)  # an old output must not pass for the result of this failed run
             message = result.get("error") or f"stage '{stage}' exited with code {code}; last lines of {log}:\n" \
                 + _tail(log)
             return TaskFailed(f"{message}\n(log: {log})")
         missing = [t for t in targets if not (staging / t).exists()]
         if missing:
+            remove_quietly(*targets)
             return TaskFailed(f"stage '{stage}' did not write {', '.join(missing)} (log: {log})")
         for target in targets:
             publish(staging / target, Path(target))

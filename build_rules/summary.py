@@ -25,7 +25,10 @@ class SummaryReporter(ConsoleReporter):
             self.up_to_date += 1
 
     def complete_run(self):
-        super().complete_run()
+        # Failures were written when they happened (add_failure); the stage's own output is in its log,
+        # so doit's empty "<stderr>/<stdout>" blocks are left out.
+        if self.runtime_errors:
+            self.write("Execution aborted.\n" + "\n".join(self.runtime_errors) + "\n")
         failed = len(self.failures)
         self.write(f"summary: {len(self.ran)} task(s) ran, {self.up_to_date} up to date"
                    + (f", {failed} failed" if failed else "") + "\n")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +56,7 @@ class Project:
 
 @functools.cache
 def project() -> Project:
-    root = Path.cwd()  # doit runs with the dodo file's folder as cwd
+    root = Path(".")  # doit runs in the dodo file's folder; relative paths keep messages and keys short
     chips = load_chips(root / "chips.toml")
     models = load_models(root / "models", chips)
     _check_names(models, chips)
@@ -106,14 +107,18 @@ def _inputs(graph: Graph) -> dict:
 
 
 def _source_onnx(model: Model, graph: Graph) -> str:
-    return str(model.onnx.relative_to(project().root)) if model.onnx else layout.float_file(model.name, graph.name, ".onnx")
+    return _rel(model.onnx) if model.onnx else layout.float_file(model.name, graph.name, ".onnx")
 
 
 def _rel(path: Path) -> str:
+    """Paths in task dicts are relative to the repo (doit compares them as strings); a checkpoint
+    inside an installed package stays absolute."""
+    if not path.is_absolute():
+        return str(path)
     try:
-        return str(path.relative_to(project().root))
+        return str(path.relative_to(Path.cwd()))
     except ValueError:
-        return str(path)  # a checkpoint inside an installed package
+        return str(path)
 
 
 def _graphs():
@@ -319,14 +324,21 @@ def task_models():
 
 def doit_config() -> dict:
     from .summary import SummaryReporter
+    try:
+        models = project().models
+    except ConfigError as e:
+        # A config mistake is the user's to fix: the message, not a traceback through doit's loader.
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(3) from None
     os.makedirs(STATE_DIR, exist_ok=True)
     use_stat_cache(f"{STATE_DIR}/stat-cache.json")
     return {
-        "default_tasks": [m.name for m in project().models],
+        "default_tasks": [m.name for m in models],
         "check_file_uptodate": ContentChecker,
         # doit's default dbm backend is dbm.dumb on many Pythons (slow, can corrupt): choose one.
         "backend": "json",
         "dep_file": f"{STATE_DIR}/doit.json",
         "reporter": SummaryReporter,
         "verbosity": 0,
+        "sort": "definition",  # `doit list` in pipeline order
     }

@@ -40,11 +40,15 @@ def run_doit(repo: Path, *args: str) -> DoitRun:
     tasks.project.cache_clear()  # config is re-read on every run, like a new doit process
     out = io.StringIO()
     try:
-        namespace = runpy.run_path(str(repo / "dodo.py"))
-        # doit binds sys.stdout as the reporter's default stream at import: hand it ours.
-        namespace["DOIT_CONFIG"] = dict(namespace["DOIT_CONFIG"], outfile=out)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            code = DoitMain(ModuleTaskLoader(namespace), config_filenames=()).run(list(args))
+            try:
+                namespace = runpy.run_path(str(repo / "dodo.py"))
+            except SystemExit as e:  # the build file refused to load (config error)
+                code = e.code
+            else:
+                # doit binds sys.stdout as the reporter's default stream at import: hand it ours.
+                namespace["DOIT_CONFIG"] = dict(namespace["DOIT_CONFIG"], outfile=out)
+                code = DoitMain(ModuleTaskLoader(namespace), config_filenames=()).run(list(args))
         stat_cache().save()
     finally:
         os.chdir(old_cwd)

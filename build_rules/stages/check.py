@@ -30,14 +30,14 @@ def run(params: dict) -> dict:
     if gate:
         metric = gate["metric"]
         if metric not in summary:
-            raise BuildError(f"check {params['name']}: gate metric '{metric}' was not measured "
+            raise BuildError(f"{params['name']}: gate metric '{metric}' was not measured "
                              f"(measured: {', '.join(summary)}); a task metric needs a score() hook")
         value = summary[metric]
         if "min" in gate and value < gate["min"]:
-            raise BuildError(f"check {params['name']}: gate failed: {metric} = {value:.4f}, "
+            raise BuildError(f"{params['name']}: gate failed: {metric} = {value:.4f}, "
                              f"needs >= {gate['min']:g} (short by {gate['min'] - value:.4f})")
         if "max" in gate and value > gate["max"]:
-            raise BuildError(f"check {params['name']}: gate failed: {metric} = {value:.4g}, "
+            raise BuildError(f"{params['name']}: gate failed: {metric} = {value:.4g}, "
                              f"needs <= {gate['max']:g} (over by {value - gate['max']:.4g})")
     atomic_write_json(params["outputs"]["report"], report)
     return {"summary": summary}

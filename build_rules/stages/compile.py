@@ -23,10 +23,10 @@ def run(params: dict) -> dict:
             Path(params["onnx"]), out_dir, params["graph"], soc_model=chip["soc_id"], vtcm_mb=chip["vtcm_mb"],
             fp16=params["fp16"])
     except ort_qnn.UnsupportedOpsError as e:
-        raise BuildError(f"compile {params['name']}: {e}") from e
+        raise BuildError(f"{params['name']}: {e}") from e
     target = result["target"]
     if target.get("soc_type") != chip["name"] or str(target.get("arch")) != str(chip["dsp_arch"][1:]):
-        raise BuildError(f"compile {params['name']}: the binary says soc_type={target.get('soc_type')} "
+        raise BuildError(f"{params['name']}: the binary says soc_type={target.get('soc_type')} "
                          f"arch={target.get('arch')}, expected {chip['name']} {chip['dsp_arch']}")
     return {"seconds": round(result["seconds"], 3), "bytes": Path(result["binary"]).stat().st_size,
             "target": target}

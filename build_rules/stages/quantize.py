@@ -23,5 +23,5 @@ def run(params: dict) -> dict:
                          weights=v["weights"], per_channel=v["per_channel"], method=v["calibration_method"],
                          overrides=v["overrides"])
     except ValueError as e:  # e.g. an override naming a tensor the model does not have
-        raise BuildError(f"quantize {params['name']}: {e}") from e
+        raise BuildError(f"{params['name']}: {e}") from e
     return {}

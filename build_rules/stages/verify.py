@@ -66,7 +66,7 @@ def run(params: dict) -> dict:
     bound = threshold.get("max", threshold.get("min"))
     passed = value <= bound if "max" in threshold else value >= bound
     if not passed:
-        raise BuildError(f"verify {params['name']}: ONNX Runtime vs source {threshold['metric']} = {value:.3g}, "
+        raise BuildError(f"{params['name']}: ONNX Runtime vs source {threshold['metric']} = {value:.3g}, "
                          f"allowed {'<=' if 'max' in threshold else '>='} {bound:g} (per output: {metrics})")
     atomic_write_json(params["outputs"]["report"], report)
     arrays = {}

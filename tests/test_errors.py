@@ -1,0 +1,168 @@
+"""Bad input fails with a message naming the culprit and leaves no target behind (issue: the build graph).
+
+The models here are tiny ONNX files written by the test (they enter the pipeline at simplify), so each
+case isolates one mistake: a dynamic input, an int64 input, an op QNN HTP cannot run, a malformed
+model.toml, an unknown chip.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import TEST_MODELS, make_repo, run_doit
+
+HOOKS = '''import numpy as np
+def evaluation_inputs(graph):
+    rng = np.random.default_rng(0)
+    return [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(2)]
+'''
+
+
+def onnx_model_repo(tmp_path: Path, build_graph, graph_toml: str, extra_model_toml: str = "") -> Path:
+    import onnx
+    folder = tmp_path / "src" / "bad"
+    folder.mkdir(parents=True)
+    onnx.save(build_graph(), folder / "model.onnx")
+    (folder / "hooks.py").write_text(HOOKS)
+    (folder / "model.toml").write_text(f'''[model]
+onnx = "model.onnx"
+hooks = "hooks.py"
+chips = ["SM8550"]
+{extra_model_toml}
+[graphs.net]
+{graph_toml}
+[variants.fp16]
+precision = "fp16"
+''')
+    return make_repo(tmp_path / "repo", {"bad": folder})
+
+
+def conv_graph(batch="N", input_type=None, tail_op=None):
+    """x[batch,3,8,8] -> Conv -> (tail_op) -> y."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    weight = numpy_helper.from_array(np.full((4, 3, 3, 3), 0.1, np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv_1", pads=[1, 1, 1, 1])]
+    last = "c"
+    if tail_op:
+        nodes.append(helper.make_node(tail_op, ["c"], ["t"], name=f"{tail_op.lower()}_1"))
+        last = "t"
+    nodes.append(helper.make_node("Relu", [last], ["y"], name="relu_1"))
+    graph = helper.make_graph(nodes, "net", [helper.make_tensor_value_info("x", input_type or TensorProto.FLOAT,
+                                                                           [batch, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4, 8, 8])], [weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def int64_graph():
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    table = numpy_helper.from_array(np.ones((10, 4), np.float32), "table")
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["y"], name="gather_1")], "net",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, 4])], [table])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def targets_left(repo: Path) -> list[str]:
+    """Files under out/ other than logs and doit's own state: a failed build must have written none."""
+    out = repo / "out"
+    if not out.exists():
+        return []
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*")
+                  if p.is_file() and not p.name.endswith(".log") and ".build-state" not in p.parts)
+
+
+def test_dynamic_input_names_the_tensor(tmp_path):
+    repo = onnx_model_repo(tmp_path, conv_graph, 'outputs = ["y"]')
+    result = run_doit(repo)
+    assert result.code != 0
+    assert "model.onnx: input 'x' has a dynamic shape ['N', 3, 8, 8]" in result.output
+    assert "declare fixed shapes under [graphs.<name>.inputs]" in result.output
+    assert targets_left(repo) == []
+
+
+def test_declared_shape_pins_a_dynamic_input(tmp_path):
+    repo = onnx_model_repo(tmp_path, conv_graph, 'inputs = { x = { shape = [1, 3, 8, 8], dtype = "float32" } }')
+    result = run_doit(repo, "simplify")
+    assert result.code == 0, result.output
+    assert "simplify:bad/net" in result.ran
+
+
+def test_int64_input_names_the_tensor(tmp_path):
+    repo = onnx_model_repo(tmp_path, int64_graph, 'outputs = ["y"]')
+    result = run_doit(repo)
+    assert result.code != 0
+    assert "input 'ids' is int64 (QNN HTP has no int64: use int32)" in result.output
+    assert targets_left(repo) == []
+
+
+def test_declaring_an_int64_input_is_refused_at_load(tmp_path):
+    repo = onnx_model_repo(tmp_path, int64_graph, 'inputs = { ids = { shape = [1, 5], dtype = "int64" } }')
+    result = run_doit(repo, "list")
+    assert result.code == 3
+    assert ("error: models/bad/model.toml: [graphs.net.inputs.ids] dtype: int64 is not supported on QNN HTP: "
+            "export the input as int32") in result.output
+
+
+def test_unsupported_op_names_op_and_node_and_leaves_no_binary(tmp_path):
+    repo = onnx_model_repo(tmp_path, lambda: conv_graph(batch=1, tail_op="Hardmax"),
+                           'inputs = { x = { shape = [1, 3, 8, 8], dtype = "float32" } }')
+    result = run_doit(repo)
+    assert result.code != 0
+    assert "compile:bad/net/fp16@SM8550" in result.output
+    assert "QNN HTP cannot run 1 node(s)" in result.output
+    assert "Hardmax (node 'hardmax_1')" in result.output
+    assert not list((repo / "out").rglob("*.bin"))
+    assert not list((repo / "out").rglob("*_ctx.onnx"))
+    assert not any((repo / "out/.staging").iterdir())
+    # the failed task re-runs next time (nothing was recorded as done)
+    assert "compile:bad/net/fp16@SM8550" in run_doit(repo).ran
+
+
+@pytest.mark.parametrize("edit, message", [
+    (('activations = "uint16"', 'activations = "uint12"'),
+     "error: models/tinynet/model.toml: [variants.w8a16] activations: expected one of 'uint8', 'uint16', "
+     "got 'uint12'"),
+    (('outputs = ["features"]', 'outputs = ["features"'),
+     "error: models/tinynet/model.toml: invalid TOML:"),
+    (('calibration_samples = 8\ngate', 'calibration_sample = 8\ngate'),
+     "error: models/tinynet/model.toml: [graphs.encoder] calibration_sample: unknown key"),
+    (('[variants.fp16]', '[variants."../fp16"]'),
+     "error: models/tinynet/model.toml: [variants.../fp16]: name '../fp16' is not allowed"),
+    (('chips = ["SM8550", "SM8750"]', 'chips = ["SM8550", "SM9999"]'),
+     "error: models/tinynet/model.toml: [model] chips: unknown chip 'SM9999' (chips in chips.toml: "),
+])
+def test_config_errors_name_file_and_key(tmp_path, edit, message):
+    repo = make_repo(tmp_path / "repo", {"tinynet": TEST_MODELS / "tinynet"})
+    toml = repo / "models/tinynet/model.toml"
+    text = toml.read_text()
+    assert edit[0] in text
+    toml.write_text(text.replace(edit[0], edit[1], 1))
+    result = run_doit(repo)
+    assert result.code == 3
+    assert message in result.output
+    assert targets_left(repo) == []
+
+
+def test_unknown_chip_in_default_list(tmp_path):
+    chips = (Path(__file__).parent.parent / "chips.toml").read_text().replace('"QCS9100"]', '"QCS9999"]', 1)
+    repo = make_repo(tmp_path / "repo", {}, chips=chips)
+    result = run_doit(repo, "list")
+    assert result.code == 3
+    assert "error: chips.toml: default: unknown chip 'QCS9999'" in result.output
+
+
+def test_failed_gate_names_metric_value_and_threshold(tinynet_repo):
+    toml = tinynet_repo / "models/tinynet/model.toml"
+    text = toml.read_text()
+    head = text.index("[graphs.head]")
+    toml.write_text(text[:head] + text[head:].replace('min = 0.98', 'min = 0.99999', 1))
+    result = run_doit(tinynet_repo, "SM8750")
+    assert result.code != 0
+    assert "check:tinynet/head/w8a16@SM8750" not in result.ran  # it ran and failed
+    assert "check:tinynet/head/w8a16@SM8750: gate failed: cosine = 0.99" in result.output
+    assert "needs >= 0.99999 (short by" in result.output
+    # the failing check's old report is gone: no stale pass is left to package
+    assert not (tinynet_repo / "out/tinynet/w8a16/SM8750/head.check.json").exists()

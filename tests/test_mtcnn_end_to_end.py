@@ -1,0 +1,75 @@
+"""End to end on the real example model: MTCNN weights from the facenet-pytorch wheel, real images,
+compiled for two chips with the embedded toolchain and checked on the HTP emulator."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from conftest import ROOT, make_repo, run_doit
+
+CHIPS = {"SM8550": "73", "SM8750": "79"}
+GRAPHS = ("pnet", "rnet", "onet")
+VARIANTS = ("fp16", "w8a16", "w8a8")
+
+
+@pytest.fixture(scope="module")
+def mtcnn_build(tmp_path_factory):
+    repo = make_repo(tmp_path_factory.mktemp("mtcnn"), {"mtcnn": ROOT / "models/mtcnn"})
+    result = run_doit(repo, "-n", "2", "-P", "thread", *CHIPS)
+    assert result.code == 0, result.output
+    return repo, result
+
+
+def test_builds_every_graph_variant_and_chip_and_only_those_chips(mtcnn_build):
+    repo, result = mtcnn_build
+    expected = {f"compile:mtcnn/{g}/{v}@{c}" for g in GRAPHS for v in VARIANTS for c in CHIPS}
+    assert result.ran_stage("compile") == expected
+    assert sorted(p.name for p in (repo / "out/mtcnn/w8a16").iterdir() if p.is_dir()) == sorted(CHIPS)
+    for variant in VARIANTS:
+        for chip in CHIPS:
+            folder = repo / f"out/mtcnn/{variant}/{chip}"
+            manifest = json.loads((folder / "manifest.json").read_text())
+            assert set(manifest["graphs"]) == set(GRAPHS)
+            assert manifest["toolchain"]["name"] == "ort-qnn"
+            assert manifest["toolchain"]["build_id"].startswith("v2.")
+            assert manifest["model"]["license"] == "MIT"
+
+
+def test_each_binary_embeds_its_chip(mtcnn_build):
+    from build_rules.toolchains.ort_qnn import read_binary_target
+    repo, _ = mtcnn_build
+    for variant in VARIANTS:
+        for chip, arch in CHIPS.items():
+            for graph in GRAPHS:
+                target = read_binary_target(repo / f"out/mtcnn/{variant}/{chip}/{graph}.bin")
+                assert (target["soc_type"], str(target["arch"])) == (chip, arch), (variant, chip, graph, target)
+
+
+def test_onet_accuracy_on_lfw_subset_on_the_emulator(mtcnn_build):
+    repo, _ = mtcnn_build
+    for variant in VARIANTS:
+        for chip in CHIPS:
+            check = json.loads((repo / f"out/mtcnn/{variant}/{chip}/onet.check.json").read_text())
+            assert check["samples"] == 200  # skimage.data.lfw_subset(): 100 faces, 100 non-faces
+            assert check["summary"]["accuracy"] >= 0.98, (variant, chip, check["summary"])
+            for graph in ("pnet", "rnet"):
+                summary = json.loads((repo / f"out/mtcnn/{variant}/{chip}/{graph}.check.json").read_text())["summary"]
+                assert summary["cosine"] >= 0.99 if graph == "rnet" else summary["cosine"] >= 0.98
+                assert summary["max_abs"] < 0.5
+
+
+def test_two_builds_from_clean_give_identical_binaries(mtcnn_build, tmp_path):
+    repo, _ = mtcnn_build
+    second = make_repo(tmp_path / "again", {"mtcnn": ROOT / "models/mtcnn"})
+    compiles = [f"compile:mtcnn/{g}/{v}@{c}" for g in GRAPHS for v in VARIANTS for c in CHIPS]
+    result = run_doit(second, "-n", "2", "-P", "thread", *compiles)
+    assert result.code == 0, result.output
+    for variant in VARIANTS:
+        for chip in CHIPS:
+            for name in [f"{g}.bin" for g in GRAPHS] + [f"{g}_ctx.onnx" for g in GRAPHS]:
+                a = (repo / f"out/mtcnn/{variant}/{chip}/{name}").read_bytes()
+                b = (second / f"out/mtcnn/{variant}/{chip}/{name}").read_bytes()
+                assert a == b, f"{variant}/{chip}/{name} differs between two clean builds"
+    shutil.rmtree(second)
