@@ -19,6 +19,9 @@ TENSOR_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "bool")
 ACTIVATION_TYPES = ("uint8", "uint16")
 WEIGHT_TYPES = ("uint8", "int8", "uint16", "int4")
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+TOOLCHAINS = ("ort-qnn", "qairt", "auto")
+# QNN converter input layouts (qnn-onnx-converter --input_layout); one letter per dim.
+INPUT_LAYOUTS = ("NCDHW", "NDHWC", "NCHW", "NHWC", "NCF", "NFC", "NTF", "TNF", "NF", "NC", "F")
 METRICS_HIGHER_IS_BETTER = ("accuracy", "cosine", "sqnr")
 METRICS_LOWER_IS_BETTER = ("max_abs", "wer")
 
@@ -46,6 +49,7 @@ class ChipTable:
     path: Path
     chips: dict[str, Chip]
     default: tuple[str, ...]
+    toolchain: str = "auto"  # top-level `toolchain = "qairt" | "ort-qnn" | "auto"` of chips.toml
 
     def get(self, name: str, where: str) -> Chip:
         if name not in self.chips:
@@ -58,6 +62,7 @@ class ChipTable:
 class TensorSpec:
     shape: tuple[int, ...]
     dtype: str
+    layout: str | None = None  # QNN --input_layout (qairt only), e.g. "NTF": keep the ONNX order of a rank-3 input
 
 
 @dataclass(frozen=True)
@@ -210,7 +215,7 @@ def resolve_file(ref: str, folder: Path, where: str) -> Path:
 
 def load_chips(path: Path) -> ChipTable:
     root = _Table(path, "", read_toml(path))
-    root.check_keys(("default", "chips"))
+    root.check_keys(("default", "toolchain", "chips"))
     chips = {}
     for name, data in root.table("chips").data.items():
         t = root.table("chips").table(name)
@@ -222,7 +227,8 @@ def load_chips(path: Path) -> ChipTable:
         chips[name] = Chip(name=name, marketing_name=t.get("marketing_name", str, ""), soc_id=t.get("soc_id", int),
                            dsp_arch=arch, vtcm_mb=t.get("vtcm_mb", int), fp16=t.get("fp16", bool))
     default = tuple(root.get("default", list, list(chips)))
-    table = ChipTable(path=path, chips=chips, default=default)
+    table = ChipTable(path=path, chips=chips, default=default,
+                      toolchain=root.get("toolchain", str, "auto", choices=TOOLCHAINS))
     for name in default:
         table.get(name, f"{path}: default")
     return table
@@ -250,7 +256,7 @@ def _graph(t: _Table, name: str, onnx_entry: bool) -> Graph:
     input_tables = t.table("inputs", {})
     for input_name in input_tables.data:
         s = input_tables.table(input_name)
-        s.check_keys(("shape", "dtype"))
+        s.check_keys(("shape", "dtype", "layout"))
         shape = s.get("shape", list)
         if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
             raise s.error("shape", f"every dim must be a positive integer (the NPU runs static shapes), got {shape!r}")
@@ -259,7 +265,10 @@ def _graph(t: _Table, name: str, onnx_entry: bool) -> Graph:
             raise s.error("dtype", "int64 is not supported on QNN HTP: export the input as int32")
         if dtype not in TENSOR_DTYPES:
             raise s.error("dtype", f"expected one of {', '.join(TENSOR_DTYPES)}, got {dtype!r}")
-        inputs[input_name] = TensorSpec(tuple(shape), dtype)
+        layout = s.get("layout", str, None, choices=INPUT_LAYOUTS)
+        if layout is not None and len(layout) != len(shape):
+            raise s.error("layout", f"{layout!r} names {len(layout)} dims, the input has {len(shape)} ({shape!r})")
+        inputs[input_name] = TensorSpec(tuple(shape), dtype, layout)
     if not inputs and not onnx_entry:
         raise t.error("inputs", "missing (name = { shape = [...], dtype = \"float32\" } per input)")
     outputs = t.get("outputs", list, [])

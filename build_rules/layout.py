@@ -4,6 +4,11 @@ out/<model>/float/<graph>.onnx, .sim.onnx, .io.json, .verify.json, .evaluation.n
 out/<model>/calibration/<graph>/input_list.txt + NNNN.<input>.raw               (shared by all variants)
 out/<model>/<variant>/<graph>.qdq.onnx                                          (per variant, any chip)
 out/<model>/<variant>/<chip>/<graph>.bin, <graph>_ctx.onnx, <graph>.check.json, manifest.json
+qairt toolchain (no .qdq.onnx, no _ctx.onnx):
+out/<model>/<variant>/<graph>.cpp, <graph>.bin, <graph>_net.json, <graph>.convert.json   (qnn-onnx-converter)
+out/<model>/<variant>/model_libs/<target>/lib<graph>.so                        (qnn-model-lib-generator)
+out/<model>/<variant>/<chip>/<graph>_config/htp_backend_extensions.json, htp_config.json
+out/<model>/<variant>/<chip>/runtime/libQnnHtp.so, libQnnHtpV<arch>Stub.so, libQnnSystem.so, libQnnHtpV<arch>Skel.so
 Logs sit beside the outputs, one per stage: <graph>.<stage>.log.
 """
 from __future__ import annotations
@@ -39,3 +44,15 @@ def chip_dir(model: str, variant: str, chip: str) -> str:
 
 def chip_file(model: str, variant: str, chip: str, name: str) -> str:
     return f"{OUT}/{model}/{variant}/{chip}/{name}"
+
+
+def model_lib(model: str, variant: str, target: str, graph: str) -> str:
+    return f"{OUT}/{model}/{variant}/model_libs/{target}/lib{graph}.so"
+
+
+def htp_config_dir(model: str, variant: str, chip: str, graph: str) -> str:
+    return f"{OUT}/{model}/{variant}/{chip}/{graph}_config"
+
+
+def runtime_dir(model: str, variant: str, chip: str) -> str:
+    return f"{OUT}/{model}/{variant}/{chip}/runtime"

@@ -49,7 +49,9 @@ def _describe(manifest_path: str) -> str:
     for graph, info in manifest["graphs"].items():
         gate = info.get("gate")
         gate_text = ""
-        if gate:
+        if info.get("check") == "not run":  # qairt without qnn-net-run: no metric was measured
+            gate_text = " (check not run)"
+        elif gate:
             metric = gate["metric"]
             gate_text = f" {metric} {info['metrics'].get(metric, float('nan')):.4g}"
         parts.append(f"{graph} {info['bytes'] / 1e6:.2f} MB{gate_text}")

@@ -60,13 +60,14 @@ def project() -> Project:
     chips = load_chips(root / "chips.toml")
     models = load_models(root / "models", chips)
     _check_names(models, chips)
-    from .toolchains import ort_qnn  # light module: only its identity() runs here, from a cache file
-    identity = ort_qnn.identity(Path(STATE_DIR))
+    from . import toolchains  # light: only the chosen toolchain's identity() runs here, from a cache file
+    name, _ = toolchains.choose(chips.toolchain)
+    identity = toolchains.identity(name, Path(STATE_DIR))
     return Project(root=root, chips=chips, models=models, toolchain=identity)
 
 
 def _check_names(models: list[Model], chips: ChipTable) -> None:
-    taken = set(STAGE_VERSIONS) | set(chips.chips) | {"report"}
+    taken = set(STAGE_VERSIONS) | set(chips.chips) | {"report", "convert", "model_libs", "htp_config"}
     for model in models:
         if model.name in taken:
             raise ConfigError(f"{model.toml_path}: model folder name '{model.name}' clashes with a stage or chip "
@@ -148,7 +149,24 @@ def skipped_builds() -> list[str]:
                 if variant.is_fp16 and not chip.fp16:
                     notes.append(f"{model.name}/{variant.name}@{chip.name}: skipped, {chip.name} "
                                  f"({chip.dsp_arch}) has no fp16 support")
-    return notes
+    from . import toolchains
+    return notes + toolchains.notes(project().toolchain["name"])
+
+
+def _toolchain_stage(stage: str):
+    """The seam between toolchains: where the selected toolchain generates `stage` itself (qairt, see
+    toolchains/qairt_tasks.py), its generator replaces the decorated one, which is the ort-qnn version.
+    A stage the toolchain does not have (quantize under qairt, convert under ort-qnn) makes no task."""
+    def decorate(default):
+        @functools.wraps(default)
+        def creator():
+            from . import toolchains
+            own = toolchains.stage_tasks(project().toolchain["name"], stage)
+            if own is ...:
+                return default()
+            return own() if own is not None else None
+        return creator
+    return decorate
 
 
 def _float_model(model: Model, graph: Graph, variant: Variant) -> str:
@@ -218,6 +236,7 @@ def task_calibrate():
                           f"{folder}.calibrate.log")
 
 
+@_toolchain_stage("quantize")
 def task_quantize():
     """5 quantize: QDQ model per precision variant (onnxruntime QNN config; fp16 variants skip this)"""
     for model, graph in _graphs():
@@ -237,6 +256,22 @@ def _chip_params(chip: Chip) -> dict:
     return {"name": chip.name, "soc_id": chip.soc_id, "dsp_arch": chip.dsp_arch, "vtcm_mb": chip.vtcm_mb}
 
 
+@_toolchain_stage("convert")
+def task_convert():
+    """5 convert (qairt): qnn-onnx-converter per graph and variant -> <graph>.cpp, .bin, _net.json"""
+
+
+@_toolchain_stage("model_libs")
+def task_model_libs():
+    """5 model libs (qairt): qnn-model-lib-generator -> model_libs/<target>/lib<graph>.so"""
+
+
+@_toolchain_stage("htp_config")
+def task_htp_config():
+    """6 HTP config (qairt): htp_backend_extensions.json + htp_config.json per graph and chip"""
+
+
+@_toolchain_stage("compile")
 def task_compile():
     """6 compile: one QNN HTP context binary per graph, variant and chip"""
     for model in project().models:
@@ -252,6 +287,7 @@ def task_compile():
                                   layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.compile.log"))
 
 
+@_toolchain_stage("check")
 def task_check():
     """7 check: run each binary on the HTP emulator vs the float model; fail below the graph's gate"""
     for model in project().models:
@@ -274,6 +310,7 @@ def _package(params: dict):
     return package.run(params)
 
 
+@_toolchain_stage("package")
 def task_package():
     """8 package: manifest.json per model, variant and chip (SDK identity, hashes, metrics)"""
     for model in project().models:
@@ -322,6 +359,18 @@ def task_models():
                       f"{len(model.variants)} variant(s) x {len(model.chips)} chip(s)"}
 
 
+def _interrupt_on_sigterm() -> None:
+    """doit saves its state only when a Python exception unwinds it: Ctrl-C does, SIGTERM (CI timeouts,
+    `kill`) would not, and every finished task would be forgotten. Treat SIGTERM like Ctrl-C."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, interrupt)
+
+
 def doit_config() -> dict:
     from .summary import SummaryReporter
     try:
@@ -331,6 +380,7 @@ def doit_config() -> dict:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(3) from None
     os.makedirs(STATE_DIR, exist_ok=True)
+    _interrupt_on_sigterm()
     use_stat_cache(f"{STATE_DIR}/stat-cache.json")
     return {
         "default_tasks": [m.name for m in models],

@@ -161,7 +161,7 @@ def test_failed_gate_names_metric_value_and_threshold(tinynet_repo):
     toml.write_text(text[:head] + text[head:].replace('min = 0.98', 'min = 0.99999', 1))
     result = run_doit(tinynet_repo, "SM8750")
     assert result.code != 0
-    assert "check:tinynet/head/w8a16@SM8750" not in result.ran  # it ran and failed
+    assert "TaskFailed - taskid:check:tinynet/head/w8a16@SM8750" in result.output
     assert "check:tinynet/head/w8a16@SM8750: gate failed: cosine = 0.99" in result.output
     assert "needs >= 0.99999 (short by" in result.output
     # the failing check's old report is gone: no stale pass is left to package

@@ -17,6 +17,11 @@ def run(params: dict) -> dict:
 
     inputs, reference = load_evaluation(params["evaluation"])
     outputs = ort_qnn.run_context_binary(params["ctx_model"], inputs)
+    return judge(params, inputs, reference, outputs)
+
+
+def judge(params: dict, inputs: list[dict], reference: list[dict], outputs: list[dict]) -> dict:
+    """Metrics of the binary's outputs against the float reference, the gate, and the report (both toolchains)."""
     metrics = {"outputs": compare(reference, outputs)}
     hooks = load_hooks(params["hooks"])
     if hasattr(hooks, "score"):

@@ -1,0 +1,58 @@
+"""Toolchains: which one builds this repo, and its identity for task keys.
+
+- "ort-qnn": onnxruntime-qnn from PyPI (no SDK install); tasks.py writes its stage tasks.
+- "qairt": the QAIRT SDK at $QNN_SDK_ROOT; its stage tasks come from toolchains/qairt_tasks.py.
+
+Choice, first match wins: $BUILD_RULES_TOOLCHAIN (per run), `toolchain = "..."` at the top of chips.toml
+(per repo; "auto" is the default), then "qairt" when $QNN_SDK_ROOT is set, else "ort-qnn".
+Light to import: only the chosen toolchain's identity() runs at doit load, from a cache file.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+from ..config import ConfigError
+
+ENV = "BUILD_RULES_TOOLCHAIN"
+NAMES = ("ort-qnn", "qairt")
+# A toolchain with stage tasks of its own: module with STAGES = {stage: generator function or None}.
+_TASK_MODULES = {"qairt": "build_rules.toolchains.qairt_tasks"}
+
+
+def choose(repo_default: str = "auto", environ=os.environ) -> tuple[str, str]:
+    """(toolchain name, why it was chosen)."""
+    asked = environ.get(ENV, "").strip()
+    if asked:
+        if asked not in NAMES:
+            raise ConfigError(f"{ENV}={asked}: unknown toolchain (choose one of {', '.join(NAMES)})")
+        return asked, f"{ENV}={asked}"
+    if repo_default and repo_default != "auto":
+        return repo_default, f'chips.toml: toolchain = "{repo_default}"'
+    if environ.get("QNN_SDK_ROOT"):
+        return "qairt", "QNN_SDK_ROOT is set"
+    return "ort-qnn", "default (QNN_SDK_ROOT is not set)"
+
+
+def identity(name: str, cache_dir: Path) -> dict:
+    """The toolchain's identity dict ({"name": ..., versions, build id}); raises ConfigError for a broken SDK."""
+    if name == "qairt":
+        from . import qairt
+        return qairt.identity(qairt.find_sdk(), cache_dir)
+    from . import ort_qnn  # looked up at call time: tests replace ort_qnn.identity
+    return ort_qnn.identity(cache_dir)
+
+
+def stage_tasks(name: str, stage: str):
+    """The toolchain's own task generator for `stage`: a function, None (no such stage), or ... (tasks.py's)."""
+    module = _TASK_MODULES.get(name)
+    if module is None:
+        return ...
+    return importlib.import_module(module).STAGES.get(stage, ...)
+
+
+def notes(name: str) -> list[str]:
+    """Things the user should know about this toolchain's builds (shown in the build summary)."""
+    module = _TASK_MODULES.get(name)
+    return importlib.import_module(module).notes() if module else []

@@ -1,0 +1,243 @@
+"""Stage tasks of the qairt toolchain, behind tasks.py's `_toolchain_stage` seam.
+
+export, simplify, verify and calibrate are shared with ort-qnn. From there, per graph:
+  convert:<model>/<graph>/<variant>            qnn-onnx-converter (quantizes when the variant is not fp16)
+  model_libs:<model>/<graph>/<variant>         qnn-model-lib-generator
+  htp_config:<model>/<graph>/<variant>@<chip>  htp_backend_extensions.json + htp_config.json (in-process)
+  compile:<model>/<graph>/<variant>@<chip>     qnn-context-binary-generator
+  check:<model>/<graph>/<variant>@<chip>       qnn-net-run on the x86 HTP emulator, when the SDK has it
+  package:<model>/<variant>@<chip>             manifest.json + the SDK's device runtime libraries
+Every task's key holds the SDK identity (version + HTP build id): another SDK re-runs exactly these.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .. import layout
+from ..hashing import TaskKey
+from ..runner import run_stage
+from . import qairt
+
+# Bump a stage's number when its output for the same inputs changes.
+STAGE_VERSIONS = {"convert": 1, "model_libs": 1, "htp_config": 1, "compile": 1, "check": 1, "package": 1}
+STAGE_MODULES = {"convert": "convert", "model_libs": "model_libs", "compile": "context_binary",
+                 "check": "qairt_check"}
+STAGE_TOOLS = {"convert": ("numpy",), "check": ("numpy", "onnxruntime")}
+
+
+def _tasks():
+    from .. import tasks  # tasks.py imports this module lazily, so this is no import cycle
+    return tasks
+
+
+# Where the SDK is does not shape these outputs (its identity, in every key, does): a moved SDK re-runs nothing
+# but the HTP configs, which name files in it by absolute path.
+LOCATION_PARAMS = ("sdk", "runtime_libs")
+
+
+def _key(stage: str, params: dict) -> TaskKey:
+    tasks = _tasks()
+    if stage != "htp_config":
+        params = {k: v for k, v in params.items() if k not in LOCATION_PARAMS}
+    return TaskKey({"stage": f"qairt-{stage}", "version": STAGE_VERSIONS[stage], "params": params,
+                    "tools": {t: tasks.tool_version(t) for t in STAGE_TOOLS.get(stage, ())},
+                    "toolchain": tasks.project().toolchain})
+
+
+def _stage_task(stage: str, name: str, params: dict, file_dep: list[str], targets: list[str], log: str) -> dict:
+    params = dict(params, name=f"{stage}:{name}")
+    return {"name": name, "actions": [(run_stage, [STAGE_MODULES[stage], params, targets, log])],
+            "file_dep": list(file_dep), "targets": targets, "uptodate": [_key(stage, params)], "clean": True}
+
+
+def _group(doc: str) -> dict:
+    """The stage's line in `doit list`, naming the SDK in use."""
+    ident = _tasks().project().toolchain
+    return {"name": None, "doc": f"{doc} [qairt {ident['sdk_version']}]"}
+
+
+def _inputs(graph) -> dict:
+    return {name: {"shape": list(s.shape), "dtype": s.dtype, "layout": s.layout} for name, s in graph.inputs.items()}
+
+
+def _variants():
+    for model in _tasks().project().models:
+        for graph in model.graphs.values():
+            for variant in model.variants.values():
+                yield model, graph, variant
+
+
+def _chip_builds():
+    tasks = _tasks()
+    for model in tasks.project().models:
+        for variant, chip in tasks._variant_builds(model):
+            for graph in model.graphs.values():
+                yield model, graph, variant, chip
+
+
+def _lib_targets() -> list[str]:
+    return [qairt.HOST, qairt.DEVICE] if qairt.ndk_build() else [qairt.HOST]
+
+
+def _config_files(model, graph, variant, chip) -> tuple[str, str]:
+    folder = layout.htp_config_dir(model.name, variant.name, chip.name, graph.name)
+    return f"{folder}/htp_backend_extensions.json", f"{folder}/htp_config.json"
+
+
+# --- stages -------------------------------------------------------------------------------------
+
+def convert():
+    yield _group("5 convert: qnn-onnx-converter per graph and variant -> <graph>.cpp, .bin, _net.json")
+    tasks, sdk = _tasks(), qairt.find_sdk()
+    for model, graph, variant in _variants():
+        m, g, v = model.name, graph.name, variant.name
+        sim = layout.float_file(m, g, ".sim.onnx")
+        outputs = {"cpp": layout.variant_file(m, v, g, ".cpp"), "bin": layout.variant_file(m, v, g, ".bin"),
+                   "net_json": layout.variant_file(m, v, g, "_net.json"),
+                   "report": layout.variant_file(m, v, g, ".convert.json")}
+        file_dep, input_list = [sim], None
+        if not variant.is_fp16:
+            input_list = f"{layout.calibration_dir(m, g)}/input_list.txt"
+            file_dep += [input_list, *tasks._calibration_files(model, graph, variant.calibration_samples)]
+            if variant.overrides:
+                outputs["overrides"] = layout.variant_file(m, v, g, ".quantization_overrides.json")
+        params = {"sdk": str(sdk.root), "onnx": sim, "graph": g, "inputs": _inputs(graph),
+                  "variant": variant.settings(), "input_list": input_list, "outputs": outputs}
+        yield _stage_task("convert", f"{m}/{g}/{v}", params, file_dep, list(outputs.values()),
+                          layout.variant_file(m, v, g, ".convert.log"))
+
+
+def model_libs():
+    targets = _lib_targets()
+    note = "" if qairt.DEVICE in targets else " (no ndk-build on PATH: x86_64 only)"
+    yield _group(f"5 model libs: qnn-model-lib-generator -> model_libs/<target>/lib<graph>.so{note}")
+    sdk = qairt.find_sdk()
+    for model, graph, variant in _variants():
+        m, g, v = model.name, graph.name, variant.name
+        cpp, bin_ = layout.variant_file(m, v, g, ".cpp"), layout.variant_file(m, v, g, ".bin")
+        outputs = {t: layout.model_lib(m, v, t, g) for t in targets}
+        params = {"sdk": str(sdk.root), "cpp": cpp, "bin": bin_, "graph": g,
+                  "lib_targets": None if qairt.DEVICE in targets else [qairt.HOST], "outputs": outputs}
+        yield _stage_task("model_libs", f"{m}/{g}/{v}", params, [cpp, bin_], list(outputs.values()),
+                          layout.variant_file(m, v, g, ".model_libs.log"))
+
+
+def write_htp_config(params: dict) -> None:
+    """doit action (in-process, it only writes two small JSON files)."""
+    from ..files import atomic_write_text
+    sdk = qairt.Sdk(Path(params["sdk"]))
+    extensions, config = qairt.htp_config_files(sdk, params["graph_name"], params["chip"], params["config_abs"])
+    atomic_write_text(params["outputs"]["config"], json.dumps(config, indent=4) + "\n")
+    atomic_write_text(params["outputs"]["extensions"], json.dumps(extensions, indent=4) + "\n")
+
+
+def htp_config():
+    yield _group("6 HTP config: htp_backend_extensions.json + htp_config.json per graph, variant and chip")
+    sdk = qairt.find_sdk()
+    for model, graph, variant, chip in _chip_builds():
+        extensions, config = _config_files(model, graph, variant, chip)
+        params = {"sdk": str(sdk.root), "graph_name": qairt.qnn_graph_name(graph.name),
+                  "chip": _tasks()._chip_params(chip), "config_abs": str(Path(config).absolute()),
+                  "outputs": {"extensions": extensions, "config": config}}
+        yield {"name": f"{model.name}/{graph.name}/{variant.name}@{chip.name}",
+               "actions": [(write_htp_config, [params])], "file_dep": [], "targets": [extensions, config],
+               "uptodate": [_key("htp_config", params)], "clean": True}
+
+
+def compile():
+    yield _group("6 compile: qnn-context-binary-generator, one context binary per graph, variant and chip")
+    sdk = qairt.find_sdk()
+    for model, graph, variant, chip in _chip_builds():
+        m, g, v, c = model.name, graph.name, variant.name, chip.name
+        model_lib = layout.model_lib(m, v, qairt.HOST, g)
+        extensions, config = _config_files(model, graph, variant, chip)
+        binary = layout.chip_file(m, v, c, f"{g}.bin")
+        params = {"sdk": str(sdk.root), "model_lib": model_lib, "config_file": extensions, "graph": g,
+                  "chip": _tasks()._chip_params(chip), "outputs": {"binary": binary}}
+        # htp_config.json, not the extensions file: that one holds absolute paths, so a moved repo would
+        # otherwise recompile every binary although nothing that shapes them changed.
+        yield _stage_task("compile", f"{m}/{g}/{v}@{c}", params, [model_lib, config], [binary],
+                          layout.chip_file(m, v, c, f"{g}.compile.log"))
+
+
+def check():
+    sdk = qairt.find_sdk()
+    how = "qnn-net-run on the x86 HTP emulator" if sdk.net_run else "not run: this SDK has no qnn-net-run"
+    yield _group(f"7 check: each context binary vs the float model ({how})")
+    for model, graph, variant, chip in _chip_builds():
+        m, g, v, c = model.name, graph.name, variant.name, chip.name
+        binary = layout.chip_file(m, v, c, f"{g}.bin")
+        net_json = layout.variant_file(m, v, g, "_net.json")
+        evaluation = layout.float_file(m, g, ".evaluation.npz")
+        hooks = _tasks()._rel(model.hooks)
+        params = {"sdk": str(sdk.root), "net_run": sdk.net_run is not None, "binary": binary, "net_json": net_json,
+                  "evaluation": evaluation, "hooks": hooks, "graph": g, "inputs": _inputs(graph),
+                  "gate": graph.gate.as_dict() if graph.gate else None,
+                  "outputs": {"report": layout.chip_file(m, v, c, f"{g}.check.json")}}
+        yield _stage_task("check", f"{m}/{g}/{v}@{c}", params, [binary, net_json, evaluation, hooks],
+                          [params["outputs"]["report"]], layout.chip_file(m, v, c, f"{g}.check.log"))
+
+
+def _package(params: dict):
+    from doit.exceptions import TaskFailed
+
+    from ..errors import BuildError
+    from ..stages import qairt_package
+    try:
+        return qairt_package.run(params)
+    except BuildError as e:  # the user's to fix: a message, not a traceback
+        return TaskFailed(str(e))
+
+
+def package():
+    yield _group("8 package: context binaries + device runtime libraries + manifest.json per variant and chip")
+    tasks, sdk = _tasks(), qairt.find_sdk()
+    for model in tasks.project().models:
+        for variant, chip in tasks._variant_builds(model):
+            m, v, c = model.name, variant.name, chip.name
+            graphs = {g: {"binary": layout.chip_file(m, v, c, f"{g}.bin"),
+                          "check": layout.chip_file(m, v, c, f"{g}.check.json"),
+                          "convert": layout.variant_file(m, v, g, ".convert.json"),
+                          "model_libs": {t: layout.model_lib(m, v, t, g) for t in _lib_targets()}}
+                      for g in model.graphs}
+            checkpoints = sorted({tasks._rel(p) for g in model.graphs.values() for p in model.checkpoint_paths(g)})
+            runtime = {name: str(path) for name, path in sdk.runtime_libs(chip.dsp_arch).items()}
+            manifest = layout.chip_file(m, v, c, "manifest.json")
+            outputs = {"manifest": manifest,
+                       "runtime": {name: f"{layout.runtime_dir(m, v, c)}/{name}" for name in runtime}}
+            params = {"model": {"name": m, "description": model.description, "license": model.license},
+                      "model_folder": tasks._rel(model.folder), "variant": {"name": v, **variant.settings()},
+                      "chip": {**tasks._chip_params(chip), "marketing_name": chip.marketing_name},
+                      "toolchain": tasks.project().toolchain, "sdk": str(sdk.root),
+                      "tools": {t: tasks.tool_version(t) for t in ("onnx", "onnxsim", "torch", "numpy")},
+                      "checkpoints": checkpoints, "graphs": graphs, "runtime_libs": runtime, "outputs": outputs}
+            file_dep = [f for files in graphs.values() for k, f in files.items() if k != "model_libs"]
+            file_dep += [f for files in graphs.values() for f in files["model_libs"].values()] + checkpoints
+            yield {"name": f"{m}/{v}@{c}", "actions": [(_package, [params])], "file_dep": file_dep,
+                   "targets": [manifest, *outputs["runtime"].values()], "uptodate": [_key("package", params)],
+                   "clean": True}
+
+
+# quantize is ort-qnn's (a QDQ model): qnn-onnx-converter quantizes here, so qairt has no such stage.
+STAGES = {"quantize": None, "convert": convert, "model_libs": model_libs, "htp_config": htp_config,
+          "compile": compile, "check": check, "package": package}
+
+
+def notes() -> list[str]:
+    """Shown under the build summary."""
+    found = []
+    if not qairt.ndk_build():
+        found.append("qairt: no ndk-build on PATH, so model libs were built for x86_64-linux-clang only "
+                     "(no aarch64-android lib<graph>.so); put the Android NDK on PATH to build them")
+    try:
+        sdk = qairt.find_sdk()
+    except qairt.SdkError:
+        return found
+    if sdk.net_run is None:
+        found.append(f"qairt: check did not run the binaries: no {sdk.tool('qnn-net-run')} "
+                     "(check.json and manifest.json say \"not run\")")
+    ident = _tasks().project().toolchain
+    if ident.get("build_id") is None:
+        found.append(f"qairt: {ident.get('build_id_note', 'no HTP build id')}")
+    return found
