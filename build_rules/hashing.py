@@ -106,11 +106,14 @@ class ContentChecker(FileChangedChecker):
 
 
 class TaskKey:
-    """doit uptodate item: the task is stale when its key changed.
+    """doit uptodate item: the task is stale when its key changed, or when one of its outputs no
+    longer has the bytes the task wrote.
 
     The key holds everything besides input file contents that can change a task's output: the
     stage and its code version, its parameters, the versions of the Python tools it uses and, for
     SDK-dependent stages, the toolchain identity (SDK version and QNN build id).
+    doit itself only notices a *missing* target; the saved [size, mtime_ns, digest] of each target
+    catches one edited or truncated by hand (read again only when its stat changed).
     """
 
     def __init__(self, key: dict):
@@ -118,10 +121,37 @@ class TaskKey:
         self.digest = text_digest(json.dumps(key, sort_keys=True))
 
     def configure_task(self, task):
-        task.value_savers.append(lambda: {"_key": self.digest})
+        def save():
+            return {"_key": self.digest, "_targets": {t: _stamp(t) for t in task.targets}}
+        task.value_savers.append(save)
 
     def __call__(self, task, values):
-        return values.get("_key") == self.digest
+        if values.get("_key") != self.digest:
+            return False
+        saved = values.get("_targets") or {}
+        return all(_target_unchanged(t, saved.get(t)) for t in task.targets)
 
     def __repr__(self):
         return f"TaskKey({self.digest})"
+
+
+def _stamp(path: str) -> list | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return [st.st_size, st.st_mtime_ns, _cache.digest(path, st)]
+
+
+def _target_unchanged(path: str, saved) -> bool:
+    if not saved:
+        return False
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    if st.st_size != saved[0]:
+        return False
+    if st.st_mtime_ns == saved[1]:
+        return True
+    return _cache.digest(path, st) == saved[2]

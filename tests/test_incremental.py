@@ -108,3 +108,38 @@ def test_one_chip_group_builds_only_that_chip(tinynet_repo):
     assert result.ran == per_chip("compile", variants=("fp16",), chips=("SM8750",)) \
         | per_chip("check", variants=("fp16",), chips=("SM8750",)) | packages(variants=("fp16",), chips=("SM8750",))
     assert not (tinynet_repo / "out/tinynet/w8a16/SM8550").exists()
+
+
+def test_chip_without_fp16_skips_fp16_variants_with_a_note(tmp_path):
+    from conftest import TEST_MODELS, make_repo, write_tinynet_checkpoints
+    repo = make_repo(tmp_path / "repo", {"tinynet": TEST_MODELS / "tinynet"})
+    write_tinynet_checkpoints(repo / "models/tinynet")
+    toml = repo / "models/tinynet/model.toml"
+    toml.write_text(toml.read_text().replace('chips = ["SM8550", "SM8750"]', 'chips = ["SM8350", "SM8750"]'))
+    listing = run_doit(repo, "list", "--all").output
+    assert "compile:tinynet/encoder/w8a16@SM8350" in listing
+    assert "compile:tinynet/encoder/fp16@SM8750" in listing
+    assert "fp16@SM8350" not in listing
+    result = run_doit(repo, "export")
+    assert result.code == 0, result.output
+    assert "note: tinynet/fp16@SM8350: skipped, SM8350 (v68) has no fp16 support" in result.output
+
+
+def test_an_output_edited_by_hand_is_detected_by_content_and_rebuilt(tinynet_repo):
+    binary = tinynet_repo / "out/tinynet/w8a16/SM8750/encoder.bin"
+    good = binary.read_bytes()
+    binary.write_bytes(good[: len(good) // 2])  # truncated
+    report = tinynet_repo / "out/tinynet/fp16/SM8550/head.check.json"
+    report.write_text(report.read_text().replace('"samples"', '"samples_edited"'))  # edited, same folder
+    result = run_doit(tinynet_repo)
+    assert result.code == 0, result.output
+    assert result.ran == {"compile:tinynet/encoder/w8a16@SM8750", "check:tinynet/head/fp16@SM8550"}
+    assert binary.read_bytes() == good
+    assert run_doit(tinynet_repo).ran == set()
+
+
+def test_touching_an_output_without_changing_it_runs_nothing(tinynet_repo):
+    binary = tinynet_repo / "out/tinynet/w8a16/SM8750/encoder.bin"
+    st = binary.stat()
+    os.utime(binary, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert run_doit(tinynet_repo).ran == set()
