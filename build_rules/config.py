@@ -130,6 +130,7 @@ class Model:
     chips: tuple[str, ...]
     graphs: dict[str, Graph]
     variants: dict[str, Variant]
+    trusted_checkpoints: bool = False  # allow torch.load(weights_only=False): pickles can run code
 
     def checkpoint_paths(self, graph: Graph) -> list[Path]:
         return [resolve_file(ref, self.folder, f"{self.toml_path}: [graphs.{graph.name}] checkpoints")
@@ -332,7 +333,7 @@ def load_model(folder: Path, chips: ChipTable) -> Model:
     root = _Table(path, "", read_toml(path))
     root.check_keys(("model", "graphs", "variants"))
     m = root.table("model")
-    m.check_keys(("description", "license", "hooks", "onnx", "checkpoints", "chips"))
+    m.check_keys(("description", "license", "hooks", "onnx", "checkpoints", "chips", "trusted_checkpoints"))
     name = folder.name
     root.name("model folder", name)
     onnx_ref = m.get("onnx", str, None)
@@ -367,7 +368,7 @@ def load_model(folder: Path, chips: ChipTable) -> Model:
     model = Model(name=name, folder=folder, toml_path=path, description=m.get("description", str, ""),
                   license=m.get("license", str, "unknown"), hooks=hooks, onnx=onnx_path,
                   checkpoints=tuple(m.get("checkpoints", list, [])), chips=model_chips, graphs=graphs,
-                  variants=variants)
+                  variants=variants, trusted_checkpoints=m.get("trusted_checkpoints", bool, False))
     for graph in graphs.values():
         model.checkpoint_paths(graph)  # fail now, naming the file, rather than in the middle of a build
     return model

@@ -5,6 +5,7 @@ leave either the old file or no file, never a truncated one: write beside, fsync
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -36,11 +37,17 @@ def atomic_write_json(path: str | os.PathLike, data) -> None:
 
 
 def publish(staged: Path, target: Path) -> None:
-    """Move a finished file from the staging folder to its target (same file system: atomic)."""
+    """Move a finished file from the staging folder onto its target, atomically."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(staged, "rb") as f:
         os.fsync(f.fileno())
-    os.replace(staged, target)
+    try:
+        os.replace(staged, target)
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        # staging on another file system (a mount or a link): copy beside the target, then rename
+        atomic_write_bytes(target, Path(staged).read_bytes())
 
 
 def remove_quietly(*paths: str | os.PathLike) -> None:

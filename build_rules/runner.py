@@ -29,7 +29,7 @@ def run_stage(stage: str, params: dict, targets: list[str], log: str):
     params["outputs"] maps names to target paths; the stage sees them rewritten into its staging
     folder (params["final_outputs"] keeps the real ones, for files that name other files).
     """
-    staging = (STAGING / uuid.uuid4().hex).resolve()
+    staging = (STAGING / f"{os.getpid()}-{uuid.uuid4().hex}").resolve()
     staging.mkdir(parents=True)
     try:
         staged = {key: str(staging / path) for key, path in params.get("outputs", {}).items()}
@@ -41,8 +41,11 @@ def run_stage(stage: str, params: dict, targets: list[str], log: str):
         with open(log, "wb") as log_file:
             code = subprocess.call([sys.executable, "-m", "build_rules.stage_main", stage, str(staging)],
                                    stdout=log_file, stderr=subprocess.STDOUT, env=env)
-        result_path = staging / "result.json"
-        result = json.loads(result_path.read_text()) if result_path.exists() else {}
+        try:
+            result = json.loads((staging / "result.json").read_text())
+        except (OSError, ValueError):
+            result = {}  # no result (a crash, or a full disk): the exit code and the log tell
+
         if code != 0 or "error" in result:
             remove_quietly(*targets)  # an old output must not pass for the result of this failed run
             message = result.get("error") or f"stage '{stage}' exited with code {code}; last lines of {log}:\n" \
@@ -57,6 +60,26 @@ def run_stage(stage: str, params: dict, targets: list[str], log: str):
         return result.get("values", {})
     finally:
         remove_quietly(staging)
+
+
+def remove_stale_staging() -> None:
+    """Staging folders of a doit that was killed (its pid is gone): never published, safe to drop."""
+    if not STAGING.is_dir():
+        return
+    for folder in STAGING.iterdir():
+        pid = folder.name.split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            remove_quietly(folder)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _tail(path: str, lines: int = 15) -> str:

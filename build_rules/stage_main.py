@@ -4,6 +4,7 @@ Reads params.json from the staging folder, calls build_rules.stages.<stage>.run(
 result.json: {"values": {...}} on success, {"error": "..."} for a BuildError (a message meant for
 the user; no traceback). Any other exception prints its traceback to the log and exits non-zero.
 """
+import errno
 import importlib
 import json
 import sys
@@ -19,11 +20,24 @@ def main(stage: str, staging: str) -> int:
     try:
         values = module.run(params) or {}
     except BuildError as e:
-        print(f"error: {e}", flush=True)
-        (folder / "result.json").write_text(json.dumps({"error": str(e)}))
-        return 2
+        return _fail(folder, str(e))
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        return _fail(folder, f"{params.get('name', stage)}: no space left on device while writing "
+                             f"{e.filename or 'an output'} ({e.strerror}); free space under {folder.parent} "
+                             "and run doit again")
     (folder / "result.json").write_text(json.dumps({"values": values}))
     return 0
+
+
+def _fail(folder: Path, message: str) -> int:
+    print(f"error: {message}", flush=True)
+    try:
+        (folder / "result.json").write_text(json.dumps({"error": message}))
+    except OSError:
+        pass  # the disk may be full: the runner falls back to the exit code and the log
+    return 2
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pathlib import Path
 from . import layout
 from .config import Chip, ChipTable, ConfigError, Graph, Model, Variant, load_chips, load_models
 from .hashing import ContentChecker, TaskKey, use_stat_cache
-from .runner import run_stage
+from .runner import remove_stale_staging, run_stage
 
 # Bump a stage's number when its output for the same inputs changes: it re-runs that stage everywhere.
 STAGE_VERSIONS = {"export": 1, "simplify": 1, "verify": 1, "calibrate": 1, "quantize": 1, "compile": 1,
@@ -185,7 +185,8 @@ def task_export():
         checkpoints = [_rel(p) for p in model.checkpoint_paths(graph)]
         target = layout.float_file(model.name, graph.name, ".onnx")
         params = {"hooks": _rel(model.hooks), "graph": graph.name, "checkpoints": checkpoints,
-                  "inputs": _inputs(graph), "output_names": list(graph.outputs), "outputs": {"onnx": target}}
+                  "inputs": _inputs(graph), "output_names": list(graph.outputs), "outputs": {"onnx": target},
+                  "model_toml": _rel(model.toml_path), "trusted_checkpoints": model.trusted_checkpoints}
         yield _stage_task("export", f"{model.name}/{graph.name}", params, [_rel(model.hooks), *checkpoints],
                           [target], layout.float_file(model.name, graph.name, ".export.log"))
 
@@ -211,7 +212,8 @@ def task_verify():
         params = {"hooks": _rel(model.hooks), "graph": graph.name, "onnx": sim, "checkpoints": checkpoints,
                   "source_onnx": _source_onnx(model, graph) if model.onnx else None,
                   "inputs": _inputs(graph), "output_names": list(graph.outputs),
-                  "verify": graph.verify.as_dict(), "default_evaluation_count": 8, "outputs": outputs}
+                  "verify": graph.verify.as_dict(), "default_evaluation_count": 8, "outputs": outputs,
+                  "model_toml": _rel(model.toml_path), "trusted_checkpoints": model.trusted_checkpoints}
         file_dep = [sim, _rel(model.hooks), *checkpoints] + ([params["source_onnx"]] if model.onnx else [])
         yield _stage_task("verify", f"{model.name}/{graph.name}", params, file_dep, list(outputs.values()),
                           layout.float_file(model.name, graph.name, ".verify.log"))
@@ -381,12 +383,15 @@ def doit_config() -> dict:
         raise SystemExit(3) from None
     os.makedirs(STATE_DIR, exist_ok=True)
     _interrupt_on_sigterm()
+    remove_stale_staging()
     use_stat_cache(f"{STATE_DIR}/stat-cache.json")
     return {
         "default_tasks": [m.name for m in models],
         "check_file_uptodate": ContentChecker,
-        # doit's default dbm backend is dbm.dumb on many Pythons (slow, can corrupt): choose one.
-        "backend": "json",
+        # doit's own backends write once, at exit (a kill -9 forgets every finished task), and its
+        # default dbm is dbm.dumb on many Pythons: build_rules/journal.py commits per change and
+        # lets one doit at a time work on a repo.
+        "backend": "build_rules_journal",
         "dep_file": f"{STATE_DIR}/doit.json",
         "reporter": SummaryReporter,
         "verbosity": 0,

@@ -19,6 +19,26 @@ def load_hooks(path: str):
     return module
 
 
+def guard_checkpoint_loading(params: dict) -> None:
+    """Checkpoints are untrusted input: torch.load runs with weights_only=True (plain tensors, no
+    pickled code) unless model.toml says trusted_checkpoints = true."""
+    import torch
+    if params.get("trusted_checkpoints") or getattr(torch.load, "guarded", False):
+        return
+    original = torch.load
+
+    def load(*args, **kwargs):
+        if kwargs.get("weights_only") is False:
+            raise BuildError(f"{params['hooks']}: torch.load(..., weights_only=False) can run code stored in a "
+                             f"checkpoint; if you trust the checkpoints, set trusted_checkpoints = true under "
+                             f"[model] in {params['model_toml']}")
+        kwargs["weights_only"] = True
+        return original(*args, **kwargs)
+
+    load.guarded = True
+    torch.load = load
+
+
 def check_sample(sample, specs: dict, where: str) -> dict[str, np.ndarray]:
     """A sample from a data hook must have exactly the declared inputs, shapes and dtypes."""
     if not isinstance(sample, dict):

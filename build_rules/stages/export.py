@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import BuildError
-from .common import load_hooks
+from .common import guard_checkpoint_loading, load_hooks
 
 VERSION = 1
 OPSET = 17
@@ -17,6 +17,7 @@ def run(params: dict) -> dict:
     import numpy as np
     import torch
 
+    guard_checkpoint_loading(params)
     hooks = load_hooks(params["hooks"])
     if not hasattr(hooks, "build"):
         raise BuildError(f"{params['hooks']}: no build(graph, checkpoints) hook")

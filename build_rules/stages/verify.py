@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import BuildError
 from ..files import atomic_write_json
-from .common import check_sample, compare, load_hooks, save_arrays, worst
+from .common import guard_checkpoint_loading, check_sample, compare, load_hooks, save_arrays, worst
 
 VERSION = 1
 
@@ -39,6 +39,7 @@ def _run_onnx(path, samples):
 
 def _run_torch(hooks, params, samples):
     import torch
+    guard_checkpoint_loading(params)
     module = hooks.build(params["graph"], {Path(p).name: Path(p) for p in params["checkpoints"]}).eval()
     results = []
     with torch.no_grad():

@@ -1,0 +1,225 @@
+"""Interrupted builds, concurrent runs, clean/forget and a catalogue of bad inputs (issue: reliability).
+
+Kills and concurrent runs use the real `doit` command in a subprocess, on the tiny two-graph model;
+the reference for "the same outputs" is the uninterrupted serial build of the session fixture.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import TEST_MODELS, make_repo, run_doit, write_tinynet_checkpoints
+
+ALL_TASKS = 30  # tinynet: 2 graphs x (export, simplify, verify, calibrate, quantize) + 8 compile + 8 check + 4 package
+
+
+def fresh_tinynet(tmp_path: Path) -> Path:
+    repo = make_repo(tmp_path / "repo", {"tinynet": TEST_MODELS / "tinynet"})
+    write_tinynet_checkpoints(repo / "models/tinynet")
+    return repo
+
+
+def start_doit(repo: Path, *args: str, log_name: str = "doit.log") -> subprocess.Popen:
+    log = open(repo / log_name, "w")
+    return subprocess.Popen([sys.executable, "-m", "doit", *args], cwd=repo, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def finished_tasks(repo: Path) -> set[str]:
+    """Tasks whose success doit has recorded (the journal is written as tasks finish)."""
+    finished = set()
+    journal = repo / "out/.build-state/doit.json.journal"
+    if journal.exists():
+        for line in journal.read_text().splitlines():
+            try:
+                op = json.loads(line)
+            except ValueError:
+                break
+            if op[0] == "set" and op[2] == "deps:":
+                finished.add(op[1])
+    return finished
+
+
+def wait_until(predicate, timeout=300.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def same_binaries(repo: Path, reference: Path) -> None:
+    binaries = sorted(p.relative_to(reference) for p in (reference / "out").rglob("*.bin"))
+    assert len(binaries) == 8
+    for rel in binaries:
+        assert (repo / rel).read_bytes() == (reference / rel).read_bytes(), rel
+    for rel in sorted(p.relative_to(reference) for p in (reference / "out").rglob("*.check.json")):
+        assert json.loads((repo / rel).read_text()) == json.loads((reference / rel).read_text()), rel
+
+
+@pytest.mark.parametrize("kill_after, when", [(1, "during export"), (14, "during compile")])
+def test_kill_9_loses_at_most_the_running_task(tmp_path, built_tinynet, kill_after, when):
+    repo = fresh_tinynet(tmp_path)
+    proc = start_doit(repo)
+    wait_until(lambda: len({t for t in finished_tasks(repo) if ":" in t}) >= kill_after)
+    os.killpg(proc.pid, signal.SIGKILL)  # doit and the stage it was running
+    proc.wait()
+    done = {t for t in finished_tasks(repo) if ":" in t}
+    assert kill_after <= len(done) < ALL_TASKS, when
+
+    result = run_doit(repo)
+    assert result.code == 0, result.output
+    assert result.ran == result.ran - done, "a task finished before the kill ran again"
+    assert len(result.ran) == ALL_TASKS - len(done)
+    assert not list((repo / "out/.staging").iterdir())  # the killed run's staging folder was dropped
+    same_binaries(repo, built_tinynet)
+
+
+def test_sigterm_keeps_finished_work(tmp_path, built_tinynet):
+    repo = fresh_tinynet(tmp_path)
+    proc = start_doit(repo)
+    wait_until(lambda: len({t for t in finished_tasks(repo) if ":" in t}) >= 10)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) != 0
+    done = {t for t in finished_tasks(repo) if ":" in t}
+    result = run_doit(repo)
+    assert result.code == 0, result.output
+    assert not result.ran & done
+    same_binaries(repo, built_tinynet)
+
+
+def test_two_doit_runs_at_once_wait_for_each_other(tmp_path, built_tinynet):
+    repo = fresh_tinynet(tmp_path)
+    first = start_doit(repo, log_name="first.log")
+    second = start_doit(repo, log_name="second.log")
+    assert first.wait(timeout=600) == 0
+    assert second.wait(timeout=600) == 0
+    logs = (repo / "first.log").read_text() + (repo / "second.log").read_text()
+    assert "another doit is running in this repo (pid" in logs
+    assert "summary: 0 task(s) ran, 30 up to date" in logs  # the later one found everything built
+    assert run_doit(repo).ran == set()
+    same_binaries(repo, built_tinynet)
+
+
+def test_parallel_build_gives_the_serial_outputs(tmp_path, built_tinynet):
+    repo = fresh_tinynet(tmp_path)
+    result = run_doit(repo, "-n", "2", "-P", "thread")
+    assert result.code == 0, result.output
+    assert len(result.ran) == ALL_TASKS
+    same_binaries(repo, built_tinynet)
+
+
+def test_clean_and_forget(tinynet_repo):
+    task = "compile:tinynet/encoder/w8a16@SM8750"
+    binary = tinynet_repo / "out/tinynet/w8a16/SM8750/encoder.bin"
+    assert run_doit(tinynet_repo, "clean", task).code in (0, None)  # doit clean returns None on success
+    assert not binary.exists()
+    assert not (tinynet_repo / "out/tinynet/w8a16/SM8750/encoder_ctx.onnx").exists()
+    assert (tinynet_repo / "out/tinynet/w8a16/SM8550/encoder.bin").exists()
+    assert run_doit(tinynet_repo).ran == {task}  # same bytes again: nothing downstream re-runs
+    assert run_doit(tinynet_repo, "forget", task).code in (0, None)
+    assert run_doit(tinynet_repo).ran == {task}
+
+
+# --- bad inputs -------------------------------------------------------------------------------
+
+def edit_hooks(repo: Path, old: str, new: str) -> None:
+    hooks = repo / "models/tinynet/hooks.py"
+    text = hooks.read_text()
+    assert old in text
+    hooks.write_text(text.replace(old, new))
+
+
+def test_checkpoints_load_without_pickled_code_unless_trusted(tmp_path):
+    repo = fresh_tinynet(tmp_path)
+    edit_hooks(repo, "weights_only=True", "weights_only=False")
+    result = run_doit(repo, "export")
+    assert result.code != 0
+    assert ("torch.load(..., weights_only=False) can run code stored in a checkpoint; if you trust the "
+            "checkpoints, set trusted_checkpoints = true under [model] in models/tinynet/model.toml") in result.output
+    assert not list((repo / "out").rglob("*.onnx"))
+    toml = repo / "models/tinynet/model.toml"
+    toml.write_text(toml.read_text().replace('hooks = "hooks.py"', 'hooks = "hooks.py"\ntrusted_checkpoints = true'))
+    assert run_doit(repo, "export").code == 0
+
+
+def test_truncated_checkpoint_names_the_file(tmp_path):
+    repo = fresh_tinynet(tmp_path)
+    checkpoint = repo / "models/tinynet/head.pt"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:100])
+    result = run_doit(repo, "export")
+    assert result.code != 0
+    assert "TaskFailed - taskid:export:tinynet/head" in result.output
+    assert "build('head') failed with checkpoints models/tinynet/head.pt:" in result.output
+    assert not (repo / "out/tinynet/float/head.onnx").exists()
+    assert (repo / "out/tinynet/float/encoder.onnx").exists()  # the other graph is fine
+
+
+def test_corrupt_onnx_file_is_named(tmp_path):
+    folder = tmp_path / "src/broken"
+    folder.mkdir(parents=True)
+    (folder / "model.onnx").write_bytes(b"\x08\x07garbage" * 10)
+    (folder / "hooks.py").write_text("")
+    (folder / "model.toml").write_text('[model]\nonnx = "model.onnx"\nhooks = "hooks.py"\n'
+                                       '[graphs.net]\noutputs = ["y"]\n[variants.fp16]\nprecision = "fp16"\n')
+    repo = make_repo(tmp_path / "repo", {"broken": folder})
+    result = run_doit(repo)
+    assert result.code != 0
+    assert "models/broken/model.onnx: not a valid ONNX model" in result.output
+    assert not (repo / "out/broken/float/net.sim.onnx").exists()
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("shape = (1, 3, 16, 16) if", "shape = (1, 3, 15, 16) if",
+     "calibration_inputs('encoder', 8) sample 0: input 'image' is float32[1, 3, 15, 16], "
+     "the graph declares float32[1, 3, 16, 16]"),
+    ("rng.standard_normal(shape).astype(np.float32)", "rng.standard_normal(shape)",
+     "calibration_inputs('encoder', 8) sample 0: input 'image' is float64[1, 3, 16, 16], "
+     "the graph declares float32[1, 3, 16, 16]"),
+    ("return _samples(graph, count, seed=1)", "return []",
+     "calibration_inputs('encoder', 8) returned no samples: calibration needs real inputs"),
+])
+def test_bad_calibration_data_is_named(tmp_path, old, new, message):
+    repo = fresh_tinynet(tmp_path)
+    edit_hooks(repo, old, new)
+    result = run_doit(repo, "calibrate")
+    assert result.code != 0
+    assert message in result.output
+    assert not (repo / "out/tinynet/calibration/encoder/input_list.txt").exists()
+    assert not list((repo / "out/tinynet/calibration/encoder").glob("*.raw")) \
+        if (repo / "out/tinynet/calibration/encoder").exists() else True
+
+
+def test_unsafe_chip_name_is_refused(tmp_path):
+    chips = (Path(__file__).parent.parent / "chips.toml").read_text() + '\n[chips."../evil"]\nsoc_id = 1\n' \
+        'dsp_arch = "v73"\nvtcm_mb = 8\nfp16 = true\n'
+    repo = make_repo(tmp_path / "repo", {}, chips=chips)
+    result = run_doit(repo, "list")
+    assert result.code == 3
+    assert "error: chips.toml: [chips.../evil]: name '../evil' is not allowed" in result.output
+
+
+def test_disk_full_while_writing_an_output(tmp_path):
+    repo = fresh_tinynet(tmp_path)
+    staging = repo / "out/.staging"
+    staging.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12k", "tmpfs", str(staging)],
+                             capture_output=True).returncode == 0
+    if not mounted:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        result = run_doit(repo, "calibrate:tinynet/encoder")
+    finally:
+        subprocess.run(["umount", str(staging)])
+    assert result.code != 0
+    assert "calibrate:tinynet/encoder: no space left on device while writing" in result.output
+    assert not (repo / "out/tinynet/calibration/encoder/input_list.txt").exists()
