@@ -67,10 +67,12 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class Threshold:
-    """A metric with a bound: `min` for higher-is-better metrics, `max` for lower-is-better."""
+    """A metric with a bound: `min` for higher-is-better metrics, `max` for lower-is-better; or, with
+    relative=True, the most the metric may lose against the float model (`max_decrease`/`max_increase`)."""
     metric: str
     bound: float
     higher_is_better: bool
+    relative: bool = False
 
     def passes(self, value: float) -> bool:
         return value >= self.bound if self.higher_is_better else value <= self.bound
@@ -79,6 +81,8 @@ class Threshold:
         return f"{self.metric} {'>=' if self.higher_is_better else '<='} {self.bound:g}"
 
     def as_dict(self) -> dict:
+        if self.relative:
+            return {"metric": self.metric, ("max_decrease" if self.higher_is_better else "max_increase"): self.bound}
         return {"metric": self.metric, ("min" if self.higher_is_better else "max"): self.bound}
 
 
@@ -131,6 +135,9 @@ class Model:
     graphs: dict[str, Graph]
     variants: dict[str, Variant]
     trusted_checkpoints: bool = False  # allow torch.load(weights_only=False): pickles can run code
+    data: tuple[str, ...] | None = None  # sources of the prepare_data hook (a data stage), if any
+    evaluate_gate: Threshold | None = None
+    evaluate: bool = False  # [evaluate]: the evaluate(run_graph) hook scores all graphs together
 
     def checkpoint_paths(self, graph: Graph) -> list[Path]:
         return [resolve_file(ref, self.folder, f"{self.toml_path}: [graphs.{graph.name}] checkpoints")
@@ -237,13 +244,19 @@ def load_chips(path: Path) -> ChipTable:
 
 # --- models/<name>/model.toml ----------------------------------------------------------------
 
-def _threshold(t: _Table, key: str) -> Threshold | None:
+def _threshold(t: _Table, key: str, relative_allowed: bool = False) -> Threshold | None:
     if key not in t.data:
         return None
     s = t.table(key)
-    s.check_keys(("metric", "min", "max"))
+    s.check_keys(("metric", "min", "max") + (("max_increase", "max_decrease") if relative_allowed else ()))
     metric = s.get("metric", str, choices=METRICS_HIGHER_IS_BETTER + METRICS_LOWER_IS_BETTER)
     higher = metric in METRICS_HIGHER_IS_BETTER
+    relative_key = "max_decrease" if higher else "max_increase"
+    if relative_allowed and relative_key in s.data:
+        if len(s.data) != 2:
+            raise s.error(relative_key, f"give either '{relative_key}' (against the float model) or an absolute bound")
+        return Threshold(metric=metric, bound=float(s.get(relative_key, (int, float))), higher_is_better=higher,
+                         relative=True)
     bound_key = "min" if higher else "max"
     other = "max" if higher else "min"
     if other in s.data:
@@ -331,9 +344,9 @@ def _variant(t: _Table, name: str, raw_variants: dict, graphs: dict[str, Graph])
 def load_model(folder: Path, chips: ChipTable) -> Model:
     path = folder / "model.toml"
     root = _Table(path, "", read_toml(path))
-    root.check_keys(("model", "graphs", "variants"))
+    root.check_keys(("model", "graphs", "variants", "evaluate"))
     m = root.table("model")
-    m.check_keys(("description", "license", "hooks", "onnx", "checkpoints", "chips", "trusted_checkpoints"))
+    m.check_keys(("description", "license", "hooks", "onnx", "checkpoints", "chips", "trusted_checkpoints", "data"))
     name = folder.name
     root.name("model folder", name)
     onnx_ref = m.get("onnx", str, None)
@@ -368,10 +381,30 @@ def load_model(folder: Path, chips: ChipTable) -> Model:
     model = Model(name=name, folder=folder, toml_path=path, description=m.get("description", str, ""),
                   license=m.get("license", str, "unknown"), hooks=hooks, onnx=onnx_path,
                   checkpoints=tuple(m.get("checkpoints", list, [])), chips=model_chips, graphs=graphs,
-                  variants=variants, trusted_checkpoints=m.get("trusted_checkpoints", bool, False))
+                  variants=variants, trusted_checkpoints=m.get("trusted_checkpoints", bool, False),
+                  data=_data_sources(m, folder), evaluate="evaluate" in root.data,
+                  evaluate_gate=_evaluate_gate(root))
     for graph in graphs.values():
         model.checkpoint_paths(graph)  # fail now, naming the file, rather than in the middle of a build
     return model
+
+
+def _data_sources(m: _Table, folder: Path) -> tuple[str, ...] | None:
+    if "data" not in m.data:
+        return None
+    sources = m.get("data", list)
+    for ref in sources:
+        if not isinstance(ref, str) or not (folder / ref).is_file():
+            raise m.error("data", f"source {ref!r} not found in {folder}")
+    return tuple(sources)
+
+
+def _evaluate_gate(root: _Table) -> Threshold | None:
+    if "evaluate" not in root.data:
+        return None
+    t = root.table("evaluate")
+    t.check_keys(("gate",))
+    return _threshold(t, "gate", relative_allowed=True)
 
 
 def load_models(models_dir: Path, chips: ChipTable) -> list[Model]:

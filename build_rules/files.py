@@ -50,6 +50,16 @@ def publish(staged: Path, target: Path) -> None:
         atomic_write_bytes(target, Path(staged).read_bytes())
 
 
+def replace_folder(staged: Path, target: Path) -> None:
+    """Swap a finished folder in: two renames, so readers see the old folder or the new one."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    if target.exists():
+        os.replace(target, old)
+    os.replace(staged, target)
+    remove_quietly(old)
+
+
 def remove_quietly(*paths: str | os.PathLike) -> None:
     for p in paths:
         p = Path(p)

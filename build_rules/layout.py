@@ -14,7 +14,7 @@ Logs sit beside the outputs, one per stage: <graph>.<stage>.log.
 from __future__ import annotations
 
 OUT = "out"
-RESERVED_VARIANT_NAMES = ("float", "calibration")
+RESERVED_VARIANT_NAMES = ("float", "calibration", "data")
 
 
 def model_dir(model: str) -> str:
@@ -32,6 +32,11 @@ def calibration_dir(model: str, graph: str) -> str:
 def raw_name(index: int, input_name: str) -> str:
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in input_name)
     return f"{index:04d}.{safe}.raw"
+
+
+def data_dir(model: str) -> str:
+    """Inputs a model's prepare_data hook makes (e.g. speech clips); data.json lists them."""
+    return f"{OUT}/{model}/data"
 
 
 def variant_file(model: str, variant: str, graph: str, suffix: str) -> str:

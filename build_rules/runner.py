@@ -17,17 +17,19 @@ from pathlib import Path
 
 from doit.exceptions import TaskFailed
 
-from .files import publish, remove_quietly
+from .files import publish, remove_quietly, replace_folder
 
 STAGING = Path("out/.staging")
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
 
 
-def run_stage(stage: str, params: dict, targets: list[str], log: str):
+def run_stage(stage: str, params: dict, targets: list[str], log: str, publish_dirs: tuple = ()):
     """doit action: run build_rules.stages.<stage>.run(params) in a subprocess.
 
     params["outputs"] maps names to target paths; the stage sees them rewritten into its staging
     folder (params["final_outputs"] keeps the real ones, for files that name other files).
+    publish_dirs: folders whose files are not known in advance (a data hook's output): the staged
+    folder replaces the old one as a whole.
     """
     staging = (STAGING / f"{os.getpid()}-{uuid.uuid4().hex}").resolve()
     staging.mkdir(parents=True)
@@ -55,8 +57,11 @@ def run_stage(stage: str, params: dict, targets: list[str], log: str):
         if missing:
             remove_quietly(*targets)
             return TaskFailed(f"stage '{stage}' did not write {', '.join(missing)} (log: {log})")
+        for folder in publish_dirs:
+            replace_folder(staging / folder, Path(folder))
         for target in targets:
-            publish(staging / target, Path(target))
+            if (staging / target).exists():  # a target inside a published folder is already in place
+                publish(staging / target, Path(target))
         return result.get("values", {})
     finally:
         remove_quietly(staging)

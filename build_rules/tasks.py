@@ -18,10 +18,13 @@ from .hashing import ContentChecker, TaskKey, use_stat_cache
 from .runner import remove_stale_staging, run_stage
 
 # Bump a stage's number when its output for the same inputs changes: it re-runs that stage everywhere.
-STAGE_VERSIONS = {"export": 1, "simplify": 1, "verify": 1, "calibrate": 1, "quantize": 1, "compile": 1,
+STAGE_VERSIONS = {"data": 1, "evaluate": 1, "evaluate_float": 1, "export": 1, "simplify": 1, "verify": 1, "calibrate": 1, "quantize": 1, "compile": 1,
                   "check": 1, "package": 1}
 # The Python packages whose version can change each stage's output.
 STAGE_TOOLS = {
+    "data": (),
+    "evaluate": ("onnxruntime", "numpy"),
+    "evaluate_float": ("onnxruntime", "numpy"),
     "export": ("torch", "numpy"),
     "simplify": ("onnx", "onnxsim"),
     "verify": ("onnxruntime", "torch", "numpy"),
@@ -31,8 +34,13 @@ STAGE_TOOLS = {
     "check": ("onnxruntime", "numpy"),
     "package": (),
 }
-SDK_STAGES = ("compile", "check", "package")
+SDK_STAGES = ("compile", "check", "evaluate", "package")
 STATE_DIR = f"{layout.OUT}/.build-state"
+
+# What dodo.py imports: every stage and group generator, plus the doit configuration.
+__all__ = ["doit_config", "task_data", "task_export", "task_simplify", "task_verify", "task_calibrate",
+           "task_quantize", "task_convert", "task_model_libs", "task_htp_config", "task_compile", "task_check",
+           "task_evaluate", "task_package", "task_chips", "task_models"]
 
 
 @functools.cache
@@ -87,15 +95,16 @@ def _key(stage: str, params: dict) -> TaskKey:
 
 
 def _stage_task(stage: str, name: str, params: dict, file_dep: list, targets: list[str], log: str,
-                doc: str | None = None) -> dict:
-    """A doit task that runs `stage` in a subprocess; params are both the stage's input and its key."""
+                doc: str | None = None, key_stage: str | None = None) -> dict:
+    """A doit task that runs `stage` in a subprocess; params are both the stage's input and its key
+    (key_stage: the stage name the key is made for, when it differs from the module's)."""
     params = dict(params, name=f"{stage}:{name}")
     task = {
         "name": name,
         "actions": [(run_stage, [stage, params, targets, log])],
         "file_dep": [str(p) for p in file_dep],
         "targets": targets,
-        "uptodate": [_key(stage, params)],
+        "uptodate": [_key(key_stage or stage, params)],
         "clean": True,
     }
     if doc:
@@ -175,7 +184,29 @@ def _float_model(model: Model, graph: Graph, variant: Variant) -> str:
     return layout.variant_file(model.name, variant.name, graph.name, ".qdq.onnx")
 
 
+def _data(model: Model) -> tuple[dict, list[str]]:
+    """(params, file_dep) that give a stage the model's data folder, for models with a data stage."""
+    if model.data is None:
+        return {}, []
+    return {"data_dir": layout.data_dir(model.name)}, [f"{layout.data_dir(model.name)}/data.json"]
+
+
 # --- stages -------------------------------------------------------------------------------------
+
+def task_data():
+    """0 data: the model's prepare_data hook makes its real inputs (e.g. speech clips) -> data/"""
+    for model in project().models:
+        if model.data is None:
+            continue
+        folder = layout.data_dir(model.name)
+        sources = [_rel(model.folder / ref) for ref in model.data]
+        params = {"hooks": _rel(model.hooks), "sources": sources,
+                  "outputs": {"dir": folder, "manifest": f"{folder}/data.json"}}
+        task = _stage_task("data", model.name, params, [_rel(model.hooks), *sources], [f"{folder}/data.json"],
+                           f"{layout.model_dir(model.name)}/data.log")
+        task["actions"] = [(run_stage, task["actions"][0][1], {"publish_dirs": (folder,)})]
+        yield task
+
 
 def task_export():
     """1 export: checkpoint + build hook -> ONNX (static shapes, int32, batch 1)"""
@@ -214,7 +245,9 @@ def task_verify():
                   "inputs": _inputs(graph), "output_names": list(graph.outputs),
                   "verify": graph.verify.as_dict(), "default_evaluation_count": 8, "outputs": outputs,
                   "model_toml": _rel(model.toml_path), "trusted_checkpoints": model.trusted_checkpoints}
-        file_dep = [sim, _rel(model.hooks), *checkpoints] + ([params["source_onnx"]] if model.onnx else [])
+        data_params, data_dep = _data(model)
+        params.update(data_params)
+        file_dep = [sim, _rel(model.hooks), *checkpoints, *data_dep] + ([params["source_onnx"]] if model.onnx else [])
         yield _stage_task("verify", f"{model.name}/{graph.name}", params, file_dep, list(outputs.values()),
                           layout.float_file(model.name, graph.name, ".verify.log"))
 
@@ -231,11 +264,12 @@ def task_calibrate():
             continue
         folder = layout.calibration_dir(model.name, graph.name)
         input_list = f"{folder}/input_list.txt"
+        data_params, data_dep = _data(model)
         params = {"hooks": _rel(model.hooks), "graph": graph.name, "count": graph.calibration_samples,
-                  "inputs": _inputs(graph), "outputs": {"dir": folder, "input_list": input_list}}
+                  "inputs": _inputs(graph), "outputs": {"dir": folder, "input_list": input_list}, **data_params}
         targets = [input_list, *_calibration_files(model, graph, graph.calibration_samples)]
-        yield _stage_task("calibrate", f"{model.name}/{graph.name}", params, [_rel(model.hooks)], targets,
-                          f"{folder}.calibrate.log")
+        yield _stage_task("calibrate", f"{model.name}/{graph.name}", params, [_rel(model.hooks), *data_dep],
+                          targets, f"{folder}.calibrate.log")
 
 
 @_toolchain_stage("quantize")
@@ -299,12 +333,44 @@ def task_check():
                 binary = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.bin")
                 evaluation = layout.float_file(model.name, graph.name, ".evaluation.npz")
                 report = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.check.json")
+                data_params, data_dep = _data(model)
                 params = {"ctx_model": ctx, "evaluation": evaluation, "hooks": _rel(model.hooks),
                           "graph": graph.name, "gate": graph.gate.as_dict() if graph.gate else None,
-                          "outputs": {"report": report}}
+                          "outputs": {"report": report}, **data_params}
                 yield _stage_task("check", f"{model.name}/{graph.name}/{variant.name}@{chip.name}", params,
-                                  [ctx, binary, evaluation, _rel(model.hooks)], [report],
+                                  [ctx, binary, evaluation, _rel(model.hooks), *data_dep], [report],
                                   layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.check.log"))
+
+
+def _evaluate_params(model: Model, graphs: dict, on: str, report: str) -> tuple[dict, list[str]]:
+    data_params, data_dep = _data(model)
+    params = {"hooks": _rel(model.hooks), "graphs": graphs, "on": on, "outputs": {"report": report},
+              "gate": model.evaluate_gate.as_dict() if model.evaluate_gate else None, **data_params}
+    return params, [*graphs.values(), _rel(model.hooks), *data_dep]
+
+
+def task_evaluate():
+    """7b evaluate: the model's evaluate hook over all graphs (e.g. WER): float on CPU, each binary on the emulator"""
+    if project().toolchain["name"] != "ort-qnn":
+        return  # the emulator runner is onnxruntime-qnn's; qairt checks per graph only
+    for model in project().models:
+        if not model.evaluate:
+            continue
+        float_report = layout.float_file(model.name, "model", ".evaluate.json")
+        graphs = {g: layout.float_file(model.name, g, ".sim.onnx") for g in model.graphs}
+        params, file_dep = _evaluate_params(model, graphs, "cpu", float_report)
+        params["gate"] = None  # the float model is the reference, not gated
+        yield _stage_task("evaluate", f"{model.name}/float", params, file_dep, [float_report],
+                          layout.float_file(model.name, "model", ".evaluate.log"), key_stage="evaluate_float")
+        for variant, chip in _variant_builds(model):
+            report = layout.chip_file(model.name, variant.name, chip.name, "evaluate.json")
+            graphs = {g: layout.chip_file(model.name, variant.name, chip.name, f"{g}_ctx.onnx") for g in model.graphs}
+            params, file_dep = _evaluate_params(model, graphs, "emulator", report)
+            params["float_report"] = float_report
+            file_dep += [float_report] + [layout.chip_file(model.name, variant.name, chip.name, f"{g}.bin")
+                                          for g in model.graphs]
+            yield _stage_task("evaluate", f"{model.name}/{variant.name}@{chip.name}", params, file_dep, [report],
+                              layout.chip_file(model.name, variant.name, chip.name, "evaluate.log"))
 
 
 def _package(params: dict):
@@ -329,10 +395,14 @@ def task_package():
                       "toolchain": project().toolchain,
                       "tools": {t: tool_version(t) for t in ("onnxruntime", "onnx", "onnxsim", "torch")},
                       "checkpoints": checkpoints, "graphs": graphs, "outputs": {"manifest": manifest}}
+            evaluation = []
+            if model.evaluate and project().toolchain["name"] == "ort-qnn":
+                evaluation = [layout.chip_file(model.name, variant.name, chip.name, "evaluate.json")]
+                params["evaluate"] = evaluation[0]
             yield {
                 "name": f"{model.name}/{variant.name}@{chip.name}",
                 "actions": [(_package, [params])],
-                "file_dep": [f for files in graphs.values() for f in files.values()] + checkpoints,
+                "file_dep": [f for files in graphs.values() for f in files.values()] + checkpoints + evaluation,
                 "targets": [manifest],
                 "uptodate": [_key("package", params)],
                 "clean": True,

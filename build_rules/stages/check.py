@@ -23,7 +23,7 @@ def run(params: dict) -> dict:
 def judge(params: dict, inputs: list[dict], reference: list[dict], outputs: list[dict]) -> dict:
     """Metrics of the binary's outputs against the float reference, the gate, and the report (both toolchains)."""
     metrics = {"outputs": compare(reference, outputs)}
-    hooks = load_hooks(params["hooks"])
+    hooks = load_hooks(params["hooks"], params.get("data_dir"))
     if hasattr(hooks, "score"):
         metrics["score"] = {k: float(v) for k, v in hooks.score(params["graph"], inputs, outputs).items()}
         reference_score = {k: float(v) for k, v in hooks.score(params["graph"], inputs, reference).items()}

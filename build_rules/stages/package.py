@@ -45,5 +45,7 @@ def run(params: dict) -> dict:
         "tools": params["tools"], "checkpoints": {p: file_digest(p) for p in params["checkpoints"]},
         "graphs": graphs, "runtime": params.get("runtime_note", ORT_QNN_RUNTIME_NOTE),
     }
+    if params.get("evaluate"):
+        manifest["evaluate"] = json.loads(Path(params["evaluate"]).read_text())
     atomic_write_json(params["outputs"]["manifest"], manifest)
     return {"bytes": sum(g["bytes"] for g in graphs.values())}

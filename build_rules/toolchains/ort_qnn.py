@@ -607,12 +607,9 @@ def read_binary_target(binary: Path) -> dict:
 # run on the x86 HTP emulator
 
 
-def run_context_binary(ctx_model: Path, inputs: list[dict[str, "np.ndarray"]]) -> list[dict[str, "np.ndarray"]]:
-    """Run a compiled EPContext model on the x86 HTP emulator (QNN EP), once per input dict.
-
-    Returns one dict per input, mapping output names to arrays. The emulator is 30-110x slower than the CPU EP,
-    so keep input lists small.
-    """
+def open_context_binary(ctx_model: Path):
+    """A function feed -> {output name: array} that runs a compiled EPContext model on the x86 HTP
+    emulator (QNN EP). One session, many runs: for loops like greedy decoding."""
     ort = _ort()
     import onnx
 
@@ -629,10 +626,21 @@ def run_context_binary(ctx_model: Path, inputs: list[dict[str, "np.ndarray"]]) -
     if session.get_providers()[0] != _EP:
         raise RuntimeError(f"{ctx_model} did not load on {_EP}: providers {session.get_providers()}")
     names = [o.name for o in session.get_outputs()]
-    results = []
-    for feed in inputs:
+
+    def run(feed: dict) -> dict:
         values = session.run(names, feed)
         if session.get_providers()[0] != _EP:  # belt and braces: a retry would have replaced the providers
             raise RuntimeError(f"{ctx_model} fell back to {session.get_providers()} while running")
-        results.append(dict(zip(names, values)))
-    return results
+        return dict(zip(names, values))
+
+    return run
+
+
+def run_context_binary(ctx_model: Path, inputs: list[dict[str, "np.ndarray"]]) -> list[dict[str, "np.ndarray"]]:
+    """Run a compiled EPContext model on the x86 HTP emulator (QNN EP), once per input dict.
+
+    Returns one dict per input, mapping output names to arrays. The emulator is 30-110x slower than the CPU EP,
+    so keep input lists small.
+    """
+    run = open_context_binary(ctx_model)
+    return [run(feed) for feed in inputs]

@@ -1,0 +1,83 @@
+"""A model with a data stage (inputs made by a hook) and a model-level evaluate hook whose gate is
+relative to the float model: the tiny two-graph net, extended the way the Whisper model uses it."""
+from __future__ import annotations
+
+import json
+
+from conftest import TEST_MODELS, make_repo, run_doit, write_tinynet_checkpoints
+
+HOOKS = '''
+
+DATA_DIR = None
+
+
+def prepare_data(out_dir, sources):
+    seeds = [int(x) for x in sources["seeds.txt"].read_text().split()]
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        np.save(out_dir / f"image_{seed}.npy", rng.standard_normal((1, 3, 16, 16)).astype(np.float32))
+
+
+def _images():
+    return [np.load(p) for p in sorted(Path(DATA_DIR).glob("image_*.npy"))]
+
+
+def evaluation_inputs(graph):
+    if graph == "encoder":
+        return [{"image": image} for image in _images()]
+    return _samples(graph, 4, seed=2)
+
+
+def evaluate(run_graph):
+    """Both graphs chained: how often the compiled pipeline picks the float pipeline's class."""
+    agree = []
+    for image in _images():
+        features = run_graph("encoder", {"image": image})["features"]
+        logits = run_graph("head", {"features": features})["logits"]
+        agree.append(int(np.argmax(logits)))
+    return {"accuracy": float(np.mean([a % 2 == 0 for a in agree])), "images": len(agree)}
+'''
+
+
+def make(tmp_path, gate='{ metric = "accuracy", max_decrease = 0.5 }'):
+    repo = make_repo(tmp_path / "repo", {"tinynet": TEST_MODELS / "tinynet"})
+    folder = repo / "models/tinynet"
+    write_tinynet_checkpoints(folder)
+    (folder / "seeds.txt").write_text("3 4 5 6\n")
+    (folder / "hooks.py").write_text((folder / "hooks.py").read_text().replace(
+        "def evaluation_inputs(graph):\n    return _samples(graph, 4, seed=2)\n", "") + HOOKS)
+    toml = folder / "model.toml"
+    text = toml.read_text().replace('chips = ["SM8550", "SM8750"]', 'chips = ["SM8750"]\ndata = ["seeds.txt"]')
+    toml.write_text(text + f"\n[evaluate]\ngate = {gate}\n")
+    return repo
+
+
+def test_data_stage_feeds_the_hooks_and_evaluate_gates_against_float(tmp_path):
+    repo = make(tmp_path)
+    result = run_doit(repo)
+    assert result.code == 0, result.output
+    assert {"data:tinynet", "evaluate:tinynet/float", "evaluate:tinynet/w8a16@SM8750",
+            "evaluate:tinynet/fp16@SM8750"} <= result.ran
+    listing = json.loads((repo / "out/tinynet/data/data.json").read_text())["files"]
+    assert sorted(listing) == ["image_3.npy", "image_4.npy", "image_5.npy", "image_6.npy"]
+    manifest = json.loads((repo / "out/tinynet/w8a16/SM8750/manifest.json").read_text())
+    assert manifest["evaluate"]["metrics"]["images"] == 4
+    assert manifest["evaluate"]["gate"] == {"metric": "accuracy", "max_decrease": 0.5}
+    float_value = json.loads((repo / "out/tinynet/float/model.evaluate.json").read_text())["metrics"]["accuracy"]
+    assert manifest["evaluate"]["bound"] == float_value - 0.5
+
+    # new data: the stages that read it run again, nothing upstream of them
+    (repo / "models/tinynet/seeds.txt").write_text("3 4 5 7\n")
+    again = run_doit(repo)
+    assert again.code == 0, again.output
+    assert "data:tinynet" in again.ran
+    assert not again.ran_stage("export") and not again.ran_stage("compile")
+    assert "verify:tinynet/encoder" in again.ran and "evaluate:tinynet/w8a16@SM8750" in again.ran
+
+
+def test_a_failed_model_gate_names_the_float_reference(tmp_path):
+    repo = make(tmp_path, gate='{ metric = "accuracy", min = 1.5 }')
+    result = run_doit(repo, "evaluate:tinynet/fp16@SM8750")
+    assert result.code != 0
+    assert "evaluate:tinynet/fp16@SM8750: gate failed: accuracy = " in result.output
+    assert "needs >= 1.5000 (absolute bound)" in result.output
