@@ -1,0 +1,246 @@
+"""Build-system benchmark on the example model (not a test): prints Markdown tables.
+
+    python bench/build_bench.py [--model mtcnn] [--runs 5] [--quick]
+
+Everything runs in a scratch copy of the repo (dodo.py, chips.toml, models/<model>), with the
+model's checkpoints copied in so the benchmark can change their bytes. Machines are noisy: each
+timing is a median of --runs runs where cheap, and every comparison is a ratio measured in the
+same run. Full builds are serial (`doit -n 1`) unless the row says otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def timed(cmd, cwd, env=None) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode not in (0, None):
+        raise SystemExit(f"{' '.join(cmd)} failed in {cwd}:\n{proc.stdout[-3000:]}")
+    return elapsed
+
+
+def median_time(cmd, cwd, runs, env=None) -> float:
+    timed(cmd, cwd, env)  # warm-up
+    return statistics.median(timed(cmd, cwd, env) for _ in range(runs))
+
+
+def ran_count(cwd, *args) -> tuple[float, int]:
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=cwd, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(proc.stdout[-3000:])
+    return elapsed, len(re.findall(r"^\.  ", proc.stdout, re.M))
+
+
+def make_repo(dest: Path, model: str, chips: list[str] | None = None) -> Path:
+    """A scratch model repo whose checkpoints are local files (so the benchmark can change them)."""
+    from build_rules.config import load_chips, load_model
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    shutil.copy(ROOT / "dodo.py", dest)
+    shutil.copy(ROOT / "chips.toml", dest)
+    shutil.copytree(ROOT / "models" / model, dest / "models" / model)
+    folder = dest / "models" / model
+    config = load_model(ROOT / "models" / model, load_chips(ROOT / "chips.toml"))
+    text = (folder / "model.toml").read_text()
+    for graph in config.graphs.values():
+        for ref, path in zip(config.checkpoints + graph.checkpoints, config.checkpoint_paths(graph)):
+            if ref.startswith("pkg:"):
+                shutil.copy(path, folder / path.name)
+                text = text.replace(f'"{ref}"', f'"{path.name}"')
+    if chips:
+        text = text.replace("[model]\n", f"[model]\nchips = {json.dumps(chips)}\n", 1)
+    (folder / "model.toml").write_text(text)
+    return dest
+
+
+def perturb_checkpoint(path: Path) -> None:
+    import torch
+    state = torch.load(path, weights_only=True)
+    name = next(k for k, v in state.items() if v.dtype.is_floating_point)
+    state[name] = state[name] * 1.001
+    torch.save(state, path)
+
+
+def hash_throughput(size_gib: float) -> dict:
+    from build_rules.hashing import file_digest
+    path = Path(tempfile.gettempdir()) / "build_bench_hash.bin"
+    block = os.urandom(1 << 20)
+    with open(path, "wb") as f:
+        for _ in range(int(size_gib * 1024)):
+            f.write(block)
+    subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL)  # into the page cache
+
+    def md5():
+        h = hashlib.md5()
+        with open(path, "rb", buffering=0) as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+
+    results = {}
+    for name, fn in (("cat", lambda: subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL)),
+                     ("xxh3_128 (build_rules)", lambda: file_digest(path)), ("md5 (doit default)", md5)):
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        results[name] = size_gib / statistics.median(times)
+    path.unlink()
+    return results
+
+
+def bytes_read_by_noop(repo: Path) -> dict:
+    """In-process doit runs, reading the stat cache's byte counter."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import run_doit  # the same in-process runner the tests use
+    from build_rules.hashing import stat_cache
+    run_doit(repo)
+    stat_cache().bytes_hashed = 0
+    run_doit(repo)
+    untouched = stat_cache().bytes_hashed
+    hooks = next((repo / "models").glob("*/export.py"))
+    st = hooks.stat()
+    os.utime(hooks, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    stat_cache().bytes_hashed = 0
+    first = run_doit(repo)
+    touched_first = stat_cache().bytes_hashed
+    stat_cache().bytes_hashed = 0
+    second = run_doit(repo)
+    return {"no-op, unchanged inputs": untouched, "first no-op after touching export.py": touched_first,
+            "second no-op after the touch": stat_cache().bytes_hashed, "tasks run": len(first.ran | second.ran),
+            "export.py bytes": st.st_size}
+
+
+def ninja_noop(edges: int, runs: int) -> float | None:
+    ninja = shutil.which("ninja")
+    if not ninja:
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="ninja-bench-"))
+    (folder / "in").mkdir()
+    lines = ["rule cp\n  command = cp $in $out\n"]
+    for i in range(edges):
+        (folder / "in" / f"{i}").write_text(str(i))
+        lines.append(f"build out/{i}: cp in/{i}\n")
+    (folder / "build.ninja").write_text("".join(lines))
+    timed([ninja], folder)
+    result = median_time([ninja], folder, runs)
+    shutil.rmtree(folder)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="mtcnn")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "build-bench"))
+    parser.add_argument("--quick", action="store_true", help="skip the sherpa-style comparison and hashing")
+    args = parser.parse_args()
+    work = Path(args.workdir)
+    doit = [sys.executable, "-m", "doit"]
+    rows = []
+
+    repo = make_repo(work / "ours", args.model)
+    full, full_tasks = ran_count(repo, "-n", "1")
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    rows.append(("full build, 5 chips (serial)", f"{full:.1f} s", f"{full_tasks} tasks", "1.00"))
+
+    noop = median_time(doit, repo, args.runs)
+    import_doit = median_time([sys.executable, "-c", "import doit"], repo, args.runs)
+    listing = median_time(doit + ["list", "--all"], repo, args.runs)
+    ninja = ninja_noop(full_tasks, args.runs)
+
+    folder = repo / "models" / args.model
+    incremental = []
+    checkpoint = sorted(folder.glob("*.pt"))[-1]
+    perturb_checkpoint(checkpoint)
+    incremental.append((f"checkpoint {checkpoint.name} changed", *ran_count(repo, "-n", "1")))
+    toml = folder / "model.toml"
+    original_toml = toml.read_text()
+    variant = re.search(r"\[variants\.(\w+)\]\nactivations[^\[]*weights = \"uint8\"", original_toml)
+    toml.write_text(original_toml.replace(variant.group(0), variant.group(0).replace('"uint8"', '"int8"')))
+    incremental.append((f"variant {variant.group(1)}: weights uint8 -> int8", *ran_count(repo, "-n", "1")))
+    toml.write_text(original_toml)
+    incremental.append(("... and flipped back", *ran_count(repo, "-n", "1")))
+    chips = repo / "chips.toml"
+    original_chips = chips.read_text()
+    block = re.search(r"\[chips\.SM8750\][^\[]*", original_chips).group(0)
+    chips.write_text(original_chips.replace(block, block.replace("vtcm_mb = 8", "vtcm_mb = 4")))
+    incremental.append(("chip SM8750: vtcm_mb 8 -> 4", *ran_count(repo, "-n", "1")))
+    chips.write_text(original_chips)
+    ran_count(repo, "-n", "1")
+    identity_file = next((repo / "out/.build-state").glob("ort-qnn-identity-*.json"))
+    identity = json.loads(identity_file.read_text())
+    identity["probe"]["build_id"] = "v2.52.0.261101000000"  # stands for an upgraded onnxruntime-qnn
+    identity_file.write_text(json.dumps(identity))
+    incremental.append(("SDK identity (QNN build id) changed", *ran_count(repo, "-n", "1")))
+
+    subprocess.run(doit + ["forget", "compile"], cwd=repo, capture_output=True)
+    serial_compile, _ = ran_count(repo, "-n", "1", "compile")
+    subprocess.run(doit + ["forget", "compile"], cwd=repo, capture_output=True)
+    parallel_compile, _ = ran_count(repo, "-n", "2", "-P", "thread", "compile")
+
+    print(f"## Build benchmark: {args.model}, {os.cpu_count()} cores, medians of {args.runs} runs\n")
+    print("| what | time | tasks run | ratio to full build |\n|---|---|---|---|")
+    for what, t, n, ratio in rows:
+        print(f"| {what} | {t} | {n} | {ratio} |")
+    for what, t, n in incremental:
+        print(f"| {what} | {t:.1f} s | {n} | {t / full:.3f} |")
+    print(f"\nPeak RSS of the heaviest stage process: {peak_mb:.0f} MB\n")
+    print("| command | median | ratio |\n|---|---|---|")
+    print(f"| `python -c 'import doit'` | {import_doit * 1000:.0f} ms | 1.00 |")
+    print(f"| no-op `doit` ({full_tasks} tasks) | {noop * 1000:.0f} ms | {noop / import_doit:.2f} x import doit |")
+    print(f"| `doit list --all` | {listing * 1000:.0f} ms | {listing / import_doit:.2f} x import doit, "
+          f"{listing / noop:.2f} x no-op |")
+    if ninja is not None:
+        print(f"| ninja no-op, {full_tasks} edges | {ninja * 1000:.1f} ms | no-op doit = {noop / ninja:.0f} x ninja |")
+    print(f"\n| per-chip compiles ({args.model}) | time | speed-up |\n|---|---|---|")
+    print(f"| `doit -n 1 compile` | {serial_compile:.1f} s | 1.00 |")
+    print(f"| `doit -n 2 -P thread compile` | {parallel_compile:.1f} s | {serial_compile / parallel_compile:.2f} |")
+
+    if args.quick:
+        return
+    print("\n| bytes hashed (in-process runs) | bytes |\n|---|---|")
+    for what, value in bytes_read_by_noop(repo).items():
+        print(f"| {what} | {value} |")
+    print("\n| hashing a 1 GiB file (page cache) | GiB/s | ratio to cat |\n|---|---|---|")
+    throughput = hash_throughput(1.0)
+    for name, value in throughput.items():
+        print(f"| {name} | {value:.2f} | {value / throughput['cat']:.2f} |")
+
+    # The sherpa-onnx CI way: one job per chip, each re-running every stage from the checkpoint.
+    per_chip = []
+    for chip in ("SM8550", "SM8650", "SM8750", "SM8850", "QCS9100"):
+        chip_repo = make_repo(work / f"sherpa-{chip}", args.model, chips=[chip])
+        per_chip.append(ran_count(chip_repo, "-n", "1")[0])
+    sherpa = sum(per_chip)
+    variant_change = incremental[1][1]
+    print("\n| five chips | time | ratio |\n|---|---|---|")
+    print(f"| per-chip flow (every stage once per chip), first build | {sherpa:.1f} s | 1.00 |")
+    print(f"| this tool, first build | {full:.1f} s | {sherpa / full:.2f} x faster |")
+    print(f"| per-chip flow, rebuild after a quantization change (all again) | {sherpa:.1f} s | 1.00 |")
+    print(f"| this tool, rebuild after one variant change | {variant_change:.1f} s | "
+          f"{sherpa / variant_change:.2f} x faster |")
+
+
+if __name__ == "__main__":
+    main()
