@@ -15,7 +15,7 @@ VERSION = 1
 
 
 def run(params: dict) -> dict:
-    hooks = load_hooks(params["hooks"], params.get("data_dir"))
+    hooks = load_hooks(params["hooks"], params.get("data_dir"), params.get("checkpoints"))
     graph, count, specs = params["graph"], params["count"], params["inputs"]
     if not hasattr(hooks, "calibration_inputs"):
         raise BuildError(f"{params['hooks']}: no calibration_inputs(graph, count) hook")

@@ -10,15 +10,18 @@ import numpy as np
 from ..errors import BuildError
 
 
-def load_hooks(path: str, data_dir: str | None = None):
+def load_hooks(path: str, data_dir: str | None = None, checkpoints: list[str] | None = None):
     """Import models/<name>/export.py by path (model folders are not packages). A model with a data
-    stage finds that stage's folder in the hooks module's DATA_DIR."""
+    stage finds that stage's folder in the hooks module's DATA_DIR; CHECKPOINTS maps file name to path
+    (what build() gets) for data hooks that run the model itself."""
     spec = importlib.util.spec_from_file_location(f"model_hooks_{Path(path).parent.name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     if data_dir is not None:
         module.DATA_DIR = Path(data_dir).resolve()
+    if checkpoints:
+        module.CHECKPOINTS = {Path(p).name: Path(p).resolve() for p in checkpoints}
     return module
 
 

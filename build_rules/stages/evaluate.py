@@ -19,7 +19,7 @@ def _cpu_runner(path: str):
 
 
 def run(params: dict) -> dict:
-    hooks = load_hooks(params["hooks"], params.get("data_dir"))
+    hooks = load_hooks(params["hooks"], params.get("data_dir"), params.get("checkpoints"))
     if not hasattr(hooks, "evaluate"):
         raise BuildError(f"{params['hooks']}: model.toml has [evaluate] but the hooks have no evaluate(run_graph)")
     if params["on"] == "emulator":

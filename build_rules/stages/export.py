@@ -18,7 +18,7 @@ def run(params: dict) -> dict:
     import torch
 
     guard_checkpoint_loading(params)
-    hooks = load_hooks(params["hooks"], params.get("data_dir"))
+    hooks = load_hooks(params["hooks"], params.get("data_dir"), params.get("checkpoints"))
     if not hasattr(hooks, "build"):
         raise BuildError(f"{params['hooks']}: no build(graph, checkpoints) hook")
     checkpoints = {Path(p).name: Path(p) for p in params["checkpoints"]}

@@ -53,7 +53,7 @@ def _run_torch(hooks, params, samples):
 def run(params: dict) -> dict:
     import numpy as np
 
-    hooks = load_hooks(params["hooks"], params.get("data_dir"))
+    hooks = load_hooks(params["hooks"], params.get("data_dir"), params.get("checkpoints"))
     samples = evaluation_samples(hooks, params)
     onnx_outputs = _run_onnx(params["onnx"], samples)
     if params.get("source_onnx"):
