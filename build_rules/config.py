@@ -107,10 +107,24 @@ class Variant:
     calibration_method: str = "minmax"
     calibration_samples: int = 0
     overrides: dict[str, str] = field(default_factory=dict)  # tensor -> activation type
+    node_overrides: dict[str, str] = field(default_factory=dict)  # node -> activation type of its outputs
+    # graph -> {"overrides": {...}, "node_overrides": {...}}: only that graph's quantize sees them
+    graph_overrides: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
 
     @property
     def is_fp16(self) -> bool:
         return self.precision == "fp16"
+
+    def settings_for(self, graph: str) -> dict:
+        """What changes one graph's quantized model (the quantize task's key): the variant-wide overrides
+        with the graph's own on top, so tuning one graph re-quantizes only that graph."""
+        settings = self.settings()
+        if not self.is_fp16:
+            own = self.graph_overrides.get(graph, {})
+            settings.pop("graphs", None)
+            settings["overrides"] = dict(sorted({**self.overrides, **own.get("overrides", {})}.items()))
+            settings["node_overrides"] = dict(sorted({**self.node_overrides, **own.get("node_overrides", {})}.items()))
+        return settings
 
     def settings(self) -> dict:
         """What changes the quantized model: goes into task keys and manifests."""
@@ -118,7 +132,17 @@ class Variant:
             return {"precision": "fp16"}
         return {"precision": "quantized", "activations": self.activations, "weights": self.weights,
                 "per_channel": self.per_channel, "calibration_method": self.calibration_method,
-                "calibration_samples": self.calibration_samples, "overrides": dict(sorted(self.overrides.items()))}
+                "calibration_samples": self.calibration_samples, "overrides": dict(sorted(self.overrides.items())),
+                **({"node_overrides": dict(sorted(self.node_overrides.items()))} if self.node_overrides else {}),
+                **({"graphs": self.graph_overrides} if self.graph_overrides else {})}
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """[tuning] of model.toml: where and how the sensitivity and tune tasks measure (HTP emulator)."""
+    chip: str | None = None  # default: the model's first chip
+    samples: int = 32  # evaluation samples per candidate during the search (evenly spaced); the final check uses all
+    targets: dict[str, Threshold] = field(default_factory=dict)  # graph -> target; default: the graph's gate
 
 
 @dataclass(frozen=True)
@@ -138,6 +162,7 @@ class Model:
     data: tuple[str, ...] | None = None  # sources of the prepare_data hook (a data stage), if any
     evaluate_gate: Threshold | None = None
     evaluate: bool = False  # [evaluate]: the evaluate(run_graph) hook scores all graphs together
+    tuning: "Tuning | None" = None  # [tuning]: chip, samples and targets of `doit sensitivity` / `doit tune`
 
     def checkpoint_paths(self, graph: Graph) -> list[Path]:
         return [resolve_file(ref, self.folder, f"{self.toml_path}: [graphs.{graph.name}] checkpoints")
@@ -294,7 +319,10 @@ def _graph(t: _Table, name: str, onnx_entry: bool) -> Graph:
                  outputs=tuple(outputs), calibration_samples=samples, verify=verify, gate=_threshold(t, "gate"))
 
 
-VARIANT_KEYS = ("inherits", "precision", "activations", "weights", "per_channel", "calibration", "overrides")
+VARIANT_KEYS = ("inherits", "precision", "activations", "weights", "per_channel", "calibration", "overrides",
+                "node_overrides", "graphs")
+# Tables a variant adds to the ones it inherits (key by key) instead of replacing them.
+MERGED_VARIANT_TABLES = ("overrides", "node_overrides", "graphs")
 
 
 def _merged_variant(name: str, raw_variants: dict, where: str, seen: tuple = ()) -> dict:
@@ -306,8 +334,28 @@ def _merged_variant(name: str, raw_variants: dict, where: str, seen: tuple = ())
     if parent not in raw_variants or parent in seen + (name,):
         raise ConfigError(f"{where}: [variants.{name}] inherits: no such variant {parent!r} (or a cycle)")
     merged = _merged_variant(parent, raw_variants, where, seen + (name,))
-    merged.update({k: v for k, v in data.items() if k != "inherits"})
+    for key, value in data.items():
+        if key in MERGED_VARIANT_TABLES and isinstance(value, dict) and isinstance(merged.get(key), dict):
+            value = _merge_tables(merged[key], value)
+        if key != "inherits":
+            merged[key] = value
     return merged
+
+
+def _merge_tables(base: dict, extra: dict) -> dict:
+    merged = dict(base)
+    for key, value in extra.items():
+        merged[key] = _merge_tables(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) \
+            else value
+    return merged
+
+
+def _override_table(t: _Table, key: str) -> dict[str, str]:
+    """overrides / node_overrides: tensor or node name -> activation type it keeps."""
+    table = t.table(key, {})
+    for name in table.data:
+        table.get(name, str, choices=ACTIVATION_TYPES)
+    return dict(table.data)
 
 
 def _variant(t: _Table, name: str, raw_variants: dict, graphs: dict[str, Graph]) -> Variant:
@@ -330,21 +378,29 @@ def _variant(t: _Table, name: str, raw_variants: dict, graphs: dict[str, Graph])
                                                f"(calibration_samples = {g.calibration_samples})")
     if samples < 1:
         raise calibration.error("samples", f"must be at least 1, got {samples}")
-    overrides = t.table("overrides", {})
-    for tensor in overrides.data:
-        overrides.get(tensor, str, choices=ACTIVATION_TYPES)
+    graph_overrides = {}
+    per_graph = t.table("graphs", {})
+    for graph_name in per_graph.data:
+        if graph_name not in graphs:
+            raise per_graph.error(graph_name, f"no graph {graph_name!r} (graphs: {', '.join(graphs)})")
+        g = per_graph.table(graph_name)
+        g.check_keys(("overrides", "node_overrides"))
+        own = {k: _override_table(g, k) for k in ("overrides", "node_overrides") if k in g.data}
+        if any(own.values()):
+            graph_overrides[graph_name] = own
     return Variant(name=name, precision="quantized",
                    activations=t.get("activations", str, choices=ACTIVATION_TYPES),
                    weights=t.get("weights", str, choices=WEIGHT_TYPES),
                    per_channel=t.get("per_channel", bool, True),
                    calibration_method=calibration.get("method", str, "minmax", choices=CALIBRATION_METHODS),
-                   calibration_samples=samples, overrides=dict(overrides.data))
+                   calibration_samples=samples, overrides=_override_table(t, "overrides"),
+                   node_overrides=_override_table(t, "node_overrides"), graph_overrides=graph_overrides)
 
 
 def load_model(folder: Path, chips: ChipTable) -> Model:
     path = folder / "model.toml"
     root = _Table(path, "", read_toml(path))
-    root.check_keys(("model", "graphs", "variants", "evaluate"))
+    root.check_keys(("model", "graphs", "variants", "evaluate", "tuning"))
     m = root.table("model")
     m.check_keys(("description", "license", "hooks", "onnx", "checkpoints", "chips", "trusted_checkpoints", "data"))
     name = folder.name
@@ -383,7 +439,7 @@ def load_model(folder: Path, chips: ChipTable) -> Model:
                   checkpoints=tuple(m.get("checkpoints", list, [])), chips=model_chips, graphs=graphs,
                   variants=variants, trusted_checkpoints=m.get("trusted_checkpoints", bool, False),
                   data=_data_sources(m, folder), evaluate="evaluate" in root.data,
-                  evaluate_gate=_evaluate_gate(root))
+                  evaluate_gate=_evaluate_gate(root), tuning=_tuning(root, graphs, model_chips))
     for graph in graphs.values():
         model.checkpoint_paths(graph)  # fail now, naming the file, rather than in the middle of a build
     return model
@@ -397,6 +453,26 @@ def _data_sources(m: _Table, folder: Path) -> tuple[str, ...] | None:
         if not isinstance(ref, str) or not (folder / ref).is_file():
             raise m.error("data", f"source {ref!r} not found in {folder}")
     return tuple(sources)
+
+
+def _tuning(root: _Table, graphs: dict[str, Graph], model_chips: tuple[str, ...]) -> Tuning | None:
+    if "tuning" not in root.data:
+        return None
+    t = root.table("tuning")
+    t.check_keys(("chip", "samples", "targets"))
+    chip = t.get("chip", str, None)
+    if chip is not None and chip not in model_chips:
+        raise t.error("chip", f"{chip!r} is not one of the model's chips ({', '.join(model_chips)})")
+    samples = t.get("samples", int, 32)
+    if samples < 1:
+        raise t.error("samples", f"must be at least 1, got {samples}")
+    targets_table = t.table("targets", {})
+    targets = {}
+    for graph_name in targets_table.data:
+        if graph_name not in graphs:
+            raise targets_table.error(graph_name, f"no graph {graph_name!r} (graphs: {', '.join(graphs)})")
+        targets[graph_name] = _threshold(targets_table, graph_name)
+    return Tuning(chip=chip, samples=samples, targets=targets)
 
 
 def _evaluate_gate(root: _Table) -> Threshold | None:

@@ -62,6 +62,16 @@ class StatCache:
             self.dirty = True
         return digest
 
+    def remember(self, path: str, digest: str) -> None:
+        """Record a digest known without reading the file (a file just copied from the build cache)."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        with self.lock:
+            self.entries[os.path.abspath(path)] = [st.st_size, st.st_mtime_ns, st.st_ino, digest]
+            self.dirty = True
+
     def save(self) -> None:
         if self.path and self.dirty:
             with self.lock:

@@ -2,8 +2,12 @@
 
 out/<model>/float/<graph>.onnx, .sim.onnx, .io.json, .verify.json, .evaluation.npz   (no SDK involved)
 out/<model>/calibration/<graph>/input_list.txt + NNNN.<input>.raw               (shared by all variants)
+out/<model>/calibration/<graph>/ranges.<method>-<samples>.json   tensor ranges (calibration statistics), per method
 out/<model>/<variant>/<graph>.qdq.onnx                                          (per variant, any chip)
-out/<model>/<variant>/<chip>/<graph>.bin, <graph>_ctx.onnx, <graph>.check.json, manifest.json
+out/<model>/<variant>/<chip>/<graph>.bin, <graph>_ctx.onnx, <graph>.compile.json, <graph>.check.json, manifest.json
+out/<model>/report.md, report.png, report.json                                  (`doit report`)
+out/<model>/tuning/<variant>/<graph>.sensitivity.json, .md, .png               (`doit sensitivity`)
+out/<model>/tuning/<variant>.tuned.toml, .tuned.json                            (`doit tune`)
 qairt toolchain (no .qdq.onnx, no _ctx.onnx):
 out/<model>/<variant>/<graph>.cpp, <graph>.bin, <graph>_net.json, <graph>.convert.json   (qnn-onnx-converter)
 out/<model>/<variant>/model_libs/<target>/lib<graph>.so                        (qnn-model-lib-generator)
@@ -14,7 +18,7 @@ Logs sit beside the outputs, one per stage: <graph>.<stage>.log.
 from __future__ import annotations
 
 OUT = "out"
-RESERVED_VARIANT_NAMES = ("float", "calibration", "data")
+RESERVED_VARIANT_NAMES = ("float", "calibration", "data", "tuning")
 
 
 def model_dir(model: str) -> str:
@@ -61,3 +65,16 @@ def htp_config_dir(model: str, variant: str, chip: str, graph: str) -> str:
 
 def runtime_dir(model: str, variant: str, chip: str) -> str:
     return f"{OUT}/{model}/{variant}/{chip}/runtime"
+
+
+def calibration_ranges(model: str, graph: str, method: str, samples: int) -> str:
+    return f"{OUT}/{model}/calibration/{graph}/ranges.{method}-{samples}.json"
+
+
+def report_file(model: str, suffix: str) -> str:
+    return f"{OUT}/{model}/report{suffix}"
+
+
+def tuning_file(model: str, variant: str, name: str) -> str:
+    """out/<model>/tuning/<variant>/<name>, or out/<model>/tuning/<variant><name> when name starts with '.'"""
+    return f"{OUT}/{model}/tuning/{variant}{name}" if name.startswith(".") else f"{OUT}/{model}/tuning/{variant}/{name}"

@@ -23,14 +23,33 @@ STAGING = Path("out/.staging")
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
 
 
-def run_stage(stage: str, params: dict, targets: list[str], log: str, publish_dirs: tuple = ()):
+# Tasks whose outputs came from the build cache in this process (the summary reports them).
+CACHE_HITS: list[str] = []
+
+
+def run_stage(stage: str, params: dict, targets: list[str], log: str, publish_dirs: tuple = (),
+              cache_key: str | None = None, file_dep: tuple = (), relocatable: bool = False):
     """doit action: run build_rules.stages.<stage>.run(params) in a subprocess.
 
     params["outputs"] maps names to target paths; the stage sees them rewritten into its staging
     folder (params["final_outputs"] keeps the real ones, for files that name other files).
     publish_dirs: folders whose files are not known in advance (a data hook's output): the staged
     folder replaces the old one as a whole.
+    cache_key: the task key's digest; with the content digests of file_dep it names the outputs in the
+    build cache (build_rules/cache.py): on a hit they are copied into place and the stage does not run.
+    relocatable: the key holds no paths; an entry made for other target paths with the same file names serves.
     """
+    store, entry = None, None
+    if cache_key and not publish_dirs:
+        from . import cache
+        store = cache.open_cache()
+        if store is not None:
+            from .hashing import stat_cache
+            entry = cache.entry_key(cache_key, [stat_cache().digest(f, os.stat(f)) for f in file_dep])
+            values = store.restore(entry, targets, log, relocatable)
+            if values is not None:
+                CACHE_HITS.append(params.get("name", stage))
+                return values
     staging = (STAGING / f"{os.getpid()}-{uuid.uuid4().hex}").resolve()
     staging.mkdir(parents=True)
     try:
@@ -62,7 +81,10 @@ def run_stage(stage: str, params: dict, targets: list[str], log: str, publish_di
         for target in targets:
             if (staging / target).exists():  # a target inside a published folder is already in place
                 publish(staging / target, Path(target))
-        return result.get("values", {})
+        values = result.get("values", {})
+        if entry is not None:
+            store.store(entry, targets, values, log, stage)
+        return values
     finally:
         remove_quietly(staging)
 

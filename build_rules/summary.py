@@ -14,6 +14,8 @@ class SummaryReporter(ConsoleReporter):
         super().__init__(outstream, options)
         self.ran: list = []
         self.up_to_date = 0
+        from .runner import CACHE_HITS
+        self.hits_before = len(CACHE_HITS)  # tests run several builds in one process
 
     def add_success(self, task):
         if task.actions:
@@ -30,8 +32,11 @@ class SummaryReporter(ConsoleReporter):
         if self.runtime_errors:
             self.write("Execution aborted.\n" + "\n".join(self.runtime_errors) + "\n")
         failed = len(self.failures)
-        self.write(f"summary: {len(self.ran)} task(s) ran, {self.up_to_date} up to date"
-                   + (f", {failed} failed" if failed else "") + "\n")
+        from .runner import CACHE_HITS
+        restored = len(CACHE_HITS) - self.hits_before
+        self.write(f"summary: {len(self.ran)} task(s) ran"
+                   + (f" ({restored} restored from the build cache)" if restored else "")
+                   + f", {self.up_to_date} up to date" + (f", {failed} failed" if failed else "") + "\n")
         for task in self.ran:
             if task.name.startswith("package:"):
                 self.write(f"  built {_describe(task.targets[0])}\n")
@@ -55,4 +60,8 @@ def _describe(manifest_path: str) -> str:
             metric = gate["metric"]
             gate_text = f" {metric} {info['metrics'].get(metric, float('nan')):.4g}"
         parts.append(f"{graph} {info['bytes'] / 1e6:.2f} MB{gate_text}")
+    evaluation = manifest.get("evaluate")
+    if evaluation and evaluation.get("gate"):  # the model-level metric, e.g. WER of encoder + decoder
+        metric = evaluation["gate"]["metric"]
+        parts.append(f"model {metric} {evaluation['metrics'].get(metric, float('nan')):.4g}")
     return f"{Path(manifest_path).parent}: " + ", ".join(parts)

@@ -19,7 +19,7 @@ from .runner import remove_stale_staging, run_stage
 
 # Bump a stage's number when its output for the same inputs changes: it re-runs that stage everywhere.
 STAGE_VERSIONS = {"data": 1, "evaluate": 1, "evaluate_float": 1, "export": 1, "simplify": 1, "verify": 1, "calibrate": 1, "quantize": 1, "compile": 1,
-                  "check": 1, "package": 1}
+                  "check": 1, "package": 1, "calibration_stats": 1, "report": 1, "sensitivity": 1, "tune": 1}
 # The Python packages whose version can change each stage's output.
 STAGE_TOOLS = {
     "data": (),
@@ -33,14 +33,19 @@ STAGE_TOOLS = {
     "compile": ("onnxruntime", "onnx"),
     "check": ("onnxruntime", "numpy"),
     "package": (),
+    "calibration_stats": ("onnxruntime", "onnx", "numpy"),
+    "report": ("onnxruntime", "numpy", "matplotlib"),
+    "sensitivity": ("onnxruntime", "onnx", "numpy", "matplotlib"),
+    "tune": ("onnxruntime", "onnx", "numpy"),
 }
-SDK_STAGES = ("compile", "check", "evaluate", "package")
+SDK_STAGES = ("compile", "check", "evaluate", "package", "report", "sensitivity", "tune")
 STATE_DIR = f"{layout.OUT}/.build-state"
 
 # What dodo.py imports: every stage and group generator, plus the doit configuration.
 __all__ = ["doit_config", "task_data", "task_export", "task_simplify", "task_verify", "task_calibrate",
            "task_quantize", "task_convert", "task_model_libs", "task_htp_config", "task_compile", "task_check",
-           "task_evaluate", "task_package", "task_chips", "task_models"]
+           "task_evaluate", "task_package", "task_chips", "task_models",
+           "task_calibration_stats", "task_report", "task_sensitivity", "task_tune"]
 
 
 @functools.cache
@@ -75,7 +80,7 @@ def project() -> Project:
 
 
 def _check_names(models: list[Model], chips: ChipTable) -> None:
-    taken = set(STAGE_VERSIONS) | set(chips.chips) | {"report", "convert", "model_libs", "htp_config"}
+    taken = set(STAGE_VERSIONS) | set(chips.chips) | {"report", "convert", "model_libs", "htp_config", "tuning"}
     for model in models:
         if model.name in taken:
             raise ConfigError(f"{model.toml_path}: model folder name '{model.name}' clashes with a stage or chip "
@@ -99,17 +104,50 @@ def _stage_task(stage: str, name: str, params: dict, file_dep: list, targets: li
     """A doit task that runs `stage` in a subprocess; params are both the stage's input and its key
     (key_stage: the stage name the key is made for, when it differs from the module's)."""
     params = dict(params, name=f"{stage}:{name}")
+    key = _key(key_stage or stage, params)
+    file_dep = [str(p) for p in file_dep]
+    cache = {"cache_key": key.digest, "file_dep": file_dep}
+    if stage in RELOCATABLE_STAGES:
+        cache = {"cache_key": _key(key_stage or stage, _relocatable(params, file_dep, targets)).digest,
+                 "file_dep": file_dep, "relocatable": True}
     task = {
         "name": name,
-        "actions": [(run_stage, [stage, params, targets, log])],
-        "file_dep": [str(p) for p in file_dep],
+        # cache_key + file_dep: the build cache (build_rules/cache.py) restores outputs made with this key before
+        "actions": [(run_stage, [stage, params, targets, log], cache)],
+        "file_dep": file_dep,
         "targets": targets,
-        "uptodate": [_key(key_stage or stage, params)],
+        "uptodate": [key],
         "clean": True,
     }
     if doc:
         task["doc"] = doc
     return task
+
+
+# Stages whose outputs do not depend on where their inputs and outputs live (no path is written into them): the
+# build cache keys them by content alone, so e.g. a new variant whose pnet quantizes to the same bytes as another
+# variant's gets that variant's pnet binaries from the cache.
+RELOCATABLE_STAGES = ("simplify", "verify", "calibration_stats", "quantize", "compile", "check")
+
+
+def _relocatable(params, file_dep: list[str], targets: list[str]):
+    """params with input paths replaced by their position in file_dep (whose contents are in the cache key),
+    output paths by their file names, and without the task name."""
+    deps = {path: f"@dep{i}" for i, path in enumerate(file_dep)}
+    outs = set(targets)
+
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k != "name" or value is not params}
+        if isinstance(value, (list, tuple)):
+            return [strip(v) for v in value]
+        if isinstance(value, str):
+            if value in deps:
+                return deps[value]
+            if value in outs:
+                return "@out/" + value.rsplit("/", 1)[-1]
+        return value
+    return strip(params)
 
 
 def _inputs(graph: Graph) -> dict:
@@ -184,6 +222,11 @@ def _float_model(model: Model, graph: Graph, variant: Variant) -> str:
     return layout.variant_file(model.name, variant.name, graph.name, ".qdq.onnx")
 
 
+def _hook_files(model: Model) -> list[str]:
+    """The hooks file and every Python file beside it (hooks often import helpers by path)."""
+    return sorted({_rel(model.hooks), *(_rel(p) for p in model.folder.glob("*.py"))})
+
+
 def _data(model: Model) -> tuple[dict, list[str]]:
     """(params, file_dep) that give a stage the model's data folder, for models with a data stage."""
     if model.data is None:
@@ -202,7 +245,7 @@ def task_data():
         sources = [_rel(model.folder / ref) for ref in model.data]
         params = {"hooks": _rel(model.hooks), "sources": sources,
                   "outputs": {"dir": folder, "manifest": f"{folder}/data.json"}}
-        task = _stage_task("data", model.name, params, [_rel(model.hooks), *sources], [f"{folder}/data.json"],
+        task = _stage_task("data", model.name, params, [*_hook_files(model), *sources], [f"{folder}/data.json"],
                            f"{layout.model_dir(model.name)}/data.log")
         task["actions"] = [(run_stage, task["actions"][0][1], {"publish_dirs": (folder,)})]
         yield task
@@ -218,7 +261,7 @@ def task_export():
         params = {"hooks": _rel(model.hooks), "graph": graph.name, "checkpoints": checkpoints,
                   "inputs": _inputs(graph), "output_names": list(graph.outputs), "outputs": {"onnx": target},
                   "model_toml": _rel(model.toml_path), "trusted_checkpoints": model.trusted_checkpoints}
-        yield _stage_task("export", f"{model.name}/{graph.name}", params, [_rel(model.hooks), *checkpoints],
+        yield _stage_task("export", f"{model.name}/{graph.name}", params, [*_hook_files(model), *checkpoints],
                           [target], layout.float_file(model.name, graph.name, ".export.log"))
 
 
@@ -247,7 +290,7 @@ def task_verify():
                   "model_toml": _rel(model.toml_path), "trusted_checkpoints": model.trusted_checkpoints}
         data_params, data_dep = _data(model)
         params.update(data_params)
-        file_dep = [sim, _rel(model.hooks), *checkpoints, *data_dep] + ([params["source_onnx"]] if model.onnx else [])
+        file_dep = [sim, *_hook_files(model), *checkpoints, *data_dep] + ([params["source_onnx"]] if model.onnx else [])
         yield _stage_task("verify", f"{model.name}/{graph.name}", params, file_dep, list(outputs.values()),
                           layout.float_file(model.name, graph.name, ".verify.log"))
 
@@ -265,26 +308,54 @@ def task_calibrate():
         folder = layout.calibration_dir(model.name, graph.name)
         input_list = f"{folder}/input_list.txt"
         data_params, data_dep = _data(model)
+        # Calibration inputs may come from the model itself (a decoder's from its encoder): weights are a dep.
+        checkpoints = [] if model.onnx else [_rel(p) for p in model.checkpoint_paths(graph)]
         params = {"hooks": _rel(model.hooks), "graph": graph.name, "count": graph.calibration_samples,
-                  "inputs": _inputs(graph), "outputs": {"dir": folder, "input_list": input_list}, **data_params}
+                  "inputs": _inputs(graph), "outputs": {"dir": folder, "input_list": input_list},
+                  "checkpoints": checkpoints, **data_params}
         targets = [input_list, *_calibration_files(model, graph, graph.calibration_samples)]
-        yield _stage_task("calibrate", f"{model.name}/{graph.name}", params, [_rel(model.hooks), *data_dep],
+        yield _stage_task("calibrate", f"{model.name}/{graph.name}", params,
+                          [*_hook_files(model), *checkpoints, *data_dep],
                           targets, f"{folder}.calibrate.log")
+
+
+def _ranges(model: Model, graph: Graph, variant: Variant) -> str:
+    return layout.calibration_ranges(model.name, graph.name, variant.calibration_method, variant.calibration_samples)
+
+
+def task_calibration_stats():
+    """4b calibration stats: tensor ranges per float model, method and sample count (ort-qnn; shared by variants)"""
+    if project().toolchain["name"] != "ort-qnn":
+        return  # qairt calibrates inside qnn-onnx-converter
+    for model, graph in _graphs():
+        done = set()
+        for variant in _quantized_variants(model):
+            method, samples = variant.calibration_method, variant.calibration_samples
+            if (method, samples) in done:
+                continue
+            done.add((method, samples))
+            sim = layout.float_file(model.name, graph.name, ".sim.onnx")
+            input_list = f"{layout.calibration_dir(model.name, graph.name)}/input_list.txt"
+            target = _ranges(model, graph, variant)
+            params = {"onnx": sim, "input_list": input_list, "inputs": _inputs(graph), "method": method,
+                      "samples": samples, "outputs": {"ranges": target}}
+            yield _stage_task("calibration_stats", f"{model.name}/{graph.name}/{method}-{samples}", params,
+                              [sim, input_list, *_calibration_files(model, graph, samples)], [target],
+                              f"{layout.calibration_dir(model.name, graph.name)}.{method}-{samples}.stats.log")
 
 
 @_toolchain_stage("quantize")
 def task_quantize():
-    """5 quantize: QDQ model per precision variant (onnxruntime QNN config; fp16 variants skip this)"""
+    """5 quantize: QDQ model per precision variant from the shared calibration ranges (fp16 variants skip this)"""
     for model, graph in _graphs():
         for variant in _quantized_variants(model):
             sim = layout.float_file(model.name, graph.name, ".sim.onnx")
-            input_list = f"{layout.calibration_dir(model.name, graph.name)}/input_list.txt"
+            ranges = _ranges(model, graph, variant)
             target = layout.variant_file(model.name, variant.name, graph.name, ".qdq.onnx")
-            params = {"onnx": sim, "input_list": input_list, "inputs": _inputs(graph),
-                      "variant": variant.settings(), "outputs": {"onnx": target}}
-            raws = _calibration_files(model, graph, variant.calibration_samples)
+            params = {"onnx": sim, "ranges": ranges, "variant": variant.settings_for(graph.name),
+                      "outputs": {"onnx": target}}
             yield _stage_task("quantize", f"{model.name}/{graph.name}/{variant.name}", params,
-                              [sim, input_list, *raws], [target],
+                              [sim, ranges], [target],
                               layout.variant_file(model.name, variant.name, graph.name, ".quantize.log"))
 
 
@@ -315,7 +386,8 @@ def task_compile():
             for graph in model.graphs.values():
                 source = _float_model(model, graph, variant)
                 outputs = {"binary": layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.bin"),
-                           "ctx_model": layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}_ctx.onnx")}
+                           "ctx_model": layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}_ctx.onnx"),
+                           "report": layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.compile.json")}
                 params = {"onnx": source, "graph": graph.name, "chip": _chip_params(chip), "fp16": variant.is_fp16,
                           "outputs": outputs}
                 yield _stage_task("compile", f"{model.name}/{graph.name}/{variant.name}@{chip.name}", params,
@@ -338,7 +410,7 @@ def task_check():
                           "graph": graph.name, "gate": graph.gate.as_dict() if graph.gate else None,
                           "outputs": {"report": report}, **data_params}
                 yield _stage_task("check", f"{model.name}/{graph.name}/{variant.name}@{chip.name}", params,
-                                  [ctx, binary, evaluation, _rel(model.hooks), *data_dep], [report],
+                                  [ctx, binary, evaluation, *_hook_files(model), *data_dep], [report],
                                   layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.check.log"))
 
 
@@ -346,7 +418,7 @@ def _evaluate_params(model: Model, graphs: dict, on: str, report: str) -> tuple[
     data_params, data_dep = _data(model)
     params = {"hooks": _rel(model.hooks), "graphs": graphs, "on": on, "outputs": {"report": report},
               "gate": model.evaluate_gate.as_dict() if model.evaluate_gate else None, **data_params}
-    return params, [*graphs.values(), _rel(model.hooks), *data_dep]
+    return params, [*graphs.values(), *_hook_files(model), *data_dep]
 
 
 def task_evaluate():
@@ -407,6 +479,103 @@ def task_package():
                 "uptodate": [_key("package", params)],
                 "clean": True,
             }
+
+
+# --- tuning: report, sensitivity, tune (not default tasks: `doit report`, `doit sensitivity`, `doit tune`) ---
+
+def task_report():
+    """9 report: variants x chips per model (size, compile time, emulator metrics) -> out/<model>/report.md + .png"""
+    if project().toolchain["name"] != "ort-qnn":
+        return  # reads <graph>.compile.json and measures with the emulator runner of onnxruntime-qnn
+    for model in project().models:
+        data_params, data_dep = _data(model)
+        cells, file_dep = [], []
+        for variant, chip in _variant_builds(model):
+            for graph in model.graphs.values():
+                def chip_file(suffix, g=graph.name, v=variant.name, c=chip.name):
+                    return layout.chip_file(model.name, v, c, f"{g}{suffix}")
+                cells.append({"variant": variant.name, "chip": chip.name, "graph": graph.name,
+                              "compile": chip_file(".compile.json"), "ctx_model": chip_file("_ctx.onnx"),
+                              "check": chip_file(".check.json"), "memo": chip_file(".measure.json"),
+                              "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
+                              "gate": graph.gate.as_dict() if graph.gate else None})
+                file_dep += [chip_file(".compile.json"), chip_file("_ctx.onnx"), chip_file(".bin")]
+        file_dep += [layout.float_file(model.name, g, ".evaluation.npz") for g in model.graphs]
+        evaluations = {f"{v.name}@{c.name}": layout.chip_file(model.name, v.name, c.name, "evaluate.json")
+                       for v, c in _variant_builds(model)} if model.evaluate else {}
+        outputs = {"markdown": layout.report_file(model.name, ".md"), "png": layout.report_file(model.name, ".png"),
+                   "json": layout.report_file(model.name, ".json")}
+        params = {"model": model.name, "cells": cells, "hooks": _rel(model.hooks), "toolchain": project().toolchain,
+                  "variants": {v.name: v.settings() for v in model.variants.values()}, "evaluations": evaluations,
+                  "outputs": outputs, **data_params}
+        yield _stage_task("report", model.name, params, [*file_dep, *_hook_files(model), *data_dep],
+                          list(outputs.values()), layout.report_file(model.name, ".log"))
+
+
+def _tuning_chip(model: Model) -> Chip:
+    name = model.tuning.chip if model.tuning and model.tuning.chip else model.chips[0]
+    return project().chips.chips[name]
+
+
+def _tuning_graph(model: Model, graph: Graph, variant: Variant) -> dict:
+    return {"name": graph.name, "onnx": layout.float_file(model.name, graph.name, ".sim.onnx"),
+            "ranges": _ranges(model, graph, variant),
+            "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
+            "variant": variant.settings_for(graph.name)}
+
+
+def _tuning_deps(g: dict) -> list[str]:
+    return [g["onnx"], g["ranges"], g["evaluation"]]
+
+
+def task_sensitivity():
+    """10 sensitivity: rank each graph's activation tensors by what 8 bit costs (HTP emulator) -> table + plot"""
+    if project().toolchain["name"] != "ort-qnn":
+        return
+    for model, graph in _graphs():
+        data_params, data_dep = _data(model)
+        for variant in _quantized_variants(model):
+            g = _tuning_graph(model, graph, variant)
+            outputs = {key: layout.tuning_file(model.name, variant.name, f"{graph.name}.sensitivity.{ext}")
+                       for key, ext in (("json", "json"), ("markdown", "md"), ("png", "png"))}
+            params = {"graph": g, "chip": _chip_params(_tuning_chip(model)), "variant_name": variant.name,
+                      "samples": model.tuning.samples if model.tuning else 32, "hooks": _rel(model.hooks),
+                      "outputs": outputs, **data_params}
+            yield _stage_task("sensitivity", f"{model.name}/{graph.name}/{variant.name}", params,
+                              [*_tuning_deps(g), *_hook_files(model), *data_dep], list(outputs.values()),
+                              layout.tuning_file(model.name, variant.name, f"{graph.name}.sensitivity.log"))
+
+
+def task_tune():
+    """11 tune: fewest 16-bit tensors meeting each graph's target -> out/<model>/tuning/<variant>.tuned.toml"""
+    if project().toolchain["name"] != "ort-qnn":
+        return
+    for model in project().models:
+        data_params, data_dep = _data(model)
+        for variant in _quantized_variants(model):
+            graphs, file_dep = [], []
+            for graph in model.graphs.values():
+                g = _tuning_graph(model, graph, variant)
+                target = (model.tuning.targets.get(graph.name) if model.tuning else None) or graph.gate
+                # The sensitivity result is reused when present and made from the same inputs (its key says),
+                # else tune measures the ranking itself: no dependency, so graphs that already meet their
+                # target cost one emulator run, not a sensitivity analysis.
+                g.update(target=target.as_dict() if target else None,
+                         sensitivity=layout.tuning_file(model.name, variant.name, f"{graph.name}.sensitivity.json"))
+                graphs.append(g)
+                file_dep += _tuning_deps(g)
+            new_name = f"{variant.name}_tuned"
+            number = 2
+            while new_name in model.variants:
+                new_name, number = f"{variant.name}_tuned{number}", number + 1
+            outputs = {"toml": layout.tuning_file(model.name, variant.name, ".tuned.toml"),
+                       "json": layout.tuning_file(model.name, variant.name, ".tuned.json")}
+            params = {"model": model.name, "variant": variant.name, "new_name": new_name, "graphs": graphs,
+                      "chip": _chip_params(_tuning_chip(model)), "model_toml": _rel(model.toml_path),
+                      "samples": model.tuning.samples if model.tuning else 32, "hooks": _rel(model.hooks),
+                      "outputs": outputs, **data_params}
+            yield _stage_task("tune", f"{model.name}/{variant.name}", params, [*file_dep, *_hook_files(model), *data_dep],
+                              list(outputs.values()), layout.tuning_file(model.name, variant.name, ".tune.log"))
 
 
 # --- groups -------------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ def recorded(calls: Path, tool: str | None = None) -> list[list[str]]:
     if not calls.exists():
         return []
     rows = [json.loads(line) for line in calls.read_text().splitlines()]
-    return [[re.sub(r"(/[^ ]*)?out/\.staging/[0-9a-f]{32}/", "", a) for a in r["argv"]]
+    return [[re.sub(r"(/[^ ]*)?out/\.staging/(\d+-)?[0-9a-f]{32}/", "", a) for a in r["argv"]]
             for r in rows if tool is None or r["tool"] == tool]
 
 

@@ -5,6 +5,9 @@ a metric below the graph's gate fails the build with the metric, value and thres
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from ..errors import BuildError
 from ..files import atomic_write_json
 from .common import compare, load_evaluation, load_hooks, worst
@@ -13,24 +16,86 @@ VERSION = 1
 
 
 def run(params: dict) -> dict:
-    from ..toolchains import ort_qnn
-
-    inputs, reference = load_evaluation(params["evaluation"])
-    outputs = ort_qnn.run_context_binary(params["ctx_model"], inputs)
-    return judge(params, inputs, reference, outputs)
+    memo = str(params["final_outputs"]["report"]).replace(".check.json", ".measure.json")
+    metrics, key = measurement(params["ctx_model"], params["evaluation"], params["hooks"], params["graph"],
+                               params.get("data_dir"), memo)
+    return decide(params, metrics, key)
 
 
 def judge(params: dict, inputs: list[dict], reference: list[dict], outputs: list[dict]) -> dict:
     """Metrics of the binary's outputs against the float reference, the gate, and the report (both toolchains)."""
-    metrics = {"outputs": compare(reference, outputs)}
-    hooks = load_hooks(params["hooks"], params.get("data_dir"))
+    return decide(params, measure(params["hooks"], params["graph"], params.get("data_dir"), inputs, reference, outputs))
+
+
+def measure(hooks_path: str, graph: str, data_dir, inputs: list[dict], reference: list[dict],
+            outputs: list[dict]) -> dict:
+    """Per-output cosine/SQNR/max abs against the float reference, plus the score hook's task metrics."""
+    metrics = {"samples": len(inputs), "outputs": compare(reference, outputs)}
+    hooks = load_hooks(hooks_path, data_dir)
     if hasattr(hooks, "score"):
-        metrics["score"] = {k: float(v) for k, v in hooks.score(params["graph"], inputs, outputs).items()}
-        reference_score = {k: float(v) for k, v in hooks.score(params["graph"], inputs, reference).items()}
+        metrics["score"] = {k: float(v) for k, v in hooks.score(graph, inputs, outputs).items()}
+        reference_score = {k: float(v) for k, v in hooks.score(graph, inputs, reference).items()}
         metrics["float_score"] = reference_score
+    return metrics
+
+
+def measurement_key(ctx_model: str, evaluation: str, hooks: str, data_dir) -> dict:
+    """Everything a measurement depends on: the binary, the evaluation set, the hooks, the emulator's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from ..hashing import file_digest
+    binary = str(ctx_model).replace("_ctx.onnx", ".bin")
+    key = {"version": VERSION, "ctx_model": file_digest(ctx_model), "binary": file_digest(binary),
+           "evaluation": file_digest(evaluation), "hooks": hooks_digest(hooks)}
+    if data_dir and Path(data_dir, "data.json").is_file():
+        key["data"] = file_digest(Path(data_dir, "data.json"))
+    for package in ("onnxruntime", "onnxruntime-qnn"):
+        try:
+            key[package] = version(package)
+        except PackageNotFoundError:
+            key[package] = None
+    return key
+
+
+def hooks_digest(hooks: str) -> list[str]:
+    """Digests of the hooks file and the Python files beside it (hooks import helpers by path)."""
+    from ..hashing import file_digest
+    return [file_digest(f) for f in sorted({Path(hooks), *Path(hooks).parent.glob("*.py")})]
+
+
+def measurement(ctx_model: str, evaluation: str, hooks: str, graph: str, data_dir, memo: str) -> tuple[dict, dict]:
+    """(metrics, key) of a context binary on the HTP emulator. `memo` (<graph>.measure.json beside the binary,
+    not a build target) keeps the last measurement with its key: the report, and a check after a report, reuse it
+    instead of running the emulator again. It is written before the gate is judged, so a binary that fails its
+    gate still has its numbers for the report and the tuning tasks."""
+    key = measurement_key(ctx_model, evaluation, hooks, data_dir)
+    try:
+        saved = json.loads(Path(memo).read_text())
+        if saved.get("key") == key:
+            return saved["metrics"], key
+    except (OSError, ValueError, KeyError):
+        pass
+    from ..toolchains import ort_qnn
+    inputs, reference = load_evaluation(evaluation)
+    outputs = ort_qnn.run_context_binary(ctx_model, inputs)
+    metrics = measure(hooks, graph, data_dir, inputs, reference, outputs)
+    atomic_write_json(memo, {"key": key, "metrics": metrics})
+    return metrics, key
+
+
+def summarize(metrics: dict) -> dict:
     summary = {m: worst(metrics["outputs"], m) for m in ("cosine", "sqnr", "max_abs")}
     summary.update(metrics.get("score", {}))
-    report = {"samples": len(inputs), "summary": summary, **metrics, "gate": params["gate"]}
+    return summary
+
+
+def decide(params: dict, metrics: dict, key: dict | None = None) -> dict:
+    """The report (<graph>.check.json) and the gate."""
+    summary = summarize(metrics)
+    report = {"samples": metrics["samples"], "summary": summary, **{k: v for k, v in metrics.items() if k != "samples"},
+              "gate": params["gate"]}
+    if key is not None:
+        report["inputs"] = key
     gate = params["gate"]
     if gate:
         metric = gate["metric"]

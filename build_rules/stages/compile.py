@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import BuildError
+from ..files import atomic_write_json
 
 VERSION = 1
 
@@ -28,5 +29,8 @@ def run(params: dict) -> dict:
     if target.get("soc_type") != chip["name"] or str(target.get("arch")) != str(chip["dsp_arch"][1:]):
         raise BuildError(f"{params['name']}: the binary says soc_type={target.get('soc_type')} "
                          f"arch={target.get('arch')}, expected {chip['name']} {chip['dsp_arch']}")
-    return {"seconds": round(result["seconds"], 3), "bytes": Path(result["binary"]).stat().st_size,
-            "target": target}
+    values = {"seconds": round(result["seconds"], 3), "bytes": Path(result["binary"]).stat().st_size,
+              "target": target}
+    if "report" in params["outputs"]:  # what `doit report` reads: size and compile time of this binary
+        atomic_write_json(params["outputs"]["report"], {**values, "ops": result["ops"], "chip": chip["name"]})
+    return values

@@ -234,7 +234,9 @@ def _choice(kind: str, value: str, table: dict[str, str]) -> str:
 
 
 def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.ndarray"]], *, activations: str,
-             weights: str, per_channel: bool, method: str = "minmax", overrides: dict[str, str] | None = None) -> None:
+             weights: str, per_channel: bool, method: str = "minmax", overrides: dict[str, str] | None = None,
+             node_overrides: dict[str, str] | None = None, ranges: Path | None = None,
+             extra_outputs: list[str] | None = None) -> None:
     """Write a QDQ model for QNN HTP, using onnxruntime.quantization's QNN recipe.
 
     The recipe is qnn_preprocess_model, then get_qnn_qdq_config, then quantize.
@@ -243,6 +245,10 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
     - method: "minmax" | "entropy" | "percentile"
     - overrides: maps an activation tensor name to the type it should keep, e.g. {"conv3_out": "uint16"}.
       An unknown tensor name raises ValueError.
+    - node_overrides: maps a node name to the type its output activations keep (same as naming each output).
+    - ranges: tensor ranges written by calibration_ranges() for this float model and method; calibration is then
+      not run again (`calibration` may be empty). The QDQ model is byte-identical to the one calibrated here.
+    - extra_outputs: activation tensors to expose as additional graph outputs (per-tensor error profiles).
     `output` appears only when it is complete.
     """
     act_name = _choice("activation type", activations, _ACTIVATION_TYPES)
@@ -250,35 +256,28 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
     method_name = _choice("calibration method", method, _METHODS)
     override_names = {t: _choice(f"override type for tensor {t!r}", v, _ACTIVATION_TYPES)
                       for t, v in (overrides or {}).items()}
+    node_override_names = {n: _choice(f"override type for node {n!r}", v, _ACTIVATION_TYPES)
+                           for n, v in (node_overrides or {}).items()}
     calibration = list(calibration)
-    if not calibration:
-        raise ValueError("quantize() needs at least one calibration sample")
+    if not calibration and ranges is None:
+        raise ValueError("quantize() needs at least one calibration sample (or precomputed ranges)")
+    if ranges is not None and not Path(ranges).is_file():
+        raise ValueError(f"calibration ranges {ranges} not found")
 
     import onnx
-    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantType
-    from onnxruntime.quantization import quantize as ort_quantize
-    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
+    from onnxruntime.quantization import CalibrationMethod, QuantType, quantize_static
 
     float_model, output = Path(float_model), Path(output)
-    model = onnx.load(str(float_model))
-    # qnn_preprocess_model crashes on models that carry metadata_props (onnxsim writes some; see
-    # research/models-and-data.md fact 3). So strip them for preprocessing and put them back before quantizing.
-    props = [(p.key, p.value) for p in model.metadata_props]
-    del model.metadata_props[:]
-    original_tensors = _tensor_names(model)
-
     with tempfile.TemporaryDirectory(prefix="ort-qnn-quant-") as tmp:
-        # Pass a path, not the proto: qnn_preprocess_model saves its input with save_as_external_data, which
-        # rewrites the given proto in place to point at a temp folder that is gone afterwards.
-        stripped_path, pre_path = Path(tmp) / "stripped.onnx", Path(tmp) / "preprocessed.onnx"
-        onnx.save(model, str(stripped_path))
-        if qnn_preprocess_model(str(stripped_path), pre_path):
-            model = onnx.load(str(pre_path))
-        if props:
-            kept = {p.key: p.value for p in model.metadata_props}
-            onnx.helper.set_model_props(model, {**dict(props), **kept})
-
+        model, original_tensors = _preprocessed(float_model, Path(tmp))
         activations_known, initializers = _tensor_names(model)
+        producers = {n.name: [o for o in n.output if o] for n in model.graph.node if n.name}
+        for node, qtype in node_override_names.items():
+            if node not in producers:
+                raise ValueError(f"quantization override names unknown node {node!r}: {float_model} (after "
+                                 "qnn_preprocess_model) has no node of that name")
+            for tensor in producers[node]:
+                override_names.setdefault(tensor, qtype)
         for tensor in override_names:
             if tensor in activations_known:
                 continue
@@ -289,44 +288,166 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
                 raise ValueError(f"quantization override names tensor {tensor!r}, which qnn_preprocess_model removed "
                                  f"from {float_model} (it was fused away); override a neighbouring tensor instead")
             raise ValueError(f"quantization override names unknown tensor {tensor!r}: {float_model} has no such tensor")
+        if extra_outputs:
+            _expose(model, [t for t in extra_outputs if t in activations_known])
 
         qnn_input = Path(tmp) / "input.onnx"
         onnx.save(model, str(qnn_input))
-
-        class _Reader(CalibrationDataReader):
-            def __init__(self, samples):
-                self._samples = samples
-                self._next = 0
-
-            def get_next(self):
-                if self._next >= len(self._samples):
-                    return None
-                self._next += 1
-                return self._samples[self._next - 1]
-
-            def rewind(self):
-                self._next = 0
-
-        config = get_qnn_qdq_config(
-            str(qnn_input), _Reader(calibration),
-            calibrate_method=getattr(CalibrationMethod, method_name),
-            activation_type=getattr(QuantType, act_name), weight_type=getattr(QuantType, wgt_name),
-            per_channel=per_channel,
-            init_overrides={t: [{"quant_type": getattr(QuantType, q)}] for t, q in override_names.items()} or None,
-        )
+        reader = _Reader(calibration) if calibration and ranges is None else None
+        config = _qnn_config(str(qnn_input), reader, method_name, activation_type=getattr(QuantType, act_name),
+                             weight_type=getattr(QuantType, wgt_name), per_channel=per_channel,
+                             init_overrides={t: [{"quant_type": getattr(QuantType, q)}]
+                                             for t, q in override_names.items()} or None)
         if config.use_external_data_format:
             # The external data file would be named after the temp file and break on rename.
             raise NotImplementedError(f"{float_model} needs external data (>= 2 GB); not supported by {NAME} quantize")
+        cache = None
+        if ranges is not None:
+            # onnxruntime may rewrite a cache it finds inconsistent: give it a private copy, never our target.
+            cache = Path(tmp) / "ranges.json"
+            shutil.copyfile(ranges, cache)
 
         output.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_out = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp.onnx", dir=output.parent)
         os.close(fd)
         try:
-            ort_quantize(str(qnn_input), tmp_out, config)
+            quantize_static(
+                str(qnn_input), tmp_out, config.calibration_data_reader,
+                calibrate_method=getattr(CalibrationMethod, method_name), quant_format=config.quant_format,
+                activation_type=config.activation_type, weight_type=config.weight_type,
+                op_types_to_quantize=config.op_types_to_quantize, nodes_to_quantize=config.nodes_to_quantize,
+                nodes_to_exclude=config.nodes_to_exclude, per_channel=config.per_channel,
+                reduce_range=config.reduce_range, use_external_data_format=config.use_external_data_format,
+                calibration_providers=config.calibration_providers, extra_options=config.extra_options,
+                calibration_cache_path=str(cache) if cache else None)
             os.replace(tmp_out, output)
         except BaseException:
             _unlink(Path(tmp_out))
             raise
+
+
+def calibration_ranges(float_model: Path, output: Path, calibration: list[dict[str, "np.ndarray"]], *,
+                       method: str = "minmax") -> dict:
+    """Run the calibration pass once and write the tensor ranges (onnxruntime's TensorsData JSON) to `output`.
+
+    The model is prepared exactly as quantize() prepares it, and the tensors and calibrator are the ones
+    quantize_static would use; ranges do not depend on the activation or weight type (measured: the QDQ model from
+    quantize(..., ranges=output) is byte-identical to the one calibrated inline, for u8/u16 activations,
+    u8/i8 weights, overrides, and MinMax/Entropy/Percentile). Returns {"tensors": n, "samples": n}.
+    """
+    method_name = _choice("calibration method", method, _METHODS)
+    calibration = list(calibration)
+    if not calibration:
+        raise ValueError("calibration_ranges() needs at least one calibration sample")
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
+
+    output = Path(output)
+    with tempfile.TemporaryDirectory(prefix="ort-qnn-calib-") as tmp:
+        model, _ = _preprocessed(Path(float_model), Path(tmp))
+        qnn_input = Path(tmp) / "input.onnx"
+        onnx.save(model, str(qnn_input))
+        config = _qnn_config(str(qnn_input), None, method_name)
+        calibrator = create_calibrator(qnn_input, config.op_types_to_quantize,
+                                       augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+                                       calibrate_method=getattr(CalibrationMethod, method_name),
+                                       use_external_data_format=config.use_external_data_format,
+                                       providers=config.calibration_providers)
+        calibrator.collect_data(_Reader(calibration))
+        tensors = calibrator.compute_data()
+        del calibrator
+        output.parent.mkdir(parents=True, exist_ok=True)
+        save_tensors_data(tensors, output)  # writes a temp file beside, then renames
+    return {"tensors": len(list(tensors.keys())), "samples": len(calibration)}
+
+
+class _Reader:
+    """onnxruntime CalibrationDataReader over a list of input dicts (duck-typed: get_next, rewind, len)."""
+
+    def __init__(self, samples):
+        self._samples = samples
+        self._next = 0
+
+    def get_next(self):
+        if self._next >= len(self._samples):
+            return None
+        self._next += 1
+        return self._samples[self._next - 1]
+
+    def rewind(self):
+        self._next = 0
+
+    def __len__(self):
+        return len(self._samples)
+
+    def __iter__(self):
+        return iter(self._samples)
+
+
+def _qnn_config(model_path: str, reader, method_name: str, **kwargs):
+    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+    return get_qnn_qdq_config(model_path, reader, calibrate_method=getattr(CalibrationMethod, method_name), **kwargs)
+
+
+def _preprocessed(float_model: Path, tmp: Path):
+    """(model after qnn_preprocess_model with its metadata back, (activation names, initializer names) before)."""
+    import onnx
+    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
+
+    model = onnx.load(str(float_model))
+    # qnn_preprocess_model crashes on models that carry metadata_props (onnxsim writes some; see
+    # research/models-and-data.md fact 3). So strip them for preprocessing and put them back before quantizing.
+    props = [(p.key, p.value) for p in model.metadata_props]
+    del model.metadata_props[:]
+    original_tensors = _tensor_names(model)
+    # Pass a path, not the proto: qnn_preprocess_model saves its input with save_as_external_data, which
+    # rewrites the given proto in place to point at a temp folder that is gone afterwards.
+    stripped_path, pre_path = tmp / "stripped.onnx", tmp / "preprocessed.onnx"
+    onnx.save(model, str(stripped_path))
+    if qnn_preprocess_model(str(stripped_path), pre_path):
+        model = onnx.load(str(pre_path))
+    if props:
+        kept = {p.key: p.value for p in model.metadata_props}
+        onnx.helper.set_model_props(model, {**dict(props), **kept})
+    return model, original_tensors
+
+
+def _expose(model, tensors: list[str]) -> None:
+    """Add activation tensors as graph outputs (type left to shape inference)."""
+    import onnx
+    have = {o.name for o in model.graph.output}
+    elem = {v.name: v.type.tensor_type.elem_type for v in list(model.graph.value_info) + list(model.graph.output)}
+    for name in tensors:
+        if name not in have:
+            model.graph.output.append(onnx.helper.make_tensor_value_info(name, elem.get(name, onnx.TensorProto.FLOAT),
+                                                                         None))
+
+
+def preprocessed_model(float_model: Path):
+    """The float model as quantize() sees it (after qnn_preprocess_model): tensor names for overrides."""
+    with tempfile.TemporaryDirectory(prefix="ort-qnn-pre-") as tmp:
+        return _preprocessed(Path(float_model), Path(tmp))[0]
+
+
+def emulator_session(model: bytes | Path, *, soc_model: int, vtcm_mb: int = 8, fp16: bool = False):
+    """An onnxruntime session that runs a float or QDQ model on the x86 HTP emulator, compiled in-process for one SoC.
+
+    For tuning loops: no context binary is written. Outputs equal those of the compiled context binary of the same
+    model and SoC run with run_context_binary() (measured: max abs difference 0 on MTCNN O-Net, u8).
+    CPU fallback is refused: every run is on QNNExecutionProvider.
+    """
+    ort = _ort()
+    so = _qnn_session_options(ort, {"backend_type": "htp", "soc_model": str(soc_model), "vtcm_mb": str(vtcm_mb),
+                                    "htp_graph_finalization_optimization_mode": "3",
+                                    "enable_htp_fp16_precision": "1" if fp16 else "0"})
+    data = model if isinstance(model, bytes) else Path(model).read_bytes()
+    session = ort.InferenceSession(data, sess_options=so)
+    session.disable_fallback()
+    if session.get_providers()[0] != _EP:
+        raise RuntimeError(f"the model did not load on {_EP}: providers {session.get_providers()}")
+    return session
 
 
 def _tensor_names(model) -> tuple[set[str], set[str]]:

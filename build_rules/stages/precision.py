@@ -1,0 +1,143 @@
+"""Mixed-precision measurements shared by the sensitivity and tune stages (not a stage itself).
+
+A candidate precision is a set of activation tensors kept at 16 bit, the rest at 8 bit, on top of a variant's
+weights, per-channel and calibration settings. Each candidate is quantized from the shared calibration ranges
+(no calibration pass), compiled in-process for the tuning chip and run on the HTP emulator: the numbers are
+the ones the compiled binary gives (research/ort-qnn.md §4: tune against the emulator, not CPU QDQ).
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from .check import measure, summarize
+from .common import compare, load_evaluation
+
+SIXTEEN = "uint16"
+
+
+def evenly_spaced(count: int, wanted: int) -> list[int]:
+    if wanted >= count:
+        return list(range(count))
+    if wanted <= 1:
+        return [0]
+    return sorted({round(i * (count - 1) / (wanted - 1)) for i in range(wanted)})
+
+
+def meets(target: dict | None, summary: dict) -> bool:
+    if not target:
+        return True
+    value = summary.get(target["metric"])
+    if value is None:
+        raise KeyError(f"target metric {target['metric']!r} was not measured (measured: {', '.join(summary)})")
+    return value >= target["min"] if "min" in target else value <= target["max"]
+
+
+def describe(target: dict) -> str:
+    return f"{target['metric']} {'>=' if 'min' in target else '<='} {target.get('min', target.get('max')):g}"
+
+
+class Candidates:
+    """Quantize + emulate one graph of one variant under different sets of 16-bit activation tensors."""
+
+    def __init__(self, graph: dict, chip: dict, samples: int, hooks: str, data_dir=None):
+        self.graph = graph  # {"name", "onnx", "ranges", "evaluation", "variant": settings_for(graph)}
+        self.chip = chip
+        self.hooks, self.data_dir = hooks, data_dir
+        self.inputs, self.reference = load_evaluation(graph["evaluation"])
+        self.subset = evenly_spaced(len(self.inputs), samples)
+        self.work = Path(tempfile.mkdtemp(prefix=f"tuning-{graph['name']}-"))
+        self.evaluations = 0
+        self.seconds = 0.0
+        self._memo: dict = {}
+        self.score_on_subset = True
+        variant = graph["variant"]
+        # Tensors the variant itself pins to a type keep it; every other tensor is 8 or 16 bit as asked.
+        self.pinned = dict(variant.get("overrides", {}))
+        self.candidates = self._candidates()
+
+    def _candidates(self) -> list[str]:
+        """Activation tensors the quantizer calibrates, except graph inputs (the binary's input format stays)
+        and tensors the variant already pins."""
+        from ..toolchains import ort_qnn
+        model = ort_qnn.preprocessed_model(self.graph["onnx"])
+        ranges = json.loads(Path(self.graph["ranges"]).read_text())
+        calibrated = set((ranges.get("data") or ranges.get("tensors") or {}).keys()) if isinstance(ranges, dict) else set()
+        inputs = {i.name for i in model.graph.input}
+        order = []
+        for node in model.graph.node:
+            for out in node.output:
+                if out and out in calibrated and out not in inputs and out not in self.pinned and out not in order:
+                    order.append(out)
+        return order
+
+    def producers(self) -> dict[str, tuple[str, str]]:
+        """tensor -> (node name, op type)."""
+        from ..toolchains import ort_qnn
+        model = ort_qnn.preprocessed_model(self.graph["onnx"])
+        return {o: (n.name, n.op_type) for n in model.graph.node for o in n.output if o}
+
+    def quantize(self, sixteen, path: Path, extra_outputs=None) -> Path:
+        from ..toolchains import ort_qnn
+        v = self.graph["variant"]
+        overrides = dict(self.pinned)
+        overrides.update({t: SIXTEEN for t in sixteen})
+        ort_qnn.quantize(self.graph["onnx"], path, [], activations="uint8", weights=v["weights"],
+                         per_channel=v["per_channel"], method=v["calibration_method"], overrides=overrides,
+                         node_overrides=v.get("node_overrides"), ranges=self.graph["ranges"],
+                         extra_outputs=extra_outputs)
+        return path
+
+    def run(self, model: Path, indices: list[int]) -> list[dict]:
+        from ..toolchains import ort_qnn
+        session = ort_qnn.emulator_session(model, soc_model=self.chip["soc_id"], vtcm_mb=self.chip["vtcm_mb"])
+        names = [o.name for o in session.get_outputs()]
+        return [dict(zip(names, session.run(names, self.inputs[i]))) for i in indices]
+
+    def measure(self, sixteen, full: bool = False) -> dict:
+        """Summary metrics (cosine, sqnr, max_abs, task metrics) with `sixteen` at 16 bit."""
+        key = (frozenset(sixteen), full)
+        if key in self._memo:
+            return self._memo[key]
+        started = time.perf_counter()
+        indices = list(range(len(self.inputs))) if full else self.subset
+        model = self.quantize(sixteen, self.work / "candidate.onnx")
+        outputs = self.run(model, indices)
+        names = list(self.reference[0])
+        outputs = [{n: o[n] for n in names} for o in outputs]
+        inputs, reference = [self.inputs[i] for i in indices], [self.reference[i] for i in indices]
+        try:
+            metrics = measure(self.hooks, self.graph["name"], self.data_dir, inputs, reference, outputs)
+        except Exception as e:  # a score hook may insist on the whole evaluation set: no task metrics on a subset
+            if full:
+                raise
+            if self.score_on_subset:
+                print(f"score hook on {len(indices)} of {len(self.inputs)} samples failed ({e}): task metrics "
+                      "are measured on the full set only", flush=True)
+            self.score_on_subset = False
+            metrics = {"samples": len(indices), "outputs": compare(reference, outputs)}
+        summary = summarize(metrics)
+        summary["_float_score"] = metrics.get("float_score", {})
+        self.evaluations += 1
+        self.seconds += time.perf_counter() - started
+        self._memo[key] = summary
+        return summary
+
+
+def search(c: "Candidates", target: dict | None) -> bool:
+    """Whether searching for `target` must use the full evaluation set (the subset cannot measure its metric)."""
+    if not target or target["metric"] in ("cosine", "sqnr", "max_abs"):
+        return False
+    return target["metric"] not in c.measure(set()) or not c.score_on_subset
+
+
+def clean(summary: dict) -> dict:
+    """Summary without private keys, JSON-safe (inf -> a large number)."""
+    out = {}
+    for k, v in summary.items():
+        if k.startswith("_"):
+            continue
+        out[k] = 999.0 if v == float("inf") else v
+    return out

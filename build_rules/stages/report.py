@@ -1,0 +1,182 @@
+"""Stage 9 (ort-qnn), report: variants x chips of one model -> out/<model>/report.md, report.png, report.json.
+
+Each cell (graph, variant, chip) shows the context binary's size and compile time (<graph>.compile.json) and its
+metrics against the float model measured on the HTP emulator: cosine, SQNR, max abs and the score hook's task
+metrics, next to the float model's own task metrics. A cell's measurement is read from its check report or
+measurement memo when those were made from the same binary, evaluation set and hooks (digests compared);
+only a cell without one (e.g. its check never ran, or failed its gate) runs on the emulator here. A cell that
+fails its gate is shown as failing, with its numbers, instead of stopping the report.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..files import atomic_write_json, atomic_write_text
+from .check import measurement, measurement_key, summarize
+
+VERSION = 1
+
+
+def _cell_metrics(cell: dict, hooks: str, data_dir) -> tuple[dict, str]:
+    """(metrics, where they came from) for one cell."""
+    key = measurement_key(cell["ctx_model"], cell["evaluation"], hooks, data_dir)
+    try:
+        check = json.loads(Path(cell["check"]).read_text())
+        if check.get("inputs") == key:
+            return {k: v for k, v in check.items() if k in ("samples", "outputs", "score", "float_score")}, "check"
+    except (OSError, ValueError):
+        pass
+    try:
+        remembered = json.loads(Path(cell["memo"]).read_text()).get("key") == key
+    except (OSError, ValueError, AttributeError):
+        remembered = False
+    metrics, _ = measurement(cell["ctx_model"], cell["evaluation"], hooks, cell["graph"], data_dir, cell["memo"])
+    return metrics, "memo" if remembered else "emulator"
+
+
+def _passes(gate: dict | None, summary: dict) -> bool | None:
+    if not gate or gate["metric"] not in summary:
+        return None
+    value = summary[gate["metric"]]
+    return value >= gate["min"] if "min" in gate else value <= gate["max"]
+
+
+def run(params: dict) -> dict:
+    rows = []
+    measured = 0
+    for cell in params["cells"]:
+        compiled = json.loads(Path(cell["compile"]).read_text())
+        metrics, source = _cell_metrics(cell, params["hooks"], params.get("data_dir"))
+        measured += source == "emulator"
+        summary = summarize(metrics)
+        print(f"{cell['variant']}@{cell['chip']} {cell['graph']}: {source}", flush=True)
+        rows.append({"variant": cell["variant"], "chip": cell["chip"], "graph": cell["graph"],
+                     "bytes": compiled["bytes"], "compile_seconds": compiled["seconds"], "samples": metrics["samples"],
+                     "summary": summary, "float_score": metrics.get("float_score", {}), "gate": cell["gate"],
+                     "passed": _passes(cell["gate"], summary), "measured_by": source})
+    evaluations = {}
+    for name, path in params.get("evaluations", {}).items():
+        try:
+            evaluations[name] = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            pass
+    report = {"model": params["model"], "toolchain": params["toolchain"], "variants": params["variants"],
+              "cells": rows, "evaluate": evaluations}
+    atomic_write_json(params["outputs"]["json"], report)
+    atomic_write_text(params["outputs"]["markdown"], markdown(report))
+    plot(report, params["outputs"]["png"])
+    return {"cells": len(rows), "measured": measured}
+
+
+def _fmt(value, digits=4) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        if value == float("inf"):
+            return "inf"
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def _gate_text(row: dict) -> str:
+    if row["passed"] is None:
+        return "–"
+    gate = row["gate"]
+    bound = f">= {gate['min']:g}" if "min" in gate else f"<= {gate['max']:g}"
+    return f"{'pass' if row['passed'] else '**FAIL**'} ({gate['metric']} {bound})"
+
+
+def _task_metrics(row: dict) -> str:
+    parts = []
+    for name, value in row["summary"].items():
+        if name in ("cosine", "sqnr", "max_abs"):
+            continue
+        ref = row["float_score"].get(name)
+        kept = f" ({100 * value / ref:.1f} % of float)" if ref else ""
+        parts.append(f"{name} {value:.4g}{kept}")
+    return ", ".join(parts) or "–"
+
+
+def markdown(report: dict) -> str:
+    rows = report["cells"]
+    graphs = sorted({r["graph"] for r in rows})
+    lines = [f"# {report['model']}: variants x chips", "",
+             f"Measured on the HTP emulator ({report['toolchain'].get('name')} {report['toolchain'].get('build_id', '')}) "
+             "against the float model; sizes are the context binaries. Rebuild with `doit report`.", ""]
+    # Summary: one row per variant and chip, one column per graph (its gate metric, or cosine).
+    header = ["variant", "chip", "size (MB)", "compile (s)"]
+    for g in graphs:
+        gate = next((r["gate"] for r in rows if r["graph"] == g and r["gate"]), None)
+        header.append(f"{g} {gate['metric'] if gate else 'cosine'}")
+    header.append("gates")
+    lines += ["## Summary", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    pairs = []
+    for r in rows:
+        if (r["variant"], r["chip"]) not in pairs:
+            pairs.append((r["variant"], r["chip"]))
+    for variant, chip in pairs:
+        cells = {r["graph"]: r for r in rows if r["variant"] == variant and r["chip"] == chip}
+        size = sum(r["bytes"] for r in cells.values()) / 1e6
+        seconds = sum(r["compile_seconds"] for r in cells.values())
+        values = []
+        for g in graphs:
+            r = cells.get(g)
+            metric = (r["gate"] or {}).get("metric", "cosine") if r else None
+            values.append(_fmt(r["summary"].get(metric)) if r else "–")
+        failed = [g for g, r in cells.items() if r["passed"] is False]
+        lines.append(f"| {variant} | {chip} | {size:.3f} | {seconds:.2f} | " + " | ".join(values)
+                     + f" | {'FAIL: ' + ', '.join(failed) if failed else 'pass'} |")
+    lines += ["", "## Per graph", "",
+              "| variant | chip | graph | size (KB) | compile (s) | cosine | SQNR (dB) | max abs | task metrics | gate |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        s = r["summary"]
+        lines.append(f"| {r['variant']} | {r['chip']} | {r['graph']} | {r['bytes'] / 1e3:.1f} | "
+                     f"{r['compile_seconds']:.2f} | {_fmt(s['cosine'], 6)} | {_fmt(s['sqnr'])} | {_fmt(s['max_abs'])} | "
+                     f"{_task_metrics(r)} | {_gate_text(r)} |")
+    if report.get("evaluate"):
+        lines += ["", "## Model-level evaluation", "", "| variant@chip | metrics |", "|---|---|"]
+        for name, value in report["evaluate"].items():
+            lines.append(f"| {name} | {json.dumps(value.get('summary', value.get('metrics', value)))[:200]} |")
+    lines += ["", "## Variants", ""]
+    for name, settings in report["variants"].items():
+        lines.append(f"- **{name}**: " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in settings.items()
+                                                   if v not in ({}, None)))
+    lines += ["", "![variants x chips](report.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["cells"]
+    graphs = sorted({r["graph"] for r in rows})
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    chips = list(dict.fromkeys(r["chip"] for r in rows))
+    markers = "osD^v<>pP*Xh"
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(1, len(graphs), figsize=(4.2 * len(graphs), 3.8), squeeze=False)
+    for ax, graph in zip(axes[0], graphs):
+        for r in (r for r in rows if r["graph"] == graph):
+            sqnr = r["summary"]["sqnr"]
+            y = min(sqnr, 80.0) if sqnr == sqnr else 0.0  # fp16 can be near-lossless: clip inf for the axis
+            ax.scatter(r["bytes"] / 1e3, y, color=colors[variants.index(r["variant"]) % len(colors)],
+                       marker=markers[chips.index(r["chip"]) % len(markers)],
+                       edgecolors="red" if r["passed"] is False else "none", linewidths=1.5, s=40)
+        ax.set_title(graph)
+        ax.set_xlabel("context binary (KB)")
+        ax.set_ylabel("SQNR vs float (dB, worst output)")
+        ax.grid(True, alpha=0.3)
+    handles = [plt.Line2D([], [], color=colors[i % len(colors)], marker="o", linestyle="", label=v)
+               for i, v in enumerate(variants)]
+    handles += [plt.Line2D([], [], color="grey", marker=markers[i % len(markers)], linestyle="", label=c)
+                for i, c in enumerate(chips)]
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize="small")
+    fig.suptitle(f"{report['model']}: size vs accuracy on the HTP emulator (red edge: gate failed)")
+    fig.tight_layout(rect=(0, 0.1, 1, 0.95))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)

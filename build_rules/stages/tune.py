@@ -1,0 +1,133 @@
+"""Tune (ort-qnn, `doit tune:<model>/<variant>`): the cheapest mixed precision that meets each graph's target.
+
+Cheapest = fewest activation tensors at 16 bit (the rest 8 bit; the variant's weights, per-channel and calibration
+stay). Per graph, on the HTP emulator for the tuning chip:
+1. the variant with every candidate at 8 bit, on the full evaluation set: if it meets the target, no tensor is needed;
+2. every candidate at 16 bit: if even that misses the target, the stage fails (activations alone cannot get there);
+3. backward elimination in the order of the sensitivity ranking (the sensitivity task's result when it is current,
+   else measured here: cost only), least costly first: a tensor goes back to 8 bit
+   when the target still holds without it (on the evenly spaced tuning samples); every step is measured, so
+   interactions between tensors are accounted for, unlike a cut of the ranking;
+4. the result on the full evaluation set; while it misses, the most sensitive removed tensor comes back.
+Writes <variant>.tuned.toml (a [variants.<name>] section, with the measured numbers as comments, for the user to
+keep: `python -m build_rules.tuning apply ...`) and <variant>.tuned.json.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+
+from ..errors import BuildError
+from ..files import atomic_write_json, atomic_write_text
+from .precision import Candidates, clean, describe, meets
+from .precision import search as search_full
+from .sensitivity import ranking as sensitivity_ranking
+
+VERSION = 1
+
+
+def run(params: dict) -> dict:
+    started = time.perf_counter()
+    results = {}
+    for graph in params["graphs"]:
+        results[graph["name"]] = _tune_graph(graph, params)
+    tuned = {"model": params["model"], "variant": params["variant"], "name": params["new_name"],
+             "chip": params["chip"], "model_toml": params["model_toml"], "graphs": results,
+             "seconds": round(time.perf_counter() - started, 1)}
+    atomic_write_json(params["outputs"]["json"], tuned)
+    atomic_write_text(params["outputs"]["toml"], toml_section(tuned, params))
+    return {g: len(r["sixteen_bit"]) for g, r in results.items()}
+
+
+def _tune_graph(graph: dict, params: dict) -> dict:
+    name, target = graph["name"], graph["target"]
+    if not target:
+        print(f"{name}: no target (no gate and no [tuning] target): left as it is", flush=True)
+        return {"target": None, "sixteen_bit": [], "note": "no target"}
+    c = Candidates(graph, params["chip"], params["samples"], params["hooks"], params.get("data_dir"))
+    base = c.measure(set(), full=True)
+    result = {"target": target, "candidates": len(c.candidates), "base": clean(base),
+              "float_score": base.get("_float_score", {})}
+    print(f"{name}: target {describe(target)}; {params['variant']}: {_value(target, base)}", flush=True)
+    if meets(target, base):
+        result.update(sixteen_bit=[], tuned=clean(base), note="the variant already meets the target")
+        return _done(result, c)
+    ranking, source = sensitivity_ranking(c, params["hooks"], graph.get("sensitivity"))
+    result["ranking"] = source
+    print(f"{name}: ranking from {source}", flush=True)
+    everything = set(ranking)
+    top = c.measure(everything, full=True)
+    result["all_16bit"] = clean(top)
+    print(f"{name}: all {len(ranking)} candidates at 16 bit: {_value(target, top)}", flush=True)
+    if not meets(target, top):
+        raise BuildError(f"{params['name']}: {name}: even with all {len(ranking)} activation tensors at 16 bit, "
+                         f"{_value(target, top)} misses the target {describe(target)} on {params['chip']['name']}; "
+                         "relax the target, or change weights / per_channel / calibration of the variant")
+    kept = set(ranking)
+    removed = []
+    full = search_full(c, target)
+    for tensor in reversed(ranking):  # least costly first
+        trial = kept - {tensor}
+        summary = c.measure(trial, full=full)
+        if meets(target, summary):
+            kept = trial
+            removed.append(tensor)
+        print(f"  {tensor}: {'8 bit' if kept == trial else 'stays 16 bit'} ({_value(target, summary)} "
+              f"on {len(c.inputs) if full else len(c.subset)} samples)", flush=True)
+    final = c.measure(kept, full=True)
+    for tensor in [t for t in ranking if t in removed]:  # most sensitive first
+        if meets(target, final):
+            break
+        kept.add(tensor)
+        final = c.measure(kept, full=True)
+        print(f"  full set misses: {tensor} back to 16 bit -> {_value(target, final)}", flush=True)
+    if not meets(target, final):
+        raise BuildError(f"{params['name']}: {name}: no mixed precision met {describe(target)} on the full set")
+    result.update(sixteen_bit=[t for t in ranking if t in kept], tuned=clean(final))
+    print(f"{name}: {len(kept)} of {len(ranking)} tensors at 16 bit: {_value(target, final)}", flush=True)
+    return _done(result, c)
+
+
+def _done(result: dict, c: Candidates) -> dict:
+    result.update(evaluations=c.evaluations, emulator_seconds=round(c.seconds, 1), samples=len(c.subset),
+                  full_samples=len(c.inputs))
+    return result
+
+
+def _value(target: dict, summary: dict) -> str:
+    return f"{target['metric']} = {summary[target['metric']]:.5g}"
+
+
+def _key(name: str) -> str:
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else _toml_string(name)
+
+
+def _toml_string(text: str) -> str:
+    return json.dumps(text)  # a JSON string is a valid TOML basic string
+
+
+def toml_section(tuned: dict, params: dict) -> str:
+    name, base, chip = tuned["name"], tuned["variant"], tuned["chip"]
+    lines = [f"# Found by `doit tune:{tuned['model']}/{base}`: the fewest 16-bit activation tensors that meet each",
+             f"# graph's target on the HTP emulator ({chip['name']}, soc {chip['soc_id']}), full evaluation set.",
+             "# Other chips can differ slightly: the gate still checks every chip when you build it."]
+    for graph, r in tuned["graphs"].items():
+        if not r.get("target"):
+            lines.append(f"#   {graph}: no target, unchanged")
+            continue
+        metric = r["target"]["metric"]
+        line = f"#   {graph}: target {describe(r['target'])}: {base} {r['base'][metric]:.5g}"
+        if r["sixteen_bit"] or "all_16bit" in r:
+            line += (f" -> {r['tuned'][metric]:.5g} with {len(r['sixteen_bit'])} of {r['candidates']} "
+                     f"activation tensors at 16 bit (all at 16 bit: {r['all_16bit'][metric]:.5g})")
+        else:
+            line += " (already meets it)"
+        lines.append(line)
+    lines += [f"# Keep it: python -m build_rules.tuning apply {params['final_outputs']['toml']}", "",
+              f"[variants.{_key(name)}]", f"inherits = {_toml_string(base)}", 'activations = "uint8"', ""]
+    for graph, r in tuned["graphs"].items():
+        if r["sixteen_bit"]:
+            pairs = ", ".join(f"{_toml_string(t)} = \"uint16\"" for t in r["sixteen_bit"])
+            lines += [f"[variants.{_key(name)}.graphs.{_key(graph)}]", f"overrides = {{ {pairs} }}", ""]
+    return "\n".join(lines)

@@ -1,0 +1,79 @@
+"""Keep a variant found by `doit tune:<model>/<variant>`: append its section to the model's model.toml.
+
+    python -m build_rules.tuning apply out/mtcnn/tuning/w8a8.tuned.toml [--name NAME] [--to models/mtcnn/model.toml]
+
+Why a command and not the tune task itself: model.toml is an input of every task (a task that rewrote it would
+make its own build stale and write outside out/), and a person should look at the measured numbers before a
+variant joins the build. The section is appended as it was written (with its comments), under a new name if
+--name is given; the result is loaded once as the build would load it, and model.toml is left unchanged
+when that fails (e.g. the name is taken).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from .config import ConfigError, load_chips, load_model
+from .files import atomic_write_text
+
+
+def apply(tuned_toml: Path, model_toml: Path | None = None, name: str | None = None,
+          chips_toml: Path = Path("chips.toml")) -> str:
+    """Append the tuned section to model.toml; returns the variant name."""
+    tuned_toml = Path(tuned_toml)
+    text = tuned_toml.read_text()
+    found = re.search(r"^\[variants\.(\"[^\"]+\"|[A-Za-z0-9_.-]+?)\]\s*$", text, re.M)
+    if not found:
+        raise ConfigError(f"{tuned_toml}: no [variants.<name>] section")
+    old = found.group(1)
+    old_name = json.loads(old) if old.startswith('"') else old
+    if model_toml is None:
+        info = tuned_toml.with_name(tuned_toml.name.replace(".tuned.toml", ".tuned.json"))
+        try:
+            model_toml = Path(json.loads(info.read_text())["model_toml"])
+        except (OSError, ValueError, KeyError):
+            raise ConfigError(f"{tuned_toml}: cannot tell which model.toml it belongs to; pass --to") from None
+    model_toml = Path(model_toml)
+    new_name = name or old_name
+    if new_name != old_name:
+        quoted = new_name if re.fullmatch(r"[A-Za-z0-9_-]+", new_name) else json.dumps(new_name)
+        text = text.replace(f"[variants.{old}]", f"[variants.{quoted}]").replace(f"[variants.{old}.",
+                                                                                 f"[variants.{quoted}.")
+    original = model_toml.read_text()
+    from .config import read_toml
+    if new_name in read_toml(model_toml).get("variants", {}):
+        raise ConfigError(f"{model_toml} already has a variant {new_name!r}; choose another with --name")
+    atomic_write_text(model_toml, original.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n")
+    try:
+        model = load_model(model_toml.parent, load_chips(chips_toml))
+        if new_name not in model.variants:
+            raise ConfigError(f"{model_toml}: variant {new_name!r} did not load")
+    except Exception:
+        atomic_write_text(model_toml, original)
+        raise
+    return new_name
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m build_rules.tuning", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    a = sub.add_parser("apply", help="append a tuned variant to model.toml")
+    a.add_argument("tuned_toml")
+    a.add_argument("--to", help="model.toml (default: the one the tune task read)")
+    a.add_argument("--name", help="variant name (default: the one in the file)")
+    a.add_argument("--chips", default="chips.toml")
+    args = parser.parse_args(argv)
+    try:
+        name = apply(Path(args.tuned_toml), Path(args.to) if args.to else None, args.name, Path(args.chips))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    print(f"added [variants.{name}]; build it with: doit (or doit compile, doit report)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
