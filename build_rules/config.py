@@ -39,10 +39,6 @@ class Chip:
     vtcm_mb: int
     fp16: bool
 
-    @property
-    def arch_number(self) -> int:
-        return int(self.dsp_arch[1:])
-
 
 @dataclass(frozen=True)
 class ChipTable:
@@ -73,12 +69,6 @@ class Threshold:
     bound: float
     higher_is_better: bool
     relative: bool = False
-
-    def passes(self, value: float) -> bool:
-        return value >= self.bound if self.higher_is_better else value <= self.bound
-
-    def describe(self) -> str:
-        return f"{self.metric} {'>=' if self.higher_is_better else '<='} {self.bound:g}"
 
     def as_dict(self) -> dict:
         if self.relative:
