@@ -69,6 +69,7 @@ class Project:
 
 @functools.cache
 def project() -> Project:
+    _python_files.cache_clear()  # a new load may be another repo or another file set (in-process runs)
     root = Path(".")  # doit runs in the dodo file's folder; relative paths keep messages and keys short
     chips = load_chips(root / "chips.toml")
     models = load_models(root / "models", chips)
@@ -224,7 +225,13 @@ def _float_model(model: Model, graph: Graph, variant: Variant) -> str:
 
 def _hook_files(model: Model) -> list[str]:
     """The hooks file and every Python file beside it (hooks often import helpers by path)."""
-    return sorted({_rel(model.hooks), *(_rel(p) for p in model.folder.glob("*.py"))})
+    return list(_python_files(model.folder, model.hooks))
+
+
+@functools.cache
+def _python_files(folder: Path, hooks: Path) -> tuple[str, ...]:
+    # Asked once per task on every doit load: list the folder once per process.
+    return tuple(sorted({_rel(hooks), *(_rel(p) for p in folder.glob("*.py"))}))
 
 
 def _data(model: Model) -> tuple[dict, list[str]]:
