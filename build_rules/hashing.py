@@ -8,6 +8,7 @@ remembers the digest of the current stat: such a file is read once, then never a
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import threading
@@ -126,9 +127,20 @@ class TaskKey:
     catches one edited or truncated by hand (read again only when its stat changed).
     """
 
-    def __init__(self, key: dict):
-        self.key = key
-        self.digest = text_digest(json.dumps(key, sort_keys=True))
+    def __init__(self, key):
+        # key: the dict, or a function that makes it. Made and hashed when first asked for: `doit list`
+        # never asks, a no-op build asks for the uptodate key only (not the build cache's).
+        self._make = key if callable(key) else None
+        if self._make is None:
+            self.key = key
+
+    @functools.cached_property
+    def key(self) -> dict:
+        return self._make()
+
+    @functools.cached_property
+    def digest(self) -> str:
+        return text_digest(json.dumps(self.key, sort_keys=True))
 
     def configure_task(self, task):
         def save():

@@ -25,6 +25,7 @@ class JournalDB:
         self.journal_path = f"{name}.journal"
         os.makedirs(os.path.dirname(os.path.abspath(name)), exist_ok=True)
         self._lock = _acquire(f"{name}.lock")
+        self._dirty = False  # a no-op build leaves the snapshot alone (rewriting it is ~3 ms)
         self._db = self._load()
         self._journal = open(self.journal_path, "a", encoding="utf-8")
 
@@ -45,9 +46,11 @@ class JournalDB:
                     except ValueError:
                         break  # the line a kill cut short: everything before it is whole
                     _apply(db, op, self.codec)
+                    self._dirty = True
         return db
 
     def _log(self, op: list) -> None:
+        self._dirty = True
         self._journal.write(json.dumps(op) + "\n")
         self._journal.flush()  # in the OS now: a kill -9 of this process cannot lose it
 
@@ -71,10 +74,12 @@ class JournalDB:
         self._log(["remove_all"])
 
     def dump(self):
-        atomic_write_text(self.name, self.codec.encode(self._db))
-        self._journal.close()
-        open(self.journal_path, "w").close()  # folded into the snapshot (replaying it again is harmless)
-        self._journal = open(self.journal_path, "a", encoding="utf-8")
+        if self._dirty:
+            atomic_write_text(self.name, self.codec.encode(self._db))
+            self._journal.close()
+            open(self.journal_path, "w").close()  # folded into the snapshot (replaying it again is harmless)
+            self._journal = open(self.journal_path, "a", encoding="utf-8")
+            self._dirty = False
         _release(self._lock)
 
 

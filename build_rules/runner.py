@@ -28,15 +28,15 @@ CACHE_HITS: list[str] = []
 
 
 def run_stage(stage: str, params: dict, targets: list[str], log: str, publish_dirs: tuple = (),
-              cache_key: str | None = None, file_dep: tuple = (), relocatable: bool = False):
+              cache_key=None, file_dep: tuple = (), relocatable: bool = False):
     """doit action: run build_rules.stages.<stage>.run(params) in a subprocess.
 
     params["outputs"] maps names to target paths; the stage sees them rewritten into its staging
     folder (params["final_outputs"] keeps the real ones, for files that name other files).
     publish_dirs: folders whose files are not known in advance (a data hook's output): the staged
     folder replaces the old one as a whole.
-    cache_key: the task key's digest; with the content digests of file_dep it names the outputs in the
-    build cache (build_rules/cache.py): on a hit they are copied into place and the stage does not run.
+    cache_key: the task key (hashing.TaskKey, or its digest); with the content digests of file_dep it
+    names the outputs in the build cache (build_rules/cache.py): on a hit they are copied into place and the stage does not run.
     relocatable: the key holds no paths; an entry made for other target paths with the same file names serves.
     """
     store, entry = None, None
@@ -45,7 +45,8 @@ def run_stage(stage: str, params: dict, targets: list[str], log: str, publish_di
         store = cache.open_cache()
         if store is not None:
             from .hashing import stat_cache
-            entry = cache.entry_key(cache_key, [stat_cache().digest(f, os.stat(f)) for f in file_dep])
+            digest = cache_key if isinstance(cache_key, str) else cache_key.digest
+            entry = cache.entry_key(digest, [stat_cache().digest(f, os.stat(f)) for f in file_dep])
             values = store.restore(entry, targets, log, relocatable)
             if values is not None:
                 CACHE_HITS.append(params.get("name", stage))

@@ -1,7 +1,17 @@
-"""doit's console output plus a short summary at the end: what ran, what was built, what was skipped."""
+"""doit's console output plus a short summary at the end: what ran, what was built, what was skipped.
+
+Every task that runs also gets a line in out/.build-state/build.log (like ninja's .ninja_log): start
+time, seconds, how it ended and its name, tab-separated, appended build after build. It says where a
+build's time went: `python -m build_rules.summary` prints the seconds per stage of the last build that ran
+something.
+"""
 from __future__ import annotations
 
 import json
+import os
+import sys
+import time
+from collections import defaultdict
 from pathlib import Path
 
 from doit.reporter import ConsoleReporter
@@ -16,10 +26,35 @@ class SummaryReporter(ConsoleReporter):
         self.up_to_date = 0
         from .runner import CACHE_HITS
         self.hits_before = len(CACHE_HITS)  # tests run several builds in one process
+        self.started: dict[str, float] = {}
+        self.logged = False
+
+    def execute_task(self, task):
+        super().execute_task(task)
+        self.started[task.name] = time.time()
 
     def add_success(self, task):
         if task.actions:
             self.ran.append(task)
+            from .runner import CACHE_HITS
+            self._log(task, "restored" if task.name in CACHE_HITS[self.hits_before:] else "ran")
+
+    def add_failure(self, task, fail):
+        super().add_failure(task, fail)
+        self._log(task, "failed")
+
+    def _log(self, task, how: str) -> None:
+        start = self.started.pop(task.name, None)
+        if start is None:
+            return
+        try:
+            with open(BUILD_LOG, "a", encoding="utf-8") as f:
+                if not self.logged:  # one header line per build that ran something: "the last build" starts there
+                    f.write(f"# build {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}\n")
+                    self.logged = True
+                f.write(f"{start:.3f}\t{time.time() - start:.3f}\t{how}\t{task.name}\n")
+        except OSError:
+            pass  # the log is for people; a full disk fails the build elsewhere, with its own message
 
     def skip_uptodate(self, task):
         super().skip_uptodate(task)
@@ -45,6 +80,49 @@ class SummaryReporter(ConsoleReporter):
             self.write(f"  note: {note}\n")
 
 
+BUILD_LOG = "out/.build-state/build.log"
+
+
+def read_build_log(path: str = BUILD_LOG, last_build: bool = False) -> list[tuple[float, float, str, str]]:
+    """(start, seconds, how, task) of every task line, or of the last build's; a torn last line (a
+    killed build) is skipped."""
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("#"):
+                    if last_build:
+                        rows = []
+                    continue
+                parts = line.rstrip("\n").split("\t")
+                try:
+                    rows.append((float(parts[0]), float(parts[1]), parts[2], parts[3]))
+                except (ValueError, IndexError):
+                    continue
+    except FileNotFoundError:
+        pass
+    return rows
+
+
+def seconds_per_stage(rows) -> dict[str, tuple[int, float]]:
+    """stage -> (tasks, seconds)."""
+    totals: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    for _, seconds, _, task in rows:
+        total = totals[task.split(":", 1)[0]]
+        total[0] += 1
+        total[1] += seconds
+    return {stage: (n, s) for stage, (n, s) in totals.items()}
+
+
+def _print_last_build(path: str = BUILD_LOG) -> None:
+    rows = read_build_log(path, last_build=True)
+    if not rows:
+        sys.exit(f"{path}: no build recorded yet")
+    print("| stage | tasks | seconds |\n|---|---|---|")
+    for stage, (n, seconds) in sorted(seconds_per_stage(rows).items(), key=lambda kv: -kv[1][1]):
+        print(f"| {stage} | {n} | {seconds:.1f} |")
+
+
 def _describe(manifest_path: str) -> str:
     try:
         manifest = json.loads(Path(manifest_path).read_text())
@@ -65,3 +143,7 @@ def _describe(manifest_path: str) -> str:
         metric = evaluation["gate"]["metric"]
         parts.append(f"model {metric} {evaluation['metrics'].get(metric, float('nan')):.4g}")
     return f"{Path(manifest_path).parent}: " + ", ".join(parts)
+
+
+if __name__ == "__main__":
+    _print_last_build(sys.argv[1] if len(sys.argv) > 1 else BUILD_LOG)

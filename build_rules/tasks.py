@@ -41,19 +41,28 @@ STAGE_TOOLS = {
 SDK_STAGES = ("compile", "check", "evaluate", "package", "report", "sensitivity", "tune")
 STATE_DIR = f"{layout.OUT}/.build-state"
 
-# What dodo.py imports: every stage and group generator, plus the doit configuration.
+# What dodo.py imports: every stage and group generator in pipeline order (the order of `doit list`), plus
+# the doit configuration.
 __all__ = ["doit_config", "task_data", "task_export", "task_simplify", "task_verify", "task_calibrate",
-           "task_quantize", "task_convert", "task_model_libs", "task_htp_config", "task_compile", "task_check",
-           "task_evaluate", "task_package", "task_chips", "task_models",
-           "task_calibration_stats", "task_report", "task_sensitivity", "task_tune"]
+           "task_calibration_stats", "task_quantize", "task_convert", "task_model_libs", "task_htp_config",
+           "task_compile", "task_check", "task_evaluate", "task_package", "task_report", "task_sensitivity",
+           "task_tune", "task_chips", "task_models"]
 
 
 @functools.cache
 def tool_version(package: str) -> str | None:
+    # importlib.metadata.version() parses the whole METADATA file with the email parser (~1.5 ms a
+    # package, on every doit load); the version is in its first lines.
     try:
-        return importlib.metadata.version(package)
+        dist = importlib.metadata.distribution(package)
     except importlib.metadata.PackageNotFoundError:
         return None
+    for line in (dist.read_text("METADATA") or dist.read_text("PKG-INFO") or "").splitlines():
+        if line.startswith("Version:"):
+            return line[len("Version:"):].strip()
+        if not line:
+            break
+    return dist.version
 
 
 @dataclass(frozen=True)
@@ -92,12 +101,17 @@ def _check_names(models: list[Model], chips: ChipTable) -> None:
                                   "out/<model>/); choose another variant name")
 
 
-def _key(stage: str, params: dict) -> TaskKey:
-    key = {"stage": stage, "version": STAGE_VERSIONS[stage], "params": params,
+def _key(stage: str, params) -> TaskKey:
+    """params: a dict, or a function making it (the key is made only when doit or the cache asks)."""
+    return TaskKey(functools.partial(_key_dict, stage, params))
+
+
+def _key_dict(stage: str, params) -> dict:
+    key = {"stage": stage, "version": STAGE_VERSIONS[stage], "params": params() if callable(params) else params,
            "tools": {t: tool_version(t) for t in STAGE_TOOLS[stage]}}
     if stage in SDK_STAGES:
         key["toolchain"] = project().toolchain
-    return TaskKey(key)
+    return key
 
 
 def _stage_task(stage: str, name: str, params: dict, file_dep: list, targets: list[str], log: str,
@@ -107,9 +121,9 @@ def _stage_task(stage: str, name: str, params: dict, file_dep: list, targets: li
     params = dict(params, name=f"{stage}:{name}")
     key = _key(key_stage or stage, params)
     file_dep = [str(p) for p in file_dep]
-    cache = {"cache_key": key.digest, "file_dep": file_dep}
+    cache = {"cache_key": key, "file_dep": file_dep}
     if stage in RELOCATABLE_STAGES:
-        cache = {"cache_key": _key(key_stage or stage, _relocatable(params, file_dep, targets)).digest,
+        cache = {"cache_key": _key(key_stage or stage, functools.partial(_relocatable, params, file_dep, targets)),
                  "file_dep": file_dep, "relocatable": True}
     task = {
         "name": name,
@@ -242,9 +256,17 @@ def _data(model: Model) -> tuple[dict, list[str]]:
 
 
 # --- stages -------------------------------------------------------------------------------------
+# Each stage is a doit creator task_<stage> (its doc is the `doit list` line) and the generator of its task
+# dicts, _<stage>_tasks. The creators are three lines on purpose: doit's loader reads every creator's source
+# on each load to sort them by line (inspect.getsourcelines tokenizes the whole function: ~0.5 ms for a
+# generator body, a tenth of a no-op build when it was 19 of them).
 
 def task_data():
     """0 data: the model's prepare_data hook makes its real inputs (e.g. speech clips) -> data/"""
+    return _data_tasks()
+
+
+def _data_tasks():
     for model in project().models:
         if model.data is None:
             continue
@@ -260,6 +282,10 @@ def task_data():
 
 def task_export():
     """1 export: checkpoint + build hook -> ONNX (static shapes, int32, batch 1)"""
+    return _export_tasks()
+
+
+def _export_tasks():
     for model, graph in _graphs():
         if model.onnx:
             continue  # ONNX-file models enter at simplify
@@ -274,6 +300,10 @@ def task_export():
 
 def task_simplify():
     """2 simplify: onnxsim, then check static shapes and no int64 on graph I/O; I/O summary + op inventory"""
+    return _simplify_tasks()
+
+
+def _simplify_tasks():
     for model, graph in _graphs():
         source = _source_onnx(model, graph)
         outputs = {"onnx": layout.float_file(model.name, graph.name, ".sim.onnx"),
@@ -285,6 +315,10 @@ def task_simplify():
 
 def task_verify():
     """3 verify: ONNX Runtime CPU vs PyTorch on real inputs, within the model's tolerance"""
+    return _verify_tasks()
+
+
+def _verify_tasks():
     for model, graph in _graphs():
         sim = layout.float_file(model.name, graph.name, ".sim.onnx")
         checkpoints = [] if model.onnx else [_rel(p) for p in model.checkpoint_paths(graph)]
@@ -309,6 +343,10 @@ def _calibration_files(model: Model, graph: Graph, count: int) -> list[str]:
 
 def task_calibrate():
     """4 calibrate: real calibration inputs -> raw files + input_list.txt (QNN format, shared by variants)"""
+    return _calibrate_tasks()
+
+
+def _calibrate_tasks():
     for model, graph in _graphs():
         if not _quantized_variants(model):
             continue
@@ -332,6 +370,10 @@ def _ranges(model: Model, graph: Graph, variant: Variant) -> str:
 
 def task_calibration_stats():
     """4b calibration stats: tensor ranges per float model, method and sample count (ort-qnn; shared by variants)"""
+    return _calibration_stats_tasks()
+
+
+def _calibration_stats_tasks():
     if project().toolchain["name"] != "ort-qnn":
         return  # qairt calibrates inside qnn-onnx-converter
     for model, graph in _graphs():
@@ -351,9 +393,13 @@ def task_calibration_stats():
                               f"{layout.calibration_dir(model.name, graph.name)}.{method}-{samples}.stats.log")
 
 
-@_toolchain_stage("quantize")
 def task_quantize():
     """5 quantize: QDQ model per precision variant from the shared calibration ranges (fp16 variants skip this)"""
+    return _quantize_tasks()
+
+
+@_toolchain_stage("quantize")
+def _quantize_tasks():
     for model, graph in _graphs():
         for variant in _quantized_variants(model):
             sim = layout.float_file(model.name, graph.name, ".sim.onnx")
@@ -370,24 +416,43 @@ def _chip_params(chip: Chip) -> dict:
     return {"name": chip.name, "soc_id": chip.soc_id, "dsp_arch": chip.dsp_arch, "vtcm_mb": chip.vtcm_mb}
 
 
-@_toolchain_stage("convert")
 def task_convert():
     """5 convert (qairt): qnn-onnx-converter per graph and variant -> <graph>.cpp, .bin, _net.json"""
+    return _convert_tasks()
+
+
+@_toolchain_stage("convert")
+def _convert_tasks():
+    return None  # only qairt has this stage
+
+
+def task_model_libs():
+    """5 model libs (qairt): qnn-model-lib-generator -> model_libs/<target>/lib<graph>.so"""
+    return _model_libs_tasks()
 
 
 @_toolchain_stage("model_libs")
-def task_model_libs():
-    """5 model libs (qairt): qnn-model-lib-generator -> model_libs/<target>/lib<graph>.so"""
+def _model_libs_tasks():
+    return None  # only qairt has this stage
+
+
+def task_htp_config():
+    """6 HTP config (qairt): htp_backend_extensions.json + htp_config.json per graph and chip"""
+    return _htp_config_tasks()
 
 
 @_toolchain_stage("htp_config")
-def task_htp_config():
-    """6 HTP config (qairt): htp_backend_extensions.json + htp_config.json per graph and chip"""
+def _htp_config_tasks():
+    return None  # only qairt has this stage
+
+
+def task_compile():
+    """6 compile: one QNN HTP context binary per graph, variant and chip"""
+    return _compile_tasks()
 
 
 @_toolchain_stage("compile")
-def task_compile():
-    """6 compile: one QNN HTP context binary per graph, variant and chip"""
+def _compile_tasks():
     for model in project().models:
         for variant, chip in _variant_builds(model):
             for graph in model.graphs.values():
@@ -402,9 +467,13 @@ def task_compile():
                                   layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.compile.log"))
 
 
-@_toolchain_stage("check")
 def task_check():
     """7 check: run each binary on the HTP emulator vs the float model; fail below the graph's gate"""
+    return _check_tasks()
+
+
+@_toolchain_stage("check")
+def _check_tasks():
     for model in project().models:
         for variant, chip in _variant_builds(model):
             for graph in model.graphs.values():
@@ -430,6 +499,10 @@ def _evaluate_params(model: Model, graphs: dict, on: str, report: str) -> tuple[
 
 def task_evaluate():
     """7b evaluate: the model's evaluate hook over all graphs (e.g. WER): float on CPU, each binary on the emulator"""
+    return _evaluate_tasks()
+
+
+def _evaluate_tasks():
     if project().toolchain["name"] != "ort-qnn":
         return  # the emulator runner is onnxruntime-qnn's; qairt checks per graph only
     for model in project().models:
@@ -457,9 +530,13 @@ def _package(params: dict):
     return package.run(params)
 
 
-@_toolchain_stage("package")
 def task_package():
     """8 package: manifest.json per model, variant and chip (SDK identity, hashes, metrics)"""
+    return _package_tasks()
+
+
+@_toolchain_stage("package")
+def _package_tasks():
     for model in project().models:
         for variant, chip in _variant_builds(model):
             graphs = {g: {"binary": layout.chip_file(model.name, variant.name, chip.name, f"{g}.bin"),
@@ -492,6 +569,10 @@ def task_package():
 
 def task_report():
     """9 report: variants x chips per model (size, compile time, emulator metrics) -> out/<model>/report.md + .png"""
+    return _report_tasks()
+
+
+def _report_tasks():
     if project().toolchain["name"] != "ort-qnn":
         return  # reads <graph>.compile.json and measures with the emulator runner of onnxruntime-qnn
     for model in project().models:
@@ -537,6 +618,10 @@ def _tuning_deps(g: dict) -> list[str]:
 
 def task_sensitivity():
     """10 sensitivity: rank each graph's activation tensors by what 8 bit costs (HTP emulator) -> table + plot"""
+    return _sensitivity_tasks()
+
+
+def _sensitivity_tasks():
     if project().toolchain["name"] != "ort-qnn":
         return
     for model, graph in _graphs():
@@ -555,6 +640,10 @@ def task_sensitivity():
 
 def task_tune():
     """11 tune: fewest 16-bit tensors meeting each graph's target -> out/<model>/tuning/<variant>.tuned.toml"""
+    return _tune_tasks()
+
+
+def _tune_tasks():
     if project().toolchain["name"] != "ort-qnn":
         return
     for model in project().models:
@@ -589,6 +678,10 @@ def task_tune():
 
 def task_chips():
     """Per-chip groups: `doit SM8750` builds every model for that chip only"""
+    return _chips_tasks()
+
+
+def _chips_tasks():
     for chip in project().chips.chips.values():
         packages = [f"package:{model.name}/{variant.name}@{chip.name}" for model in project().models
                     for variant, c in _variant_builds(model) if c.name == chip.name]
@@ -600,6 +693,10 @@ def task_chips():
 
 def task_models():
     """Per-model groups: `doit mtcnn` builds that model for all its chips"""
+    return _models_tasks()
+
+
+def _models_tasks():
     for model in project().models:
         packages = [f"package:{model.name}/{variant.name}@{chip.name}" for variant, chip in _variant_builds(model)]
         yield {"basename": model.name, "actions": None, "task_dep": packages, "uptodate": [True],
@@ -643,3 +740,4 @@ def doit_config() -> dict:
         "verbosity": 0,
         "sort": "definition",  # `doit list` in pipeline order
     }
+

@@ -29,6 +29,36 @@ def test_second_run_runs_nothing(tinynet_repo):
     assert "summary: 0 task(s) ran, 32 up to date" in result.output
 
 
+def test_a_no_op_build_writes_no_state(tinynet_repo):
+    state = tinynet_repo / "out/.build-state"
+    run_doit(tinynet_repo)  # settles the stat cache after the copy (new inodes)
+    def stamps():  # the lock file is left out: it records which doit holds the repo
+        return {p.name: p.stat().st_mtime_ns for p in state.iterdir() if p.suffix != ".lock"}
+    before = stamps()
+    assert {"doit.json", "stat-cache.json", "build.log"} <= set(before)
+    assert run_doit(tinynet_repo).ran == set()
+    assert stamps() == before
+
+
+def test_the_build_log_says_what_ran_and_how_long(tinynet_repo):
+    from build_rules.summary import read_build_log, seconds_per_stage
+    log = tinynet_repo / "out/.build-state/build.log"
+    import torch
+    checkpoint = tinynet_repo / "models/tinynet/head.pt"
+    state = torch.load(checkpoint, weights_only=True)
+    name = next(iter(state))
+    state[name] = state[name] + 0.01
+    torch.save(state, checkpoint)
+    ran = run_doit(tinynet_repo).ran
+    rows = read_build_log(str(log), last_build=True)
+    assert {task for _, _, _, task in rows} == ran
+    assert {how for _, _, how, _ in rows} <= {"ran", "restored"}
+    assert all(seconds >= 0 for _, seconds, _, _ in rows)
+    assert seconds_per_stage(rows)["export"][0] == 1
+    assert run_doit(tinynet_repo).ran == set()
+    assert read_build_log(str(log), last_build=True) == rows  # a no-op adds nothing
+
+
 def test_touching_a_checkpoint_without_changing_bytes_runs_nothing(tinynet_repo):
     checkpoint = tinynet_repo / "models/tinynet/encoder.pt"
     st = checkpoint.stat()
