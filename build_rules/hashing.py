@@ -18,14 +18,20 @@ from doit.dependency import FileChangedChecker
 
 from .files import atomic_write_text
 
-READ_SIZE = 1 << 20  # xxh3 needs big reads to run at memory speed
+# Read into one reused buffer that stays in the CPU cache between the kernel's copy and the hash: a
+# new bytes object per read costs page faults (1 MiB reads: 0.57x `cat`'s throughput; 256 KiB into a
+# reused buffer: 0.87x, measured by bench/build_bench.py). mmap would skip the copy, but a file
+# truncated while it is hashed would kill doit with SIGBUS.
+READ_SIZE = 256 << 10
 
 
 def file_digest(path: str | os.PathLike) -> str:
     h = xxhash.xxh3_128()
+    buffer = bytearray(READ_SIZE)
+    view = memoryview(buffer)
     with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(READ_SIZE):
-            h.update(chunk)
+        while n := f.readinto(buffer):
+            h.update(view[:n])
     return h.hexdigest()
 
 

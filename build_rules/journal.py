@@ -23,11 +23,18 @@ class JournalDB:
         self.name = name
         self.codec = codec
         self.journal_path = f"{name}.journal"
-        os.makedirs(os.path.dirname(os.path.abspath(name)), exist_ok=True)
-        self._lock = _acquire(f"{name}.lock")
-        self._dirty = False  # a no-op build leaves the snapshot alone (rewriting it is ~3 ms)
-        self._db = self._load()
-        self._journal = open(self.journal_path, "a", encoding="utf-8")
+        # Opened (locked, loaded) on first use: `doit list` never reads the state, so it neither pays
+        # for loading it nor waits for a build that holds the lock.
+        self._db: dict | None = None
+
+    def _state(self) -> dict:
+        if self._db is None:
+            os.makedirs(os.path.dirname(os.path.abspath(self.name)), exist_ok=True)
+            self._lock = _acquire(f"{self.name}.lock")
+            self._dirty = False  # a no-op build leaves the snapshot alone (rewriting it is ~3 ms)
+            self._db = self._load()
+            self._journal = open(self.journal_path, "a", encoding="utf-8")
+        return self._db
 
     def _load(self) -> dict:
         db = {}
@@ -55,31 +62,33 @@ class JournalDB:
         self._journal.flush()  # in the OS now: a kill -9 of this process cannot lose it
 
     def set(self, task_id, dependency, value):
-        self._db.setdefault(task_id, {})[dependency] = value
+        self._state().setdefault(task_id, {})[dependency] = value
         self._log(["set", task_id, dependency, self.codec.encode(value)])
 
     def get(self, task_id, dependency):
-        return self._db.get(task_id, {}).get(dependency)
+        return self._state().get(task_id, {}).get(dependency)
 
     def in_(self, task_id):
-        return task_id in self._db
+        return task_id in self._state()
 
     def remove(self, task_id):
-        if task_id in self._db:
-            del self._db[task_id]
+        db = self._state()
+        if task_id in db:
+            del db[task_id]
             self._log(["remove", task_id])
 
     def remove_all(self):
-        self._db = {}
+        self._state().clear()
         self._log(["remove_all"])
 
     def dump(self):
+        if self._db is None:
+            return  # never opened
         if self._dirty:
             atomic_write_text(self.name, self.codec.encode(self._db))
-            self._journal.close()
             open(self.journal_path, "w").close()  # folded into the snapshot (replaying it again is harmless)
-            self._journal = open(self.journal_path, "a", encoding="utf-8")
-            self._dirty = False
+        self._journal.close()
+        self._db = None  # a later use opens (and locks) it again
         _release(self._lock)
 
 

@@ -111,6 +111,23 @@ def test_two_doit_runs_at_once_wait_for_each_other(tmp_path, built_tinynet):
     same_binaries(repo, built_tinynet)
 
 
+def test_doit_list_does_not_wait_for_a_running_build(tinynet_repo):
+    lock = tinynet_repo / "out/.build-state/doit.json.lock"
+    holder = subprocess.Popen(  # holds the repo's lock the way a running build does
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); "
+         "fcntl.lockf(f, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(120)", str(lock)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        result = run_doit(tinynet_repo, "list", "--all")
+        assert result.code == 0, result.output
+        assert "compile:tinynet/encoder/w8a16@SM8750" in result.output
+        assert "another doit is running" not in result.output
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_parallel_build_gives_the_serial_outputs(tmp_path, built_tinynet):
     repo = fresh_tinynet(tmp_path)
     result = run_doit(repo, "-n", "2", "-P", "thread")
