@@ -22,7 +22,7 @@ CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 TOOLCHAINS = ("ort-qnn", "qairt", "auto")
 # QNN converter input layouts (qnn-onnx-converter --input_layout); one letter per dim.
 INPUT_LAYOUTS = ("NCDHW", "NDHWC", "NCHW", "NHWC", "NCF", "NFC", "NTF", "TNF", "NF", "NC", "F")
-METRICS_HIGHER_IS_BETTER = ("accuracy", "cosine", "sqnr")
+METRICS_HIGHER_IS_BETTER = ("accuracy", "cosine", "sqnr", "frame_cosine")
 METRICS_LOWER_IS_BETTER = ("max_abs", "wer")
 
 

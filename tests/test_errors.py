@@ -166,3 +166,29 @@ def test_failed_gate_names_metric_value_and_threshold(tinynet_repo):
     assert "needs >= 0.99999 (short by" in result.output
     # the failing check's old report is gone: no stale pass is left to package
     assert not (tinynet_repo / "out/tinynet/w8a16/SM8750/head.check.json").exists()
+
+
+def test_one_bad_frame_fails_frame_cosine_but_not_whole_tensor_cosine():
+    import numpy as np
+    from build_rules.stages.common import compare
+    rng = np.random.default_rng(0)
+    reference = rng.standard_normal((1, 1500, 384)).astype(np.float32)  # encoder-like: 1500 frames
+    actual = reference.copy()
+    actual[0, 700] = -actual[0, 700]  # one frame flipped
+    metrics = compare([{"out": reference}], [{"out": actual}], frames=True)["out"]
+    assert metrics["cosine"] > 0.998
+    assert metrics["frame_cosine"] == pytest.approx(-1.0)
+    assert "frame_cosine" not in compare([{"out": reference}], [{"out": actual}])["out"]
+
+
+def test_verify_gate_on_frame_cosine_names_the_metric(tinynet_repo):
+    toml = tinynet_repo / "models/tinynet/model.toml"
+    text = toml.read_text()
+    head = text.index("[graphs.head]")
+    # 1.01 cannot be reached: the verify stage must fail on it and say so
+    toml.write_text(text[:head] + text[head:].replace(
+        'calibration_samples = 8', 'calibration_samples = 8\nverify = { metric = "frame_cosine", min = 1.01 }', 1))
+    result = run_doit(tinynet_repo, "verify")
+    assert result.code != 0
+    assert "verify:tinynet/head: ONNX Runtime vs source frame_cosine = 1, allowed >= 1.01" in result.output
+    assert not (tinynet_repo / "out/tinynet/float/head.verify.json").exists()

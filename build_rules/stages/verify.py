@@ -12,7 +12,7 @@ from ..errors import BuildError
 from ..files import atomic_write_json
 from .common import guard_checkpoint_loading, check_sample, compare, load_hooks, save_arrays, worst
 
-VERSION = 1
+VERSION = 2  # 2: frame_cosine
 
 
 def evaluation_samples(hooks, params) -> list[dict]:
@@ -60,7 +60,7 @@ def run(params: dict) -> dict:
         source_outputs = _run_onnx(params["source_onnx"], samples)
     else:
         source_outputs = _run_torch(hooks, params, samples)
-    metrics = compare(source_outputs, onnx_outputs)
+    metrics = compare(source_outputs, onnx_outputs, frames=True)
     threshold = params["verify"]
     value = worst(metrics, threshold["metric"])
     report = {"samples": len(samples), "metrics": metrics, "threshold": threshold, "value": value}
