@@ -192,6 +192,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "build-bench"))
     parser.add_argument("--quick", action="store_true", help="skip the sherpa-style comparison and hashing")
+    parser.add_argument("--variant-change", choices=("weights", "samples"), default="weights",
+                        help="the one-variant change: weights uint8 -> int8, or calibration samples x 3/4 "
+                             "(Whisper: QNN HTP refuses LayerNormalization with int8 weights)")
     args = parser.parse_args()
     work = Path(args.workdir)
     doit = [sys.executable, "-m", "doit"]
@@ -222,9 +225,15 @@ def main() -> None:
     progress(incremental[-1])
     toml = folder / "model.toml"
     original_toml = toml.read_text()
-    variant = re.search(r"\[variants\.(\w+)\]\nactivations[^\[]*weights = \"uint8\"", original_toml)
-    toml.write_text(original_toml.replace(variant.group(0), variant.group(0).replace('"uint8"', '"int8"')))
-    incremental.append((f"variant {variant.group(1)}: weights uint8 -> int8", *ran_count(repo, "-n", "1")))
+    variant = re.search(r"\[variants\.(\w+)\]\nactivations[^\[]*weights = \"uint8\"[^\[]*", original_toml)
+    if args.variant_change == "weights":
+        edited, what = variant.group(0).replace('weights = "uint8"', 'weights = "int8"'), "weights uint8 -> int8"
+    else:
+        samples = int(re.search(r"samples = (\d+)", variant.group(0)).group(1))
+        edited = variant.group(0).replace(f"samples = {samples}", f"samples = {samples * 3 // 4}")
+        what = f"calibration samples {samples} -> {samples * 3 // 4}"
+    toml.write_text(original_toml.replace(variant.group(0), edited))
+    incremental.append((f"variant {variant.group(1)}: {what}", *ran_count(repo, "-n", "1")))
     progress(incremental[-1])
     toml.write_text(original_toml)
     incremental.append(("... and flipped back", *ran_count(repo, "-n", "1")))
