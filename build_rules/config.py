@@ -150,6 +150,7 @@ class Model:
     variants: dict[str, Variant]
     trusted_checkpoints: bool = False  # allow torch.load(weights_only=False): pickles can run code
     data: tuple[str, ...] | None = None  # sources of the prepare_data hook (a data stage), if any
+    data_tools: tuple[str, ...] = ()  # programs that hook runs (e.g. espeak-ng): their files are in its key
     evaluate_gate: Threshold | None = None
     evaluate: bool = False  # [evaluate]: the evaluate(run_graph) hook scores all graphs together
     tuning: "Tuning | None" = None  # [tuning]: chip, samples and targets of `doit sensitivity` / `doit tune`
@@ -392,7 +393,8 @@ def load_model(folder: Path, chips: ChipTable) -> Model:
     root = _Table(path, "", read_toml(path))
     root.check_keys(("model", "graphs", "variants", "evaluate", "tuning"))
     m = root.table("model")
-    m.check_keys(("description", "license", "hooks", "onnx", "checkpoints", "chips", "trusted_checkpoints", "data"))
+    m.check_keys(("description", "license", "hooks", "onnx", "checkpoints", "chips", "trusted_checkpoints", "data",
+                  "data_tools"))
     name = folder.name
     root.name("model folder", name)
     onnx_ref = m.get("onnx", str, None)
@@ -428,7 +430,7 @@ def load_model(folder: Path, chips: ChipTable) -> Model:
                   license=m.get("license", str, "unknown"), hooks=hooks, onnx=onnx_path,
                   checkpoints=tuple(m.get("checkpoints", list, [])), chips=model_chips, graphs=graphs,
                   variants=variants, trusted_checkpoints=m.get("trusted_checkpoints", bool, False),
-                  data=_data_sources(m, folder), evaluate="evaluate" in root.data,
+                  data=_data_sources(m, folder), data_tools=_data_tools(m), evaluate="evaluate" in root.data,
                   evaluate_gate=_evaluate_gate(root), tuning=_tuning(root, graphs, model_chips))
     for graph in graphs.values():
         model.checkpoint_paths(graph)  # fail now, naming the file, rather than in the middle of a build
@@ -443,6 +445,18 @@ def _data_sources(m: _Table, folder: Path) -> tuple[str, ...] | None:
         if not isinstance(ref, str) or not (folder / ref).is_file():
             raise m.error("data", f"source {ref!r} not found in {folder}")
     return tuple(sources)
+
+
+def _data_tools(m: _Table) -> tuple[str, ...]:
+    if "data_tools" not in m.data:
+        return ()
+    if "data" not in m.data:
+        raise m.error("data_tools", "only with `data` (the programs the prepare_data hook runs)")
+    tools = m.get("data_tools", list)
+    for tool in tools:
+        if not isinstance(tool, str) or not tool or "/" in tool:
+            raise m.error("data_tools", f"{tool!r} is not a program name (looked up on PATH)")
+    return tuple(tools)
 
 
 def _tuning(root: _Table, graphs: dict[str, Graph], model_chips: tuple[str, ...]) -> Tuning | None:

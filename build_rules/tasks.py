@@ -266,6 +266,19 @@ def task_data():
     return _data_tasks()
 
 
+def _program_stamp(name: str) -> list | None:
+    """Where a program on PATH is and its file's size and mtime: an upgrade (e.g. a new espeak-ng from
+    apt) changes them, and the data made with it is made again. A stat, not `--version`: doit loads
+    this on every run."""
+    import shutil
+    path = shutil.which(name)
+    if path is None:
+        return None  # the hook says what to install when it runs
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    return [real, st.st_size, st.st_mtime_ns]
+
+
 def _data_tasks():
     for model in project().models:
         if model.data is None:
@@ -273,6 +286,7 @@ def _data_tasks():
         folder = layout.data_dir(model.name)
         sources = [_rel(model.folder / ref) for ref in model.data]
         params = {"hooks": _rel(model.hooks), "sources": sources,
+                  "tools": {tool: _program_stamp(tool) for tool in model.data_tools},
                   "outputs": {"dir": folder, "manifest": f"{folder}/data.json"}}
         task = _stage_task("data", model.name, params, [*_hook_files(model), *sources], [f"{folder}/data.json"],
                            f"{layout.model_dir(model.name)}/data.log")

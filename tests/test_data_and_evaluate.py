@@ -81,3 +81,32 @@ def test_a_failed_model_gate_names_the_float_reference(tmp_path):
     assert result.code != 0
     assert "evaluate:tinynet/fp16@SM8750: gate failed: accuracy = " in result.output
     assert "needs >= 1.5000 (absolute bound)" in result.output
+
+
+def test_a_new_version_of_a_data_tool_makes_the_data_again(tmp_path, monkeypatch):
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    tool = tools / "mysynth"
+    tool.write_text("#!/bin/sh\necho 1.0\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{__import__('os').environ['PATH']}")
+    repo = make(tmp_path)
+    toml = repo / "models/tinynet/model.toml"
+    toml.write_text(toml.read_text().replace('data = ["seeds.txt"]', 'data = ["seeds.txt"]\ndata_tools = ["mysynth"]'))
+    assert run_doit(repo, "data").ran == {"data:tinynet"}
+    assert run_doit(repo, "data").ran == set()
+    tool.write_text("#!/bin/sh\necho 1.1\n")  # "upgraded"
+    assert run_doit(repo, "data").ran == {"data:tinynet"}
+
+
+def test_data_tools_need_data_and_plain_program_names(tmp_path):
+    repo = make(tmp_path)
+    toml = repo / "models/tinynet/model.toml"
+    text = toml.read_text()
+    toml.write_text(text.replace('data = ["seeds.txt"]', 'data = ["seeds.txt"]\ndata_tools = ["/usr/bin/sox"]'))
+    result = run_doit(repo, "list")
+    assert result.code != 0
+    assert "[model] data_tools: '/usr/bin/sox' is not a program name (looked up on PATH)" in result.output
+    toml.write_text(text.replace('data = ["seeds.txt"]', 'data_tools = ["sox"]'))
+    result = run_doit(repo, "list")
+    assert "[model] data_tools: only with `data`" in result.output
