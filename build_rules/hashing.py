@@ -20,7 +20,7 @@ from .files import atomic_write_text
 
 # Read into one reused buffer that stays in the CPU cache between the kernel's copy and the hash: a
 # new bytes object per read costs page faults (1 MiB reads: 0.57x `cat`'s throughput; 256 KiB into a
-# reused buffer: 0.87x, measured by bench/build_bench.py). mmap would skip the copy, but a file
+# reused buffer: 0.81x, bench/build_bench.py). mmap would skip the copy, but a file
 # truncated while it is hashed would kill doit with SIGBUS.
 READ_SIZE = 256 << 10
 
@@ -136,13 +136,12 @@ class TaskKey:
     def __init__(self, key):
         # key: the dict, or a function that makes it. Made and hashed when first asked for: `doit list`
         # never asks, a no-op build asks for the uptodate key only (not the build cache's).
-        self._make = key if callable(key) else None
-        if self._make is None:
-            self.key = key
+        # (A dict or a functools.partial: tasks are pickled under `doit -P process`.)
+        self._key = key
 
     @functools.cached_property
     def key(self) -> dict:
-        return self._make()
+        return self._key() if callable(self._key) else self._key
 
     @functools.cached_property
     def digest(self) -> str:

@@ -172,3 +172,23 @@ def test_touching_an_output_without_changing_it_runs_nothing(tinynet_repo):
     st = binary.stat()
     os.utime(binary, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert run_doit(tinynet_repo).ran == set()
+
+
+def test_task_actions_pickle_for_process_workers(tinynet_repo, monkeypatch):
+    """`doit -n N` without `-P thread` pickles each task's actions (with their lazy keys) to its workers."""
+    import pickle
+    from build_rules import tasks
+    monkeypatch.chdir(tinynet_repo)
+    tasks.project.cache_clear()
+    try:
+        made = list(tasks._compile_tasks()) + list(tasks._quantize_tasks())
+        for task in made:
+            cache = task["actions"][0][2]
+            copy = pickle.loads(pickle.dumps(task["actions"]))[0][2]
+            assert copy["cache_key"].digest == cache["cache_key"].digest
+            assert pickle.loads(pickle.dumps(task["uptodate"][0])).digest == task["uptodate"][0].digest
+    finally:
+        tasks.project.cache_clear()
+    from build_rules.hashing import TaskKey
+    key = TaskKey({"stage": "qairt-convert", "params": {"x": 1}})  # the qairt toolchain passes the dict itself
+    assert pickle.loads(pickle.dumps(key)).digest == key.digest
