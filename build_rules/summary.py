@@ -16,6 +16,8 @@ from pathlib import Path
 
 from doit.reporter import ConsoleReporter
 
+from . import layout
+
 
 class SummaryReporter(ConsoleReporter):
     desc = "console output with a build summary"
@@ -80,7 +82,7 @@ class SummaryReporter(ConsoleReporter):
             self.write(f"  note: {note}\n")
 
 
-BUILD_LOG = "out/.build-state/build.log"
+BUILD_LOG = f"{layout.OUT}/.build-state/build.log"
 
 
 def read_build_log(path: str = BUILD_LOG, last_build: bool = False) -> list[tuple[float, float, str, str]]:
