@@ -172,7 +172,7 @@ def _cpu_qdq_errors(c: Candidates) -> dict:
         for name, path in (("qdq", qdq), ("float", float21)):
             augmented = c.work / f"{name}_aug.onnx"
             modify_model_output_intermediate_tensors(str(path), str(augmented))
-            acts[name] = collect_activations(str(augmented), _Samples(samples),
+            acts[name] = collect_activations(str(augmented), ort_qnn.CalibrationReader(samples),
                                              execution_providers=["CPUExecutionProvider"])
         errors = compute_activation_error(create_activation_matching(acts["qdq"], acts["float"]))
     except Exception as e:  # comparison only: never fail the ranking for it
@@ -230,23 +230,6 @@ def _weight_errors(c: Candidates, producers: dict) -> dict:
     except Exception as e:
         print(f"weight errors skipped: {type(e).__name__}: {e}", flush=True)
         return {}
-
-
-class _Samples:
-    def __init__(self, samples):
-        self.samples, self.i = samples, 0
-
-    def get_next(self):
-        if self.i >= len(self.samples):
-            return None
-        self.i += 1
-        return self.samples[self.i - 1]
-
-    def rewind(self):
-        self.i = 0
-
-    def __iter__(self):
-        return iter(self.samples)
 
 
 def _finite(value):

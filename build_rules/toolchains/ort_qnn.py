@@ -293,7 +293,7 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
 
         qnn_input = Path(tmp) / "input.onnx"
         onnx.save(model, str(qnn_input))
-        reader = _Reader(calibration) if calibration and ranges is None else None
+        reader = CalibrationReader(calibration) if calibration and ranges is None else None
         config = _qnn_config(str(qnn_input), reader, method_name, activation_type=getattr(QuantType, act_name),
                              weight_type=getattr(QuantType, wgt_name), per_channel=per_channel,
                              init_overrides={t: [{"quant_type": getattr(QuantType, q)}]
@@ -354,7 +354,7 @@ def calibration_ranges(float_model: Path, output: Path, calibration: list[dict[s
                                        calibrate_method=getattr(CalibrationMethod, method_name),
                                        use_external_data_format=config.use_external_data_format,
                                        providers=config.calibration_providers)
-        calibrator.collect_data(_Reader(calibration))
+        calibrator.collect_data(CalibrationReader(calibration))
         tensors = calibrator.compute_data()
         del calibrator
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -362,7 +362,7 @@ def calibration_ranges(float_model: Path, output: Path, calibration: list[dict[s
     return {"tensors": len(list(tensors.keys())), "samples": len(calibration)}
 
 
-class _Reader:
+class CalibrationReader:
     """onnxruntime CalibrationDataReader over a list of input dicts (duck-typed: get_next, rewind, len)."""
 
     def __init__(self, samples):
