@@ -139,6 +139,8 @@ def _describe(manifest_path: str) -> str:
         elif gate:
             metric = gate["metric"]
             gate_text = f" {metric} {info['metrics'].get(metric, float('nan')):.4g}"
+            if metric in info.get("worst_output", {}):  # several outputs: the one that sets the value
+                gate_text += f" (worst: {info['worst_output'][metric]})"
         parts.append(f"{graph} {info['bytes'] / 1e6:.2f} MB{gate_text}")
     evaluation = manifest.get("evaluate")
     if evaluation and evaluation.get("gate"):  # the model-level metric, e.g. WER of encoder + decoder

@@ -6,11 +6,11 @@ compares the compiled binary against these, without importing torch again.
 """
 from __future__ import annotations
 
-from pathlib import Path
 
+from .. import gates
 from ..errors import BuildError
 from ..files import atomic_write_json
-from .common import guard_checkpoint_loading, check_sample, compare, load_hooks, save_arrays, worst
+from .common import build_module, check_sample, compare, load_hooks, save_arrays, worst
 
 VERSION = 2  # 2: frame_cosine
 
@@ -39,8 +39,7 @@ def _run_onnx(path, samples):
 
 def _run_torch(hooks, params, samples):
     import torch
-    guard_checkpoint_loading(params)
-    module = hooks.build(params["graph"], {Path(p).name: Path(p) for p in params["checkpoints"]}).eval()
+    module = build_module(hooks, params)
     results = []
     with torch.no_grad():
         for s in samples:
@@ -64,11 +63,10 @@ def run(params: dict) -> dict:
     threshold = params["verify"]
     value = worst(metrics, threshold["metric"])
     report = {"samples": len(samples), "metrics": metrics, "threshold": threshold, "value": value}
-    bound = threshold.get("max", threshold.get("min"))
-    passed = value <= bound if "max" in threshold else value >= bound
-    if not passed:
+    if not gates.passes(threshold, value):
+        bound, relation = gates.bound(threshold)
         raise BuildError(f"{params['name']}: ONNX Runtime vs source {threshold['metric']} = {value:.3g}, "
-                         f"allowed {'<=' if 'max' in threshold else '>='} {bound:g} (per output: {metrics})")
+                         f"allowed {relation} {bound:g} (per output: {metrics})")
     atomic_write_json(params["outputs"]["report"], report)
     arrays = {}
     for i, (sample, reference) in enumerate(zip(samples, onnx_outputs)):
