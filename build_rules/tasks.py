@@ -18,7 +18,7 @@ from .hashing import ContentChecker, TaskKey, use_stat_cache
 from .runner import remove_stale_staging, run_stage
 
 # Bump a stage's number when its output for the same inputs changes: it re-runs that stage everywhere.
-STAGE_VERSIONS = {"data": 1, "evaluate": 1, "evaluate_float": 1, "export": 2, "simplify": 1, "verify": 2, "calibrate": 1, "quantize": 1, "compile": 1,
+STAGE_VERSIONS = {"data": 1, "evaluate": 1, "evaluate_float": 1, "export": 2, "simplify": 2, "verify": 2, "calibrate": 1, "quantize": 2, "compile": 1,
                   "check": 2, "package": 2, "calibration_stats": 1, "report": 1, "sensitivity": 1, "tune": 1}
 # The Python packages whose version can change each stage's output.
 STAGE_TOOLS = {
