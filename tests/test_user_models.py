@@ -389,3 +389,11 @@ def test_an_output_that_also_feeds_a_relu_is_reported_with_the_fix(built_recurre
     assert "output 'c_out'" not in result.output
     # The stacked state of the built model gets no warning.
     assert "warning" not in (built_recurrent / "out/recurrent/w8a16/cell.quantize.log").read_text()
+
+
+def test_every_known_rejection_is_in_the_cookbook():
+    from build_rules.toolchains.qnn_errors import KNOWN_REJECTIONS
+    table = (Path(__file__).resolve().parent.parent / "docs/models.md").read_text()
+    for known in KNOWN_REJECTIONS:
+        op = "GroupNormalization" if known.op_type == "*" else known.op_type
+        assert f"| {op}" in table, f"docs/models.md has no row for {op}"
