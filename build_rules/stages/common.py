@@ -40,6 +40,10 @@ def build_module(hooks, params: dict):
     """The graph's torch module from the build hook, in eval mode; a failing hook is named with its checkpoints."""
     import torch
     guard_checkpoint_loading(params)
+    # nn.TransformerEncoderLayer / MultiheadAttention take a fused "fast path" in eval mode without grad
+    # (aten._transformer_encoder_layer_fwd): no exporter can write it, and with a float mask it returns NaN. Export
+    # and verify run the plain ops the ONNX graph has.
+    torch.backends.mha.set_fastpath_enabled(False)
     if not hasattr(hooks, "build"):
         raise BuildError(f"{params['hooks']}: no build(graph, checkpoints) hook (or set [model] onnx = ... "
                          f"in {params['model_toml']} for an ONNX-only model)")

@@ -67,9 +67,13 @@ def export_failure(params: dict, exporter: str, error: Exception) -> str:
     if line:
         culprit += f" ({line})"
     summary = _first_lines(text)
+    hint = ""
+    if "data-dependent" in text:  # torch.export cannot branch on tensor values
+        hint = (" (a Python branch on tensor values: nn.TransformerEncoder and nn.MultiheadAttention inspect "
+                "the mask unless you pass is_causal=False)")
     return (f"{params['name']}: the {exporter} exporter failed on graph '{params['graph']}'{culprit}: "
             f"{type(error).__name__}: {summary} -- try the other exporter: export = {{ exporter = \"{other}\" }} under "
-            f"[graphs.{params['graph']}] in {params['model_toml']}, or rewrite that part of the module")
+            f"[graphs.{params['graph']}] in {params['model_toml']}, or rewrite that part of the module{hint}")
 
 
 def failing_op(text: str) -> str | None:

@@ -52,6 +52,9 @@ def run(params: dict) -> dict:
     folded = fold_constants(simplified)
     if constants or folded:
         print(f"{constants} Constant node(s) made initializers, {folded} node(s) of constants folded", flush=True)
+    moved = reduce_before_unsqueeze(simplified)
+    if moved:
+        print(f"{moved} reduction(s) moved before the Unsqueeze that fed them", flush=True)
     # onnxsim writes metadata_props that crash onnxruntime's qnn_preprocess_model.
     del simplified.metadata_props[:]
 
@@ -153,6 +156,71 @@ def _evaluate(node, initializers: dict, model) -> list:
     graph = onnx.helper.make_graph([node], "fold", inputs, outputs)
     single = onnx.helper.make_model(graph, opset_imports=model.opset_import)
     return ReferenceEvaluator(single).run(None, initializers)
+
+
+REDUCTIONS = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2")
+
+
+def reduce_before_unsqueeze(model) -> int:
+    """Unsqueeze -> Reduce* over the new axes too (keepdims) becomes Reduce* over the original axes -> Unsqueeze:
+    the same values (the new axes have size 1). Why: the dynamo exporter writes AdaptiveAvgPool1d(1) as
+    Unsqueeze -> ReduceMean(axes [-1, -2]) on rank 4, and after a Conv1d QNN HTP computes that wrongly with 16-bit
+    activations (measured on the emulator: cosine 0.53 against float; 1.0 at 8 bit, and 1.0 for the rank-3
+    ReduceMean this gives). Returns how many were rewritten."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+    initializers = {i.name: i for i in model.graph.initializer}
+    consumers: dict[str, int] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers[name] = consumers.get(name, 0) + 1
+    outputs = {o.name for o in model.graph.output}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    moved = 0
+    for reduce in list(model.graph.node):
+        unsqueeze = producer.get(reduce.input[0]) if reduce.input else None
+        if (reduce.op_type not in REDUCTIONS or unsqueeze is None or unsqueeze.op_type != "Unsqueeze"
+                or consumers.get(unsqueeze.output[0]) != 1 or unsqueeze.output[0] in outputs
+                or len(unsqueeze.input) != 2 or unsqueeze.input[1] not in initializers
+                or len(reduce.input) != 2 or reduce.input[1] not in initializers
+                or any(a.name == "keepdims" and a.i == 0 for a in reduce.attribute)):
+            continue  # only the opset >= 18 form (axes as inputs), keepdims, one reader
+        added = [int(a) for a in numpy_helper.to_array(initializers[unsqueeze.input[1]]).ravel()]
+        axes = [int(a) for a in numpy_helper.to_array(initializers[reduce.input[1]]).ravel()]
+        rank = len(added) + _rank(model, unsqueeze.input[0])
+        if rank <= len(added):
+            continue  # the input's rank is unknown
+        added = sorted(a % rank for a in added)
+        axes = sorted(a % rank for a in axes)
+        if not set(added) <= set(axes):
+            continue
+        kept = [i for i in range(rank) if i not in added]  # positions of the original axes in the new tensor
+        original = [kept.index(a) for a in axes if a not in added]
+        if not original:
+            continue
+        name = f"{reduce.name or reduce.output[0]}_before_unsqueeze"
+        model.graph.initializer.append(numpy_helper.from_array(np.array(original, np.int64), f"{name}_axes"))
+        reduced = f"{name}_output"
+        position = list(model.graph.node).index(unsqueeze)
+        model.graph.node.remove(unsqueeze)
+        model.graph.node.insert(position, onnx.helper.make_node(reduce.op_type, [unsqueeze.input[0], f"{name}_axes"],
+                                                                [reduced], name=name, keepdims=1))
+        reduce_at = list(model.graph.node).index(reduce)
+        model.graph.node.remove(reduce)
+        model.graph.node.insert(reduce_at, onnx.helper.make_node("Unsqueeze", [reduced, unsqueeze.input[1]],
+                                                                 [reduce.output[0]], name=f"{name}_unsqueeze"))
+        moved += 1
+    return moved
+
+
+def _rank(model, tensor: str) -> int:
+    import onnx
+    inferred = onnx.shape_inference.infer_shapes(model)
+    for value in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        if value.name == tensor and value.type.tensor_type.HasField("shape"):
+            return len(value.type.tensor_type.shape.dim)
+    return 0
 
 
 # Per-channel DequantizeLinear (axis) needs opset 13: older exports are converted before quantization.

@@ -45,7 +45,8 @@ def _run_onnx(path, samples):
     return [dict(zip(names, session.run(None, s))) for s in samples]
 
 
-def _run_torch(hooks, params, samples):
+def _run_torch(hooks, params, samples, names: list[str]):
+    """The module's outputs, named like the ONNX graph's (model.toml's `outputs`, or the exporter's names)."""
     import torch
     module = build_module(hooks, params)
     results = []
@@ -53,7 +54,10 @@ def _run_torch(hooks, params, samples):
         for s in samples:
             out = module(*(torch.from_numpy(s[n]) for n in params["inputs"]))
             out = out if isinstance(out, (tuple, list)) else (out,)
-            results.append({n: o.numpy() for n, o in zip(params["output_names"], out)})
+            if len(out) != len(names):
+                raise BuildError(f"{params['name']}: build({params['graph']!r}) returns {len(out)} output(s), the ONNX "
+                                 f"graph has {len(names)} ({', '.join(names)})")
+            results.append({n: o.numpy() for n, o in zip(names, out)})
     return results
 
 
@@ -66,7 +70,7 @@ def run(params: dict) -> dict:
     if params.get("source_onnx"):
         source_outputs = _run_onnx(params["source_onnx"], samples)
     else:
-        source_outputs = _run_torch(hooks, params, samples)
+        source_outputs = _run_torch(hooks, params, samples, list(onnx_outputs[0]))
     metrics = compare(source_outputs, onnx_outputs, frames=True)
     threshold = params["verify"]
     value = worst(metrics, threshold["metric"])
