@@ -201,6 +201,35 @@ inputs = {{ x = {{ shape = [1, 4], dtype = "float32" }} }}\n{table}\n[variants.f
     assert f"error: models/m/model.toml: {message}" in result.output
 
 
+def test_a_pickled_module_checkpoint_says_how_to_trust_it(tmp_path):
+    import torch
+    folder = tmp_path / "src/pickled"
+    folder.mkdir(parents=True)
+    torch.save(torch.nn.Linear(4, 2), folder / "whole_module.pt")  # a module object, not a state dict
+    (folder / "hooks.py").write_text('''import numpy as np
+def build(graph, checkpoints):
+    import torch
+    return torch.load(checkpoints["whole_module.pt"], weights_only=TRUSTED)
+TRUSTED = True
+def evaluation_inputs(graph):
+    return [{"x": np.ones((1, 4), np.float32)}]
+''')
+    (folder / "model.toml").write_text('''[model]\nhooks = "hooks.py"\n[graphs.net]\ncheckpoints = ["whole_module.pt"]
+inputs = { x = { shape = [1, 4], dtype = "float32" } }\n[variants.fp16]\nprecision = "fp16"\n''')
+    repo = make_repo(tmp_path / "repo", {"pickled": folder})
+    hooks = repo / "models/pickled/hooks.py"
+    edit(hooks, "TRUSTED = True", "TRUSTED = None")  # torch's default: weights only
+    result = run_doit(repo, "export")
+    assert result.code != 0
+    assert "build('net') failed with checkpoints models/pickled/whole_module.pt: UnpicklingError: Weights only " \
+           "load failed" in result.output
+    assert ("-- the checkpoint holds pickled Python objects; if you trust it, set trusted_checkpoints = true under "
+            "[model] in models/pickled/model.toml and load it with torch.load(path, weights_only=False)") in result.output
+    edit(hooks, "TRUSTED = None", "TRUSTED = False")
+    edit(repo / "models/pickled/model.toml", 'hooks = "hooks.py"', 'hooks = "hooks.py"\ntrusted_checkpoints = true')
+    assert run_doit(repo, "export").code == 0
+
+
 # --- 2. calibration counts ----------------------------------------------------------------------------------
 
 def test_a_graph_calibrates_as_many_samples_as_its_variants_ask_for(tmp_path):

@@ -53,8 +53,13 @@ def build_module(hooks, params: dict):
     except BuildError:
         raise
     except Exception as e:  # a corrupt checkpoint surfaces here: name it
+        hint = ""
+        if "Weights only load failed" in str(e):  # a checkpoint of pickled objects, not plain tensors
+            hint = (f" -- the checkpoint holds pickled Python objects; if you trust it, set trusted_checkpoints = true "
+                    f"under [model] in {params['model_toml']} and load it with torch.load(path, weights_only=False)")
         raise BuildError(f"{params['hooks']}: build({params['graph']!r}) failed with checkpoints "
-                         f"{', '.join(map(str, checkpoints.values())) or 'none'}: {type(e).__name__}: {e}") from e
+                         f"{', '.join(map(str, checkpoints.values())) or 'none'}: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}{hint}") from e
     if not isinstance(module, torch.nn.Module):
         raise BuildError(f"{params['hooks']}: build({params['graph']!r}) returned {type(module).__name__}, "
                          "expected a torch.nn.Module")
