@@ -278,15 +278,15 @@ def load_chips(path: Path) -> ChipTable:
 
 # --- models/<name>/model.toml ----------------------------------------------------------------
 
-def _threshold(t: _Table, key: str, kind: str) -> Threshold | None:
-    """A bound on a metric. kind: "verify" (ONNX vs source: comparison metrics only), "gate" (per graph: any metric
-    the tool measures or score() returns), "evaluate" (any metric evaluate() returns). The bound key gives the
-    direction (build_rules/gates.py); relative bounds need a float-model value, which only task metrics have."""
+def _threshold(t: _Table, key: str, comparison_only: bool = False) -> Threshold | None:
+    """A bound on a metric: any metric the check measures or a hook returns, or with comparison_only (verify: ONNX vs
+    source) the comparison metrics. The bound key gives the direction (build_rules/gates.py); relative bounds need
+    a float-model value, which only task metrics have."""
     if key not in t.data:
         return None
     s = t.table(key)
     s.check_keys(("metric",) + BOUND_KEYS)
-    if kind == "verify":
+    if comparison_only:
         metric = s.get("metric", str, choices=COMPARISON_METRICS)
     else:
         metric = s.get("metric", str)
@@ -305,7 +305,7 @@ def _threshold(t: _Table, key: str, kind: str) -> Threshold | None:
         if natural != higher:
             right = ("min" if natural else "max") + (" or max_decrease" if natural else " or max_increase")
             raise s.error(bound_key, f"{metric!r} is {'higher' if natural else 'lower'}-is-better: use {right}")
-    if relative and (kind == "verify" or metric in COMPARISON_METRICS):
+    if relative and metric in COMPARISON_METRICS:
         raise s.error(bound_key, f"{metric!r} is already measured against the float model: give an absolute "
                                  f"{'min' if higher else 'max'}")
     return Threshold(metric=metric, bound=float(s.get(bound_key, (int, float))), higher_is_better=higher,
@@ -339,12 +339,12 @@ def _graph(t: _Table, name: str, onnx_entry: bool, default_samples: int, default
     samples = t.get("calibration_samples", int, default_samples)
     if samples < 1:
         raise t.error("calibration_samples", f"must be at least 1, got {samples}")
-    verify = _threshold(t, "verify", "verify") or Threshold("max_abs", 1e-4, False)
+    verify = _threshold(t, "verify", comparison_only=True) or Threshold("max_abs", 1e-4, False)
     export = _export_settings(_Table(t.path, t._sub("export"), {**default_export, **t.table("export", {}).data}))
     if onnx_entry and "export" in t.data:
         raise t.error("export", "this model enters as an ONNX file ([model] onnx): there is no export to configure")
     return Graph(name=name, checkpoints=tuple(t.get("checkpoints", list, [])), inputs=inputs,
-                 outputs=tuple(outputs), calibration_samples=samples, verify=verify, gate=_threshold(t, "gate", "gate"),
+                 outputs=tuple(outputs), calibration_samples=samples, verify=verify, gate=_threshold(t, "gate"),
                  export=export)
 
 
@@ -543,7 +543,7 @@ def _tuning(root: _Table, graphs: dict[str, Graph], model_chips: tuple[str, ...]
     for graph_name in targets_table.data:
         if graph_name not in graphs:
             raise targets_table.error(graph_name, f"no graph {graph_name!r} (graphs: {', '.join(graphs)})")
-        targets[graph_name] = _threshold(targets_table, graph_name, "gate")
+        targets[graph_name] = _threshold(targets_table, graph_name)
     return Tuning(chip=chip, samples=samples, targets=targets)
 
 
@@ -552,7 +552,7 @@ def _evaluate_gate(root: _Table) -> Threshold | None:
         return None
     t = root.table("evaluate")
     t.check_keys(("gate",))
-    return _threshold(t, "gate", "evaluate")
+    return _threshold(t, "gate")
 
 
 def load_models(models_dir: Path, chips: ChipTable) -> list[Model]:
