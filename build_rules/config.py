@@ -20,10 +20,16 @@ ACTIVATION_TYPES = ("uint8", "uint16")
 WEIGHT_TYPES = ("uint8", "int8", "uint16", "int4")
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 TOOLCHAINS = ("ort-qnn", "qairt", "auto")
+EXPORTERS = ("dynamo", "torchscript")
 # QNN converter input layouts (qnn-onnx-converter --input_layout); one letter per dim.
 INPUT_LAYOUTS = ("NCDHW", "NDHWC", "NCHW", "NHWC", "NCF", "NFC", "NTF", "TNF", "NF", "NC", "F")
+# Metrics the tool measures against the float model itself (verify, check), and the direction of well-known
+# names (a `cosine` with `max` is a mistake); any other name a hook returns gates by its bound key.
+COMPARISON_METRICS = ("cosine", "sqnr", "max_abs", "frame_cosine")
 METRICS_HIGHER_IS_BETTER = ("accuracy", "cosine", "sqnr", "frame_cosine")
 METRICS_LOWER_IS_BETTER = ("max_abs", "wer")
+BOUND_KEYS = ("min", "max", "max_decrease", "max_increase")
+METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 
 class ConfigError(BuildError):
@@ -77,6 +83,17 @@ class Threshold:
 
 
 @dataclass(frozen=True)
+class ExportSettings:
+    """How the build hook's module becomes ONNX: torch.onnx.export with the torch.export-based exporter
+    ("dynamo", torch's default and recommendation) or the TorchScript tracer ("torchscript")."""
+    exporter: str = "dynamo"
+    opset: int | None = None  # None: the exporter's own default (the key holds torch's version, so it is fixed)
+
+    def as_dict(self) -> dict:
+        return {"exporter": self.exporter, "opset": self.opset}
+
+
+@dataclass(frozen=True)
 class Graph:
     name: str
     checkpoints: tuple[str, ...]
@@ -85,6 +102,7 @@ class Graph:
     calibration_samples: int
     verify: Threshold
     gate: Threshold | None
+    export: ExportSettings = ExportSettings()
 
 
 @dataclass(frozen=True)
@@ -220,7 +238,7 @@ class _Table:
         return value
 
 
-def resolve_file(ref: str, folder: Path, where: str) -> Path:
+def resolve_file(ref: str, folder: Path, where: str, what: str = "checkpoint") -> Path:
     """A path relative to the model folder, or pkg:<module>/<path> inside an installed package."""
     if ref.startswith("pkg:"):
         module, _, inner = ref[4:].partition("/")
@@ -231,7 +249,7 @@ def resolve_file(ref: str, folder: Path, where: str) -> Path:
     else:
         path = folder / ref
     if not path.is_file():
-        raise ConfigError(f"{where}: checkpoint {ref} not found (looked for {path})")
+        raise ConfigError(f"{where}: {what} {ref} not found (looked for {path})")
     return path
 
 
@@ -260,28 +278,44 @@ def load_chips(path: Path) -> ChipTable:
 
 # --- models/<name>/model.toml ----------------------------------------------------------------
 
-def _threshold(t: _Table, key: str, relative_allowed: bool = False) -> Threshold | None:
+def _threshold(t: _Table, key: str, comparison_only: bool = False) -> Threshold | None:
+    """A bound on a metric: any metric the check measures or a hook returns, or with comparison_only (verify: ONNX vs
+    source) the comparison metrics. The bound key gives the direction (build_rules/gates.py); relative bounds need
+    a float-model value, which only task metrics have."""
     if key not in t.data:
         return None
     s = t.table(key)
-    s.check_keys(("metric", "min", "max") + (("max_increase", "max_decrease") if relative_allowed else ()))
-    metric = s.get("metric", str, choices=METRICS_HIGHER_IS_BETTER + METRICS_LOWER_IS_BETTER)
-    higher = metric in METRICS_HIGHER_IS_BETTER
-    relative_key = "max_decrease" if higher else "max_increase"
-    if relative_allowed and relative_key in s.data:
-        if len(s.data) != 2:
-            raise s.error(relative_key, f"give either '{relative_key}' (against the float model) or an absolute bound")
-        return Threshold(metric=metric, bound=float(s.get(relative_key, (int, float))), higher_is_better=higher,
-                         relative=True)
-    bound_key = "min" if higher else "max"
-    other = "max" if higher else "min"
-    if other in s.data:
-        raise s.error(other, f"metric {metric!r} takes '{bound_key}', not '{other}'")
-    return Threshold(metric=metric, bound=float(s.get(bound_key, (int, float))), higher_is_better=higher)
+    s.check_keys(("metric",) + BOUND_KEYS)
+    if comparison_only:
+        metric = s.get("metric", str, choices=COMPARISON_METRICS)
+    else:
+        metric = s.get("metric", str)
+        if not METRIC_NAME.match(metric):
+            raise s.error("metric", f"{metric!r} is not a metric name (letters, digits, '_', '.', '-')")
+    given = [k for k in BOUND_KEYS if k in s.data]
+    if len(given) != 1:
+        raise s.error(" and ".join(given) or "min", ("two bounds" if given else "missing") + ": give exactly one of "
+                      "min (higher is better), max (lower is better), max_decrease / max_increase (against the float "
+                      "model)")
+    bound_key = given[0]
+    higher = bound_key in ("min", "max_decrease")
+    relative = bound_key in ("max_decrease", "max_increase")
+    if metric in METRICS_HIGHER_IS_BETTER + METRICS_LOWER_IS_BETTER:
+        natural = metric in METRICS_HIGHER_IS_BETTER
+        if natural != higher:
+            right = ("min" if natural else "max") + (" or max_decrease" if natural else " or max_increase")
+            raise s.error(bound_key, f"{metric!r} is {'higher' if natural else 'lower'}-is-better: use {right}")
+    if relative and metric in COMPARISON_METRICS:
+        raise s.error(bound_key, f"{metric!r} is already measured against the float model: give an absolute "
+                                 f"{'min' if higher else 'max'}")
+    return Threshold(metric=metric, bound=float(s.get(bound_key, (int, float))), higher_is_better=higher,
+                     relative=relative)
 
 
-def _graph(t: _Table, name: str, onnx_entry: bool) -> Graph:
-    t.check_keys(("checkpoints", "inputs", "outputs", "calibration_samples", "verify", "gate"))
+def _graph(t: _Table, name: str, onnx_entry: bool, default_samples: int, default_export: dict) -> Graph:
+    """default_samples: the most calibration samples any variant asks for (32 when none asks);
+    default_export: the model-wide [model] export table, which the graph's own keys override."""
+    t.check_keys(("checkpoints", "inputs", "outputs", "calibration_samples", "verify", "gate", "export"))
     inputs = {}
     input_tables = t.table("inputs", {})
     for input_name in input_tables.data:
@@ -302,12 +336,41 @@ def _graph(t: _Table, name: str, onnx_entry: bool) -> Graph:
     if not inputs and not onnx_entry:
         raise t.error("inputs", "missing (name = { shape = [...], dtype = \"float32\" } per input)")
     outputs = t.get("outputs", list, [])
-    samples = t.get("calibration_samples", int, 32)
+    samples = t.get("calibration_samples", int, default_samples)
     if samples < 1:
         raise t.error("calibration_samples", f"must be at least 1, got {samples}")
-    verify = _threshold(t, "verify") or Threshold("max_abs", 1e-4, False)
+    verify = _threshold(t, "verify", comparison_only=True) or Threshold("max_abs", 1e-4, False)
+    export = _export_settings(_Table(t.path, t._sub("export"), {**default_export, **t.table("export", {}).data}))
+    if onnx_entry and "export" in t.data:
+        raise t.error("export", "this model enters as an ONNX file ([model] onnx): there is no export to configure")
     return Graph(name=name, checkpoints=tuple(t.get("checkpoints", list, [])), inputs=inputs,
-                 outputs=tuple(outputs), calibration_samples=samples, verify=verify, gate=_threshold(t, "gate"))
+                 outputs=tuple(outputs), calibration_samples=samples, verify=verify, gate=_threshold(t, "gate"),
+                 export=export)
+
+
+def _export_settings(t: _Table) -> ExportSettings:
+    t.check_keys(("exporter", "opset"))
+    opset = t.get("opset", int, None)
+    if opset is not None and not 7 <= opset <= 30:
+        raise t.error("opset", f"expected an ONNX opset number such as 17 or 20, got {opset}")
+    return ExportSettings(exporter=t.get("exporter", str, "dynamo", choices=EXPORTERS), opset=opset)
+
+
+def _asked_samples(raw_variants: dict, where: str) -> int | None:
+    """The most calibration samples any variant asks for (after `inherits`), or None: a graph calibrates that many
+    unless it says otherwise. Wrong types are left for the variant's own parser to report."""
+    asked = []
+    for name in raw_variants:
+        if not isinstance(raw_variants[name], dict):
+            continue
+        calibration = _merged_variant(name, raw_variants, where).get("calibration")
+        samples = calibration.get("samples") if isinstance(calibration, dict) else None
+        if isinstance(samples, int) and not isinstance(samples, bool):
+            asked.append(samples)
+    return max(asked, default=None)
+
+
+
 
 
 VARIANT_KEYS = ("inherits", "precision", "activations", "weights", "per_channel", "calibration", "overrides",
@@ -394,7 +457,7 @@ def load_model(folder: Path, chips: ChipTable) -> Model:
     root.check_keys(("model", "graphs", "variants", "evaluate", "tuning"))
     m = root.table("model")
     m.check_keys(("description", "license", "hooks", "onnx", "checkpoints", "chips", "trusted_checkpoints", "data",
-                  "data_tools"))
+                  "data_tools", "export"))
     name = folder.name
     root.name("model folder", name)
     onnx_ref = m.get("onnx", str, None)
@@ -403,9 +466,13 @@ def load_model(folder: Path, chips: ChipTable) -> Model:
         raise m.error("hooks", f"file not found: {hooks}")
     onnx_path = None
     if onnx_ref is not None:
-        onnx_path = folder / onnx_ref
-        if not onnx_path.is_file():
-            raise m.error("onnx", f"file not found: {onnx_path}")
+        onnx_path = resolve_file(onnx_ref, folder, f"{path}: [model] onnx", "ONNX file")
+        if "export" in m.data:
+            raise m.error("export", "this model enters as an ONNX file (onnx = ...): there is no export to configure")
+    default_export = m.table("export", {}).data
+    _export_settings(m.table("export", {}))  # a mistake in the model-wide table is reported there
+    raw_variants = root.data.get("variants") if isinstance(root.data.get("variants"), dict) else {}
+    default_samples = _asked_samples(raw_variants, str(path)) or 32
     model_chips = tuple(m.get("chips", list, list(chips.default)))
     for chip in model_chips:
         chips.get(chip, f"{path}: [model] chips")
@@ -415,7 +482,8 @@ def load_model(folder: Path, chips: ChipTable) -> Model:
         raise root.error("[graphs]", "no graphs: add a [graphs.<name>] table")
     for graph_name in graph_tables.data:
         root.name(f"[graphs.{graph_name}]", graph_name)
-        graphs[graph_name] = _graph(graph_tables.table(graph_name), graph_name, onnx_path is not None)
+        graphs[graph_name] = _graph(graph_tables.table(graph_name), graph_name, onnx_path is not None,
+                                    default_samples, default_export)
     if onnx_path is not None and len(graphs) != 1:
         raise m.error("onnx", "an ONNX-file model has exactly one graph")
     variants = {}
@@ -484,7 +552,7 @@ def _evaluate_gate(root: _Table) -> Threshold | None:
         return None
     t = root.table("evaluate")
     t.check_keys(("gate",))
-    return _threshold(t, "gate", relative_allowed=True)
+    return _threshold(t, "gate")
 
 
 def load_models(models_dir: Path, chips: ChipTable) -> list[Model]:

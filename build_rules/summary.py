@@ -30,6 +30,7 @@ class SummaryReporter(ConsoleReporter):
         self.hits_before = len(CACHE_HITS)  # tests run several builds in one process
         self.started: dict[str, float] = {}
         self.logged = False
+        self.warnings: list[str] = []
 
     def execute_task(self, task):
         super().execute_task(task)
@@ -38,6 +39,7 @@ class SummaryReporter(ConsoleReporter):
     def add_success(self, task):
         if task.actions:
             self.ran.append(task)
+            self.warnings += task.values.get("warnings", [])  # e.g. quantize: an output clamped by an activation
             from .runner import CACHE_HITS
             self._log(task, "restored" if task.name in CACHE_HITS[self.hits_before:] else "ran")
 
@@ -77,6 +79,8 @@ class SummaryReporter(ConsoleReporter):
         for task in self.ran:
             if task.name.startswith("package:"):
                 self.write(f"  built {_describe(task.targets[0])}\n")
+        for warning in self.warnings:
+            self.write(f"  warning: {warning}\n")
         from .tasks import skipped_builds
         for note in skipped_builds():
             self.write(f"  note: {note}\n")
@@ -139,6 +143,8 @@ def _describe(manifest_path: str) -> str:
         elif gate:
             metric = gate["metric"]
             gate_text = f" {metric} {info['metrics'].get(metric, float('nan')):.4g}"
+            if metric in info.get("worst_output", {}):  # several outputs: the one that sets the value
+                gate_text += f" (worst: {info['worst_output'][metric]})"
         parts.append(f"{graph} {info['bytes'] / 1e6:.2f} MB{gate_text}")
     evaluation = manifest.get("evaluate")
     if evaluation and evaluation.get("gate"):  # the model-level metric, e.g. WER of encoder + decoder

@@ -18,14 +18,14 @@ from .hashing import ContentChecker, TaskKey, use_stat_cache
 from .runner import remove_stale_staging, run_stage
 
 # Bump a stage's number when its output for the same inputs changes: it re-runs that stage everywhere.
-STAGE_VERSIONS = {"data": 1, "evaluate": 1, "evaluate_float": 1, "export": 1, "simplify": 1, "verify": 2, "calibrate": 1, "quantize": 1, "compile": 1,
-                  "check": 1, "package": 1, "calibration_stats": 1, "report": 1, "sensitivity": 1, "tune": 1}
+STAGE_VERSIONS = {"data": 1, "evaluate": 1, "evaluate_float": 1, "export": 2, "simplify": 2, "verify": 2, "calibrate": 1, "quantize": 2, "compile": 1,
+                  "check": 2, "package": 2, "calibration_stats": 1, "report": 1, "sensitivity": 1, "tune": 1}
 # The Python packages whose version can change each stage's output.
 STAGE_TOOLS = {
     "data": (),
     "evaluate": ("onnxruntime", "numpy"),
     "evaluate_float": ("onnxruntime", "numpy"),
-    "export": ("torch", "numpy"),
+    "export": ("torch", "onnxscript", "numpy"),
     "simplify": ("onnx", "onnxsim"),
     "verify": ("onnxruntime", "torch", "numpy"),
     "calibrate": ("numpy",),
@@ -307,7 +307,8 @@ def _export_tasks():
         target = layout.float_file(model.name, graph.name, ".onnx")
         params = {"hooks": _rel(model.hooks), "graph": graph.name, "checkpoints": checkpoints,
                   "inputs": _inputs(graph), "output_names": list(graph.outputs), "outputs": {"onnx": target},
-                  "model_toml": _rel(model.toml_path), "trusted_checkpoints": model.trusted_checkpoints}
+                  "export": graph.export.as_dict(), "model_toml": _rel(model.toml_path),
+                  "trusted_checkpoints": model.trusted_checkpoints}
         yield _stage_task("export", f"{model.name}/{graph.name}", params, [*_hook_files(model), *checkpoints],
                           [target], layout.float_file(model.name, graph.name, ".export.log"))
 

@@ -71,7 +71,7 @@ def test_quantizing_from_saved_ranges_equals_calibrating_inline(tinynet_repo, tm
     ranges = tmp_path / "ranges.json"
     ort_qnn.calibration_ranges(sim, ranges, samples, method=method)
     for activations, weights, overrides in [("uint8", "uint8", None), ("uint16", "uint8", None),
-                                            ("uint16", "int8", None), ("uint8", "uint8", {"/Relu_output_0": "uint16"})]:
+                                            ("uint16", "int8", None), ("uint8", "uint8", {"relu": "uint16"})]:
         inline, reused = tmp_path / "inline.onnx", tmp_path / "reused.onnx"
         settings = dict(activations=activations, weights=weights, per_channel=True, method=method, overrides=overrides)
         ort_qnn.quantize(sim, inline, samples, **settings)
@@ -93,21 +93,21 @@ def _sixteen_bit_tensors(qdq: Path) -> set[str]:
 def test_node_and_per_graph_overrides_reach_only_their_graph(tinynet_repo):
     toml = tinynet_repo / "models/tinynet/model.toml"
     toml.write_text(toml.read_text() + '\n[variants.mixed]\ninherits = "w8a16"\nactivations = "uint8"\n'
-                    '[variants.mixed.graphs.encoder]\nnode_overrides = { "/conv2/Conv" = "uint16" }\n'
+                    '[variants.mixed.graphs.encoder]\nnode_overrides = { "node_conv2d_1" = "uint16" }\n'
                     '[variants.mixed.graphs.head]\noverrides = { "logits" = "uint16" }\n')
     result = run_doit(tinynet_repo, "quantize")
     assert result.code == 0, result.output
-    assert "/Relu_1_output_0" in _sixteen_bit_tensors(tinynet_repo / "out/tinynet/mixed/encoder.qdq.onnx") or \
-        "/conv2/Conv_output_0" in _sixteen_bit_tensors(tinynet_repo / "out/tinynet/mixed/encoder.qdq.onnx")
+    assert "relu_1" in _sixteen_bit_tensors(tinynet_repo / "out/tinynet/mixed/encoder.qdq.onnx") or \
+        "conv2d_1" in _sixteen_bit_tensors(tinynet_repo / "out/tinynet/mixed/encoder.qdq.onnx")
     assert "logits" in _sixteen_bit_tensors(tinynet_repo / "out/tinynet/mixed/head.qdq.onnx")
     edit(toml, '[variants.mixed.graphs.head]\noverrides = { "logits" = "uint16" }\n', "")
     result = run_doit(tinynet_repo, "quantize")
     assert result.ran == {"quantize:tinynet/head/mixed"}  # the encoder's settings did not change
 
-    edit(toml, '"/conv2/Conv" = "uint16"', '"/conv9/Conv" = "uint16"')
+    edit(toml, '"node_conv2d_1" = "uint16"', '"node_conv9" = "uint16"')
     result = run_doit(tinynet_repo, "quantize")
     assert result.code != 0
-    assert "quantization override names unknown node '/conv9/Conv'" in result.output
+    assert "quantization override names unknown node 'node_conv9'" in result.output
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -230,8 +230,7 @@ def test_sensitivity_ranks_every_candidate_tensor_on_the_emulator(tinynet_repo):
     folder = tinynet_repo / "out/tinynet/tuning/w8a16"
     ranking = json.loads((folder / "encoder.sensitivity.json").read_text())
     tensors = [r["tensor"] for r in ranking["tensors"]]
-    assert set(tensors) == {"/conv1/Conv_output_0", "/Relu_output_0", "/conv2/Conv_output_0", "/Relu_1_output_0",
-                            "/Flatten_output_0", "features"}
+    assert set(tensors) == {"conv2d", "relu", "conv2d_1", "relu_1", "view", "features"}  # the dynamo exporter's names
     assert [r["rank"] for r in ranking["tensors"]] == list(range(1, len(tensors) + 1))
     costs = [r["cost_db"] for r in ranking["tensors"]]
     assert costs == sorted(costs, reverse=True)

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import BuildError
+from .. import gates
 from ..files import atomic_write_json
 from .common import compare, load_evaluation, load_hooks, worst
 
-VERSION = 1
+VERSION = 2  # 2: frame_cosine measured; worst output per metric in the report
 
 
 def run(params: dict) -> dict:
@@ -30,7 +30,7 @@ def judge(params: dict, inputs: list[dict], reference: list[dict], outputs: list
 def measure(hooks_path: str, graph: str, data_dir, inputs: list[dict], reference: list[dict],
             outputs: list[dict]) -> dict:
     """Per-output cosine/SQNR/max abs against the float reference, plus the score hook's task metrics."""
-    metrics = {"samples": len(inputs), "outputs": compare(reference, outputs)}
+    metrics = {"samples": len(inputs), "outputs": compare(reference, outputs, frames=True)}
     hooks = load_hooks(hooks_path, data_dir)
     if hasattr(hooks, "score"):
         metrics["score"] = {k: float(v) for k, v in hooks.score(graph, inputs, outputs).items()}
@@ -83,31 +83,33 @@ def measurement(ctx_model: str, evaluation: str, hooks: str, graph: str, data_di
     return metrics, key
 
 
+COMPARED = ("cosine", "sqnr", "max_abs", "frame_cosine")
+
+
 def summarize(metrics: dict) -> dict:
-    summary = {m: worst(metrics["outputs"], m) for m in ("cosine", "sqnr", "max_abs")}
+    """The worst value of each comparison metric over the outputs, and the task metrics."""
+    summary = {m: worst(metrics["outputs"], m) for m in COMPARED if all(m in o for o in metrics["outputs"].values())}
     summary.update(metrics.get("score", {}))
     return summary
+
+
+def worst_outputs(metrics: dict) -> dict:
+    """Comparison metric -> the output with the worst value (a graph with several outputs: which one to look at)."""
+    per_output = metrics["outputs"]
+    if len(per_output) < 2:
+        return {}
+    return {m: (max if m == "max_abs" else min)(per_output, key=lambda o: per_output[o][m])
+            for m in COMPARED if all(m in o for o in per_output.values())}
 
 
 def decide(params: dict, metrics: dict, key: dict | None = None) -> dict:
     """The report (<graph>.check.json) and the gate."""
     summary = summarize(metrics)
     report = {"samples": metrics["samples"], "summary": summary, **{k: v for k, v in metrics.items() if k != "samples"},
-              "gate": params["gate"]}
+              "worst_output": worst_outputs(metrics), "gate": params["gate"]}
     if key is not None:
         report["inputs"] = key
-    gate = params["gate"]
-    if gate:
-        metric = gate["metric"]
-        if metric not in summary:
-            raise BuildError(f"{params['name']}: gate metric '{metric}' was not measured "
-                             f"(measured: {', '.join(summary)}); a task metric needs a score() hook")
-        value = summary[metric]
-        if "min" in gate and value < gate["min"]:
-            raise BuildError(f"{params['name']}: gate failed: {metric} = {value:.4f}, "
-                             f"needs >= {gate['min']:g} (short by {gate['min'] - value:.4f})")
-        if "max" in gate and value > gate["max"]:
-            raise BuildError(f"{params['name']}: gate failed: {metric} = {value:.4g}, "
-                             f"needs <= {gate['max']:g} (over by {value - gate['max']:.4g})")
+    if params["gate"]:
+        gates.judge(params["name"], params["gate"], summary, metrics.get("float_score"))
     atomic_write_json(params["outputs"]["report"], report)
     return {"summary": summary}

@@ -21,8 +21,49 @@ def load_hooks(path: str, data_dir: str | None = None, checkpoints: list[str] | 
     if data_dir is not None:
         module.DATA_DIR = Path(data_dir).resolve()
     if checkpoints:
-        module.CHECKPOINTS = {Path(p).name: Path(p).resolve() for p in checkpoints}
+        module.CHECKPOINTS = Checkpoints({Path(p).name: Path(p).resolve() for p in checkpoints})
     return module
+
+
+class Checkpoints(dict):
+    """What build(graph, checkpoints) gets: file name -> path, in model.toml's order. `checkpoints[0]` is the
+    first one too (a graph with one checkpoint rarely cares about its name); an unknown name lists the known."""
+
+    def __missing__(self, key):
+        if isinstance(key, int) and not isinstance(key, bool) and -len(self) <= key < len(self):
+            return list(self.values())[key]
+        raise KeyError(f"no checkpoint {key!r}: the graph's checkpoints are {', '.join(self) or 'none'} "
+                       "(file names from [model] / [graphs.<name>] checkpoints in model.toml)")
+
+
+def build_module(hooks, params: dict):
+    """The graph's torch module from the build hook, in eval mode; a failing hook is named with its checkpoints."""
+    import torch
+    guard_checkpoint_loading(params)
+    # nn.TransformerEncoderLayer / MultiheadAttention take a fused "fast path" in eval mode without grad
+    # (aten._transformer_encoder_layer_fwd): no exporter can write it, and with a float mask it returns NaN. Export
+    # and verify run the plain ops the ONNX graph has.
+    torch.backends.mha.set_fastpath_enabled(False)
+    if not hasattr(hooks, "build"):
+        raise BuildError(f"{params['hooks']}: no build(graph, checkpoints) hook (or set [model] onnx = ... "
+                         f"in {params['model_toml']} for an ONNX-only model)")
+    checkpoints = Checkpoints({Path(p).name: Path(p) for p in params["checkpoints"]})
+    try:
+        module = hooks.build(params["graph"], checkpoints)
+    except BuildError:
+        raise
+    except Exception as e:  # a corrupt checkpoint surfaces here: name it
+        hint = ""
+        if "Weights only load failed" in str(e):  # a checkpoint of pickled objects, not plain tensors
+            hint = (f" -- the checkpoint holds pickled Python objects; if you trust it, set trusted_checkpoints = true "
+                    f"under [model] in {params['model_toml']} and load it with torch.load(path, weights_only=False)")
+        raise BuildError(f"{params['hooks']}: build({params['graph']!r}) failed with checkpoints "
+                         f"{', '.join(map(str, checkpoints.values())) or 'none'}: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}{hint}") from e
+    if not isinstance(module, torch.nn.Module):
+        raise BuildError(f"{params['hooks']}: build({params['graph']!r}) returned {type(module).__name__}, "
+                         "expected a torch.nn.Module")
+    return module.eval()
 
 
 def guard_checkpoint_loading(params: dict) -> None:

@@ -13,6 +13,30 @@ from ..files import atomic_write_json
 VERSION = 1
 
 
+def rejection(model_path: str, error) -> str:
+    """The user's message for a graph QNN refused: each node with op type, QNN's reason or error code, and a fix."""
+    import onnx
+    from ..toolchains import qnn_errors
+    model = onnx.load(model_path, load_external_data=False)
+    op_types = {n.name: n.op_type for n in model.graph.node if n.name}
+    weights = _weight_type(model)
+    nodes = getattr(error, "nodes", [])
+    text = qnn_errors.explain(model_path, nodes, getattr(error, "reasons", {}), error.log, op_types, weights)
+    return text if nodes else f"{error}; {text.split(': ', 1)[1]}"
+
+
+def _weight_type(model) -> str | None:
+    """"int8", "uint8", "uint16", ... of the quantized weights (initializers feeding DequantizeLinear), if any."""
+    import onnx
+    initializers = {i.name: i.data_type for i in model.graph.initializer if len(i.dims) >= 1}
+    types = {initializers[n.input[0]] for n in model.graph.node
+             if n.op_type == "DequantizeLinear" and n.input[0] in initializers}
+    names = {onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.UINT16: "uint16",
+             onnx.TensorProto.INT4: "int4"}
+    found = [names[t] for t in types if t in names]
+    return "int8" if "int8" in found else (found[0] if found else None)
+
+
 def run(params: dict) -> dict:
     from ..toolchains import ort_qnn
 
@@ -23,8 +47,10 @@ def run(params: dict) -> dict:
         result = ort_qnn.compile_context_binary(
             Path(params["onnx"]), out_dir, params["graph"], soc_model=chip["soc_id"], vtcm_mb=chip["vtcm_mb"],
             fp16=params["fp16"])
-    except ort_qnn.UnsupportedOpsError as e:
-        raise BuildError(f"{params['name']}: {e}") from e
+    except (ort_qnn.UnsupportedOpsError, ort_qnn.QnnCompileError) as e:
+        if e.log:
+            print("QNN's log of the failed compile:\n" + "\n".join(e.log), flush=True)  # into <graph>.compile.log
+        raise BuildError(f"{params['name']}: {rejection(params['onnx'], e)}") from e
     target = result["target"]
     if target.get("soc_type") != chip["name"] or str(target.get("arch")) != str(chip["dsp_arch"][1:]):
         raise BuildError(f"{params['name']}: the binary says soc_type={target.get('soc_type')} "

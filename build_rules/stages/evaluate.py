@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from .. import gates
 from ..errors import BuildError
 from ..files import atomic_write_json
 from .common import load_hooks
@@ -37,34 +38,8 @@ def run(params: dict) -> dict:
     report = {"on": params["on"], "metrics": metrics, "gate": params.get("gate")}
     gate = params.get("gate")
     if gate:
-        metric = gate["metric"]
-        if metric not in metrics:
-            raise BuildError(f"{params['name']}: gate metric '{metric}' not returned by evaluate() "
-                             f"(it returned {', '.join(metrics)})")
-        value = metrics[metric]
-        bound, relation = _bound(gate, params.get("float_report"))
-        report["bound"] = bound
-        if (relation == ">=" and value < bound) or (relation == "<=" and value > bound):
-            raise BuildError(f"{params['name']}: gate failed: {metric} = {value:.4f}, needs {relation} {bound:.4f} "
-                             f"({_describe(gate)})")
+        reference = json.loads(open(params["float_report"]).read())["metrics"] if gates.is_relative(gate) else None
+        gates.judge(params["name"], gate, metrics, reference)
+        report["bound"] = gates.bound(gate, (reference or {}).get(gate["metric"]))[0]
     atomic_write_json(params["outputs"]["report"], report)
     return {"metrics": metrics}
-
-
-def _bound(gate: dict, float_report: str | None) -> tuple[float, str]:
-    """The bound the value must meet and how: absolute, or the float model's value plus the allowed change."""
-    if "min" in gate:
-        return gate["min"], ">="
-    if "max" in gate:
-        return gate["max"], "<="
-    reference = json.loads(open(float_report).read())["metrics"][gate["metric"]]
-    if "max_increase" in gate:
-        return reference + gate["max_increase"], "<="
-    return reference - gate["max_decrease"], ">="
-
-
-def _describe(gate: dict) -> str:
-    for key in ("max_increase", "max_decrease"):
-        if key in gate:
-            return f"float model's value {'+' if key == 'max_increase' else '-'} {gate[key]:g}"
-    return "absolute bound"

@@ -38,6 +38,7 @@ def run(params: dict) -> dict:
         graphs[graph] = {
             "binary": binary.name, "ctx_model": Path(files["ctx_model"]).name, "bytes": binary.stat().st_size,
             "xxh3_128": file_digest(binary), "metrics": check["summary"], "gate": check.get("gate"),
+            **({"worst_output": check["worst_output"]} if check.get("worst_output") else {}),
         }
     manifest = {
         "model": {**params["model"], "commit": model_commit(params["model_folder"])},

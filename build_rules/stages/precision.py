@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .. import gates
 from .check import measure, summarize
 from .common import compare, load_evaluation
 
@@ -32,11 +33,10 @@ def meets(target: dict | None, summary: dict) -> bool:
     value = summary.get(target["metric"])
     if value is None:
         raise KeyError(f"target metric {target['metric']!r} was not measured (measured: {', '.join(summary)})")
-    return value >= target["min"] if "min" in target else value <= target["max"]
+    return gates.passes(target, value, summary.get("_float_score", {}).get(target["metric"]))
 
 
-def describe(target: dict) -> str:
-    return f"{target['metric']} {'>=' if 'min' in target else '<='} {target.get('min', target.get('max')):g}"
+describe = gates.describe
 
 
 class Candidates:

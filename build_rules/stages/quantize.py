@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..errors import BuildError
 from .common import read_input_list
 
-VERSION = 1
+VERSION = 2  # 2: warns about graph outputs clamped by an activation
 
 
 def run(params: dict) -> dict:
@@ -32,4 +32,51 @@ def run(params: dict) -> dict:
                          ranges=params.get("ranges"))
     except ValueError as e:  # e.g. an override naming a tensor the model does not have
         raise BuildError(f"{params['name']}: {e}") from e
-    return {"calibration": "reused" if params.get("ranges") else "ran"}
+    values = {"calibration": "reused" if params.get("ranges") else "ran"}
+    warnings = [f"{params['name']}: {w}" for w in narrowed_outputs(params["outputs"]["onnx"], params.get("ranges"))]
+    for warning in warnings:
+        print(f"warning: {warning}", flush=True)
+    if warnings:
+        values["warnings"] = warnings  # the build summary repeats them
+    return values
+
+
+def narrowed_outputs(qdq_model: str, ranges: str | None) -> list[str]:
+    """Graph outputs whose quantized range is narrower than their calibrated float range. The QDQ quantizer gives
+    a tensor that feeds a Relu or Clip the range of that activation's output; when the tensor is also a graph
+    output (a recurrent state, say), its negative values are clamped on the NPU while every float check passes."""
+    if not ranges:
+        return []
+    import json
+
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+    calibrated = json.loads(open(ranges).read()).get("data", {})
+    model = onnx.load(qdq_model, load_external_data=False)
+    initializers = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    outputs = {o.name for o in model.graph.output}
+    consumers = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    found = []
+    for node in model.graph.node:
+        if node.op_type != "DequantizeLinear" or node.output[0] not in outputs or node.output[0] not in calibrated:
+            continue
+        scale, zero = (initializers.get(n) for n in node.input[1:3])
+        if scale is None or zero is None or scale.size != 1:
+            continue
+        info = np.iinfo(zero.dtype)
+        low, high = float(scale) * (info.min - float(zero)), float(scale) * (info.max - float(zero))
+        entry = calibrated[node.output[0]]
+        float_low, float_high = float(entry["lowest"]["data"][0]), float(entry["highest"]["data"][0])
+        step = float(scale)
+        if float_low < low - step or float_high > high + step:
+            readers = sorted({c.op_type for c in consumers.get(node.output[0], [])})
+            found.append(f"output '{node.output[0]}' is quantized to [{low:.4g}, {high:.4g}] but its calibrated range "
+                         f"is [{float_low:.4g}, {float_high:.4g}] (it also feeds {', '.join(readers) or 'another op'}, "
+                         "whose range it was given): values outside are clamped on the NPU. Fix: return a tensor "
+                         "that no op reads, e.g. torch.stack([h, c]) or torch.stack([state]) (a `* 1` or .clone() "
+                         "is optimised away)")
+    return found

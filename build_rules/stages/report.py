@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .. import gates
 from ..files import atomic_write_json, atomic_write_text
 from .check import measurement, measurement_key, summarize
 
@@ -35,11 +36,13 @@ def _cell_metrics(cell: dict, hooks: str, data_dir) -> tuple[dict, str]:
     return metrics, "memo" if remembered else "emulator"
 
 
-def _passes(gate: dict | None, summary: dict) -> bool | None:
+def _passes(gate: dict | None, summary: dict, float_score: dict) -> bool | None:
     if not gate or gate["metric"] not in summary:
         return None
-    value = summary[gate["metric"]]
-    return value >= gate["min"] if "min" in gate else value <= gate["max"]
+    reference = float_score.get(gate["metric"])
+    if gates.is_relative(gate) and reference is None:
+        return None
+    return gates.passes(gate, summary[gate["metric"]], reference)
 
 
 def run(params: dict) -> dict:
@@ -54,7 +57,7 @@ def run(params: dict) -> dict:
         rows.append({"variant": cell["variant"], "chip": cell["chip"], "graph": cell["graph"],
                      "bytes": compiled["bytes"], "compile_seconds": compiled["seconds"], "samples": metrics["samples"],
                      "summary": summary, "float_score": metrics.get("float_score", {}), "gate": cell["gate"],
-                     "passed": _passes(cell["gate"], summary), "measured_by": source})
+                     "passed": _passes(cell["gate"], summary, metrics.get("float_score", {})), "measured_by": source})
     evaluations = {}
     for name, path in params.get("evaluations", {}).items():
         try:
@@ -82,9 +85,7 @@ def _fmt(value, digits=4) -> str:
 def _gate_text(row: dict) -> str:
     if row["passed"] is None:
         return "–"
-    gate = row["gate"]
-    bound = f">= {gate['min']:g}" if "min" in gate else f"<= {gate['max']:g}"
-    return f"{'pass' if row['passed'] else '**FAIL**'} ({gate['metric']} {bound})"
+    return f"{'pass' if row['passed'] else '**FAIL**'} ({gates.describe(row['gate'])})"
 
 
 def _task_metrics(row: dict) -> str:

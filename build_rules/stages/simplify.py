@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import BuildError
 from ..files import atomic_write_json
 
-VERSION = 1
+VERSION = 2  # 2: Constant nodes -> initializers, constants folded, opset >= 13
 
 
 def _tensor_info(value) -> dict:
@@ -39,6 +39,8 @@ def run(params: dict) -> dict:
     if unknown:
         raise BuildError(f"{source}: declared input(s) {', '.join(unknown)} not in the model "
                          f"(its inputs: {', '.join(graph_inputs)})")
+    model = _opset_for_quantization(model, source)
+    constants = constants_to_initializers(model)
     try:
         simplified, ok = onnxsim.simplify(
             model, overwrite_input_shapes={n: s["shape"] for n, s in declared.items()} or None)
@@ -46,6 +48,13 @@ def run(params: dict) -> dict:
         raise BuildError(f"{source}: onnxsim failed: {e}") from e
     if not ok:
         raise BuildError(f"{source}: onnxsim could not validate the simplified model")
+    constants += constants_to_initializers(simplified)
+    folded = fold_constants(simplified)
+    if constants or folded:
+        print(f"{constants} Constant node(s) made initializers, {folded} node(s) of constants folded", flush=True)
+    moved = reduce_before_unsqueeze(simplified)
+    if moved:
+        print(f"{moved} reduction(s) moved before the Unsqueeze that fed them", flush=True)
     # onnxsim writes metadata_props that crash onnxruntime's qnn_preprocess_model.
     del simplified.metadata_props[:]
 
@@ -76,3 +85,162 @@ def run(params: dict) -> dict:
         "parameters": int(sum(int(np.prod(i.dims)) for i in simplified.graph.initializer)),
     })
     return {"nodes": len(simplified.graph.node)}
+
+
+def constants_to_initializers(model) -> int:
+    """Constant nodes of the main graph become initializers of the same name. Exporters of other frameworks
+    (Paddle's p2o.helper.constant.*, TF) keep them as nodes; the quantizer then treats them as activations, quantized
+    at run time, which QNN refuses (a Pad value: "dynamic constant_value"; a weight: "Failed to create tensor ...
+    7004") and which costs a weight its per-channel scale. Returns how many."""
+    import onnx
+    from onnx import numpy_helper
+    kept, made = [], 0
+    for node in model.graph.node:
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.attribute) != 1:
+            kept.append(node)
+            continue
+        attribute = node.attribute[0]
+        value = onnx.helper.get_attribute_value(attribute)
+        if attribute.name == "value":
+            tensor = value
+        elif attribute.name in ("value_float", "value_floats", "value_int", "value_ints"):
+            import numpy as np
+            dtype = np.float32 if attribute.name.startswith("value_float") else np.int64
+            tensor = numpy_helper.from_array(np.array(value, dtype=dtype))
+        else:  # sparse or string constants: leave them to onnxruntime
+            kept.append(node)
+            continue
+        tensor.name = node.output[0]
+        model.graph.initializer.append(tensor)
+        made += 1
+    if made:
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+    return made
+
+
+# Ops whose result is the same on every run, so a node with only initializer inputs can be computed once here.
+_NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
+                 "If", "Loop", "Scan", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
+
+
+def fold_constants(model) -> int:
+    """Nodes whose inputs are all initializers, computed once (onnx's reference evaluator) into initializers.
+    onnxsim leaves some (e.g. when an input was a Constant node, or above its size limit). Q/DQ stay: they are
+    the quantization itself. Returns how many nodes were folded."""
+    from onnx import numpy_helper
+    folded = 0
+    while True:
+        known = {i.name for i in model.graph.initializer}
+        node = next((n for n in model.graph.node if n.op_type not in _NOT_FOLDABLE and n.domain in ("", "ai.onnx")
+                     and n.input and all(not i or i in known for i in n.input) and n.output), None)
+        if node is None:
+            return folded
+        initializers = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.name in node.input}
+        try:
+            values = _evaluate(node, initializers, model)
+        except Exception:  # an op the reference evaluator lacks: leave it to onnxruntime
+            return folded
+        for name, value in zip(node.output, values):
+            model.graph.initializer.append(numpy_helper.from_array(value, name))
+        model.graph.node.remove(node)
+        folded += 1
+
+
+def _evaluate(node, initializers: dict, model) -> list:
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+    inputs = [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+              for n, v in initializers.items()]
+    outputs = [onnx.helper.make_empty_tensor_value_info(o) for o in node.output]
+    graph = onnx.helper.make_graph([node], "fold", inputs, outputs)
+    single = onnx.helper.make_model(graph, opset_imports=model.opset_import)
+    return ReferenceEvaluator(single).run(None, initializers)
+
+
+REDUCTIONS = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2")
+
+
+def reduce_before_unsqueeze(model) -> int:
+    """Unsqueeze -> Reduce* over the new axes too (keepdims) becomes Reduce* over the original axes -> Unsqueeze:
+    the same values (the new axes have size 1). Why: the dynamo exporter writes AdaptiveAvgPool1d(1) as
+    Unsqueeze -> ReduceMean(axes [-1, -2]) on rank 4, and after a Conv1d QNN HTP computes that wrongly with 16-bit
+    activations (measured on the emulator: cosine 0.53 against float; 1.0 at 8 bit, and 1.0 for the rank-3
+    ReduceMean this gives). Returns how many were rewritten."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+    initializers = {i.name: i for i in model.graph.initializer}
+    consumers: dict[str, int] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers[name] = consumers.get(name, 0) + 1
+    outputs = {o.name for o in model.graph.output}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    moved = 0
+    for reduce in list(model.graph.node):
+        unsqueeze = producer.get(reduce.input[0]) if reduce.input else None
+        if (reduce.op_type not in REDUCTIONS or unsqueeze is None or unsqueeze.op_type != "Unsqueeze"
+                or consumers.get(unsqueeze.output[0]) != 1 or unsqueeze.output[0] in outputs
+                or len(unsqueeze.input) != 2 or unsqueeze.input[1] not in initializers
+                or len(reduce.input) != 2 or reduce.input[1] not in initializers
+                or any(a.name == "keepdims" and a.i == 0 for a in reduce.attribute)):
+            continue  # only the opset >= 18 form (axes as inputs), keepdims, one reader
+        added = [int(a) for a in numpy_helper.to_array(initializers[unsqueeze.input[1]]).ravel()]
+        axes = [int(a) for a in numpy_helper.to_array(initializers[reduce.input[1]]).ravel()]
+        rank = len(added) + _rank(model, unsqueeze.input[0])
+        if rank <= len(added):
+            continue  # the input's rank is unknown
+        added = sorted(a % rank for a in added)
+        axes = sorted(a % rank for a in axes)
+        if not set(added) <= set(axes):
+            continue
+        kept = [i for i in range(rank) if i not in added]  # positions of the original axes in the new tensor
+        original = [kept.index(a) for a in axes if a not in added]
+        if not original:
+            continue
+        name = f"{reduce.name or reduce.output[0]}_before_unsqueeze"
+        model.graph.initializer.append(numpy_helper.from_array(np.array(original, np.int64), f"{name}_axes"))
+        reduced = f"{name}_output"
+        position = list(model.graph.node).index(unsqueeze)
+        model.graph.node.remove(unsqueeze)
+        model.graph.node.insert(position, onnx.helper.make_node(reduce.op_type, [unsqueeze.input[0], f"{name}_axes"],
+                                                                [reduced], name=name, keepdims=1))
+        reduce_at = list(model.graph.node).index(reduce)
+        model.graph.node.remove(reduce)
+        model.graph.node.insert(reduce_at, onnx.helper.make_node("Unsqueeze", [reduced, unsqueeze.input[1]],
+                                                                 [reduce.output[0]], name=f"{name}_unsqueeze"))
+        moved += 1
+    return moved
+
+
+def _rank(model, tensor: str) -> int:
+    import onnx
+    inferred = onnx.shape_inference.infer_shapes(model)
+    for value in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        if value.name == tensor and value.type.tensor_type.HasField("shape"):
+            return len(value.type.tensor_type.shape.dim)
+    return 0
+
+
+# Per-channel DequantizeLinear (axis) needs opset 13: older exports are converted before quantization.
+QUANTIZATION_OPSET = 13
+
+
+def _opset_for_quantization(model, source: str):
+    import onnx
+    from onnx import version_converter
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset >= QUANTIZATION_OPSET:
+        return model
+    print(f"{source}: converting opset {opset} -> {QUANTIZATION_OPSET} (per-channel quantization needs it)", flush=True)
+    try:
+        converted = version_converter.convert_version(model, QUANTIZATION_OPSET)
+        # IR < 4 lists initializers among the graph inputs; initializers made later need IR >= 4 (7 goes with opset 13).
+        converted.ir_version = max(converted.ir_version, 7)
+        onnx.checker.check_model(converted)
+        return converted
+    except Exception as e:
+        raise BuildError(f"{source}: opset {opset} is older than {QUANTIZATION_OPSET}, which quantized HTP models "
+                         f"need (per-channel DequantizeLinear), and onnx's version converter failed: {e}; re-export "
+                         f"the model with opset >= {QUANTIZATION_OPSET}") from e

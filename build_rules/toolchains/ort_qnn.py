@@ -48,17 +48,26 @@ class UnsupportedOpsError(Exception):
     """
 
     def __init__(self, model: str | os.PathLike, nodes: list[tuple[str, str]],
-                 reasons: dict[str, str] | None = None, partitions: int | None = None):
+                 reasons: dict[str, str] | None = None, partitions: int | None = None, log: list[str] | None = None):
         self.model = str(model)
         self.nodes = [(str(t), str(n)) for t, n in nodes]
         self.reasons = dict(reasons or {})
         self.partitions = partitions
+        self.log = list(log or [])  # QNN's own error lines (qnn_errors.qnn_log_lines)
         listed = ", ".join(f"{t} (node '{n}')" for t, n in self.nodes)
         super().__init__(f"QNN HTP cannot run {len(self.nodes)} node(s) of {self.model}: {listed}")
 
     def __reduce__(self):
         # Build tools may run tasks in worker processes: keep the error picklable despite the custom __init__.
-        return (type(self), (self.model, self.nodes, self.reasons, self.partitions))
+        return (type(self), (self.model, self.nodes, self.reasons, self.partitions, self.log))
+
+
+class QnnCompileError(RuntimeError):
+    """QNN refused the graph while composing or finalizing it; `.log` has QNN's own error lines, which name the node."""
+
+    def __init__(self, message: str, log: list[str]):
+        super().__init__(message)
+        self.log = log
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -508,25 +517,26 @@ def compile_context_binary(model: Path, out_dir: Path, graph: str, *, soc_model:
             "framework_op_trace_dir": str(trace_work),
         }
         try:
-            seconds = _compile_in_child(model, work_ctx, provider_options)
+            seconds, _ = _compile_in_child(model, work_ctx, provider_options)
         except _CompileFailed as failure:
             # E.g. ERROR_IF_NO_NODES_COMPILED on a model made only of unsupported ops: name them if the trace can.
             trace = _keep_trace(trace_work, trace_dir, graph)
+            log = _qnn_log(model, work, provider_options)
             try:
                 source = onnx.load_from_string(model_bytes)
             except Exception:
-                raise RuntimeError(f"onnxruntime-qnn could not compile {model}: {failure}") from None
+                raise QnnCompileError(f"onnxruntime-qnn could not compile {model}: {failure}", log) from None
             _, rejected, reasons, partitions = _placement(source, None, trace)
             if rejected:
-                raise UnsupportedOpsError(model, rejected, reasons, partitions) from failure
-            raise RuntimeError(f"onnxruntime-qnn could not compile {model}: {failure}") from None
+                raise UnsupportedOpsError(model, rejected, reasons, partitions, log) from failure
+            raise QnnCompileError(f"onnxruntime-qnn could not compile {model}: {failure}", log) from None
         trace = _keep_trace(trace_work, trace_dir, graph)
 
         source = onnx.load_from_string(model_bytes)
         ctx = onnx.load(str(work_ctx), load_external_data=False)
         cpu_io, rejected, reasons, partitions = _placement(source, ctx, trace)
         if rejected:
-            raise UnsupportedOpsError(model, rejected, reasons, partitions)
+            raise UnsupportedOpsError(model, rejected, reasons, partitions, _qnn_log(model, work, provider_options))
         if partitions != 1:
             raise RuntimeError(f"compiling {model} produced {partitions} QNN partitions; exactly one is required")
 
@@ -561,12 +571,32 @@ def compile_context_binary(model: Path, out_dir: Path, graph: str, *, soc_model:
 class _CompileFailed(Exception):
     """onnxruntime refused to compile (an exception inside the compile process, not a crash)."""
 
+    def __init__(self, message: str, stderr: str = ""):
+        super().__init__(message)
+        self.stderr = stderr
+
+
+def _qnn_log(model: Path, work: Path, provider_options: dict[str, str]) -> list[str]:
+    """QNN's error lines for a compile that failed. onnxruntime prints them only at verbose level, so the failed
+    compile runs once more with that on: the failing path only, the binaries are compiled with the log off."""
+    from .qnn_errors import qnn_log_lines
+    options = {k: v for k, v in provider_options.items() if "op_trace" not in k}
+    try:
+        _, stderr = _compile_in_child(model, work / "qnn_log_ctx.onnx", options, verbose=True)
+    except _CompileFailed as failure:
+        stderr = failure.stderr
+    except RuntimeError:
+        return []  # the process died: the caller's own error says so
+    return qnn_log_lines(stderr)
+
 
 _CHILD_MARK = "ORT_QNN_COMPILE_JSON "
 
 
-def _compile_in_child(model: Path, ctx_out: Path, provider_options: dict[str, str]) -> float:
-    """Run the ModelCompiler in a fresh Python process and return the seconds the compile itself took.
+def _compile_in_child(model: Path, ctx_out: Path, provider_options: dict[str, str],
+                      verbose: bool = False) -> tuple[float, str]:
+    """Run the ModelCompiler in a fresh Python process: (seconds the compile itself took, the process's stderr).
+    verbose: onnxruntime's log at verbose level, which is where QNN's own messages go.
 
     Why a process per compile:
     - Determinism. The HTP backend keeps state between compiles in one process: every further compile of the same
@@ -575,7 +605,7 @@ def _compile_in_child(model: Path, ctx_out: Path, provider_options: dict[str, st
     - Isolation. A native crash in the 100 MB QNN libraries cannot take the build tool down, and the
       compiler's memory goes back to the system.
     """
-    request = json.dumps({"model": str(model), "ctx": str(ctx_out), "options": provider_options})
+    request = json.dumps({"model": str(model), "ctx": str(ctx_out), "options": provider_options, "verbose": verbose})
     # Load this very file in the child (not "import build_rules..."), so it works wherever the package lives.
     code = ("import importlib.util as u, sys; s = u.spec_from_file_location('_ort_qnn_compile_child', sys.argv[1]); "
             "m = u.module_from_spec(s); s.loader.exec_module(m); m._compile_child()")
@@ -589,14 +619,17 @@ def _compile_in_child(model: Path, ctx_out: Path, provider_options: dict[str, st
         raise RuntimeError(f"the onnxruntime-qnn compile process for {model} died (exit code {proc.returncode}): "
                            f"{(proc.stderr or proc.stdout).strip()[-3000:]}")
     if "error" in reply:
-        raise _CompileFailed(reply["error"])
-    return float(reply["seconds"])
+        raise _CompileFailed(reply["error"], proc.stderr)
+    return float(reply["seconds"]), proc.stderr
 
 
 def _compile_child() -> None:
     """Body of the compile process: read the request from stdin, compile, report one JSON line on stdout."""
     request = json.loads(sys.stdin.read())
     try:
+        if request.get("verbose"):  # before the EP library is registered: it takes the level then
+            import onnxruntime
+            onnxruntime.set_default_logger_severity(0)
         ort = _ort()
         # CPU fallback stays allowed on purpose: only then does the EP offload graph-I/O Q/DQ to the CPU, so the
         # binary's own I/O is 16-bit fixed point (what sherpa-onnx expects). The parent polices the CPU nodes.
