@@ -53,7 +53,8 @@ def qnn_input_list(params: dict, work: Path, flow: str = "model-lib", named: boo
     listed = work / "input_list.txt"
     listed.write_text("\n".join(out_lines) + "\n")
     print(f"calibration samples for the converter: {listed} ({count} samples; transposed: "
-          f"{', '.join(f'{n} {p}' for n, p in permutations.items() if p) or 'none'})", flush=True)
+          f"{', '.join(f'{n} {p}' for n, p in permutations.items() if p) or 'none'}), first line: {out_lines[0]}",
+          flush=True)
     return str(listed)
 
 

@@ -81,6 +81,7 @@ def run(params: dict) -> dict:
         lines.append(" ".join(entries))
     input_list = work / "input_list.txt"
     input_list.write_text("\n".join(lines) + "\n")
+    print(f"input list, first line: {lines[0]}", flush=True)
     cmd = qairt.net_run_command(sdk, params["binary"], short(input_list), short(work / "output"))
     code, text = run_tool(cmd, sdk)
     if code != 0:

@@ -153,8 +153,8 @@ def scan_converter_log(text: str) -> dict:
             found = {"node": match.group("node"), "op": match.group("op"), "text": match.group("text")}
             if found not in rejected:
                 rejected.append(found)
-        elif _QUANT_WARNING.search(line):
-            warnings.append(line.strip())
+        elif _QUANT_WARNING.search(line):  # from "WARNING" on: no timestamp, so manifests stay reproducible
+            warnings.append(line[_QUANT_WARNING.search(line).start():].strip())
     return {"rejected": rejected, "quantization_warnings": warnings}
 
 
