@@ -264,6 +264,25 @@ def test_io_contract_from_net_json_and_from_a_binary_dump(tmp_path):
         read_io_contract(tmp_path / "other.json")
 
 
+def test_input_problems_name_shape_and_order_mismatches():
+    from build_rules.toolchains.qairt_outputs import input_problems
+
+    def contract(*entries):
+        return {"inputs": [{"name": n, "shape": s, "layout": None} for n, s in entries], "outputs": []}
+
+    specs = {"x.0": {"shape": [1, 3, 8, 8], "dtype": "float32", "layout": None},
+             "ids": {"shape": [1, 4], "dtype": "int32", "layout": None}}
+    assert input_problems(contract(("x_0", [1, 8, 8, 3]), ("ids", [1, 4])), specs, "model-lib") == []
+    assert input_problems(contract(("x.0", [1, 3, 8, 8]), ("ids", [1, 4])), specs, "dlc") == []
+    assert input_problems(contract(("ids", [1, 4]), ("x.0", [1, 3, 8, 8])), specs, "dlc") == [
+        "the converted graph takes its inputs in the order ['ids', 'x.0'], but the calibration samples list them in "
+        "the ONNX order ['x.0', 'ids']"]
+    assert input_problems(contract(("x.0", [1, 8, 8, 3]), ("ids", [1, 4])), specs, "dlc") == [
+        "input 'x.0' is [1, 8, 8, 3] in the converted graph, but its data is written as [1, 3, 8, 8] (the ONNX shape)"]
+    assert input_problems(contract(("ids", [1, 4])), specs, "dlc") == [
+        "input 'x.0' is not an input of the converted graph (its inputs: ids)"]
+
+
 # ----------------------------------------------------------------------------------------------- 6 16-bit weights
 
 def test_16_bit_weights_are_symmetric_with_restricted_steps():
@@ -378,8 +397,8 @@ def test_dlc_flow_command_lines_and_outputs(built_dlc):
                          "out/tinynet/w8a16/.encoder.qnn_inputs/input_list.txt", "--output_dlc",
                          "out/tinynet/w8a16/encoder.dlc", "--act_bitwidth", "16", "--bias_bitwidth", "32",
                          "--weights_bitwidth", "8", "--use_per_channel_quantization", "--use_native_input_files"]]
-    # The quantizer's list names each input, with absolute paths (it reads the list from its own folder).
-    assert re.search(r"first line: image:=/\S+/out/tinynet/calibration/encoder/0000\.image\.raw$",
+    # The quantizer's list has absolute paths (it reads the list from its own folder), one per input.
+    assert re.search(r"first line: /\S+/out/tinynet/calibration/encoder/0000\.image\.raw$",
                      (repo / "out/tinynet/w8a16/encoder.quantize.log").read_text(), re.M)
     compile_ = [c for c in recorded(calls, "qnn-context-binary-generator") if "out/tinynet/w8a16/SM8750" in c and
                 "head" in c]

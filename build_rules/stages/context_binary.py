@@ -3,7 +3,8 @@ on the x86 libQnnHtp.so backend, the binary a phone loads).
 
 The graph comes from the x86_64 model library (model-lib flow) or from <graph>.dlc through libQnnModelDlc.so
 (DLC flow). In the DLC flow the binary's I/O is then read back with qnn-context-binary-utility into
-<graph>.info.json (there is no _net.json), and each input must have its ONNX shape (the flow keeps layouts).
+<graph>.info.json (there is no _net.json), and each input must have its ONNX shape (the flow keeps layouts) and
+place (the quantizer's calibration list is in ONNX input order).
 A node HTP refuses fails the task naming node, op type, the generator's reason and a fix.
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ def rejection_error(name: str, rejected: list[dict], onnx_path: str | None, dsp_
 
 def run(params: dict) -> dict:
     from ..toolchains import ort_qnn, qairt
-    from ..toolchains.qairt_outputs import (ContractError, input_layout_problems, read_io_contract,
+    from ..toolchains.qairt_outputs import (ContractError, input_problems, read_io_contract,
                                             scan_context_binary_log)
 
     sdk = qairt.Sdk(Path(params["sdk"]))
@@ -63,13 +64,13 @@ def run(params: dict) -> dict:
             raise BuildError(f"{params['name']}: qnn-context-binary-utility could not read {binary.name} "
                              f"(exit code {code}):\n{tail(text)}")
         try:
-            problems = input_layout_problems(read_io_contract(info), params["inputs"], "dlc")
+            problems = input_problems(read_io_contract(info), params["inputs"], "dlc")
         except ContractError as e:
             raise BuildError(f"{params['name']}: {e}") from None
         if problems:
             raise BuildError(f"{params['name']}: " + "; ".join(problems) + " (the DLC flow writes every input "
-                             "in its ONNX layout; use the model-lib flow for this model, and report this SDK's "
-                             "behaviour)")
+                             "in its ONNX layout and order). Fix: use the model-lib flow for this model "
+                             "(qairt_flow = \"model-lib\"), and report this SDK's behaviour")
     try:
         target = ort_qnn.read_binary_target(binary)  # the HTP config string a context binary embeds
     except ValueError:

@@ -20,9 +20,10 @@ from .sdk_tool import check_converter_output, run_tool, short
 VERSION = 2
 
 
-def qnn_input_list(params: dict, work: Path, flow: str = "model-lib", named: bool = False) -> str:
+def qnn_input_list(params: dict, work: Path, flow: str = "model-lib", absolute: bool = False) -> str:
     """An input list with the variant's sample count, in the layout the converter expects: the shared one when it
-    already is. named: `name:=path` entries with absolute paths (the DLC quantizer's input order is its own)."""
+    already is. One path per input, in the ONNX input order (the order the converted graph is checked for);
+    absolute: every path absolute (qairt-quantizer reads the list from its own working folder)."""
     import numpy as np
 
     from ..toolchains import qairt
@@ -35,7 +36,7 @@ def qnn_input_list(params: dict, work: Path, flow: str = "model-lib", named: boo
                          f"{params['name']} needs {count}")
     specs = params["inputs"]
     permutations = {name: qairt.qnn_permutation(spec, flow) for name, spec in specs.items()}
-    if len(lines) == count and not any(permutations.values()) and not named:
+    if len(lines) == count and not any(permutations.values()) and not absolute:
         return params["input_list"]
     work.mkdir(parents=True, exist_ok=True)
     out_lines = []
@@ -48,7 +49,7 @@ def qnn_input_list(params: dict, work: Path, flow: str = "model-lib", named: boo
                 array = np.fromfile(path, dtype=spec["dtype"]).reshape(spec["shape"])
                 target = work / f"{i:04d}.{Path(path).name}"
                 np.ascontiguousarray(array.transpose(permutation)).tofile(target)
-            paths.append(f"{name}:={target}" if named else str(target))
+            paths.append(str(target))
         out_lines.append(" ".join(paths))
     listed = work / "input_list.txt"
     listed.write_text("\n".join(out_lines) + "\n")
@@ -60,7 +61,7 @@ def qnn_input_list(params: dict, work: Path, flow: str = "model-lib", named: boo
 
 def run(params: dict) -> dict:
     from ..toolchains import qairt
-    from ..toolchains.qairt_outputs import ContractError, input_layout_problems, read_io_contract
+    from ..toolchains.qairt_outputs import ContractError, input_problems, read_io_contract
 
     sdk = qairt.Sdk(Path(params["sdk"]))
     outputs = params["outputs"]
@@ -85,7 +86,7 @@ def run(params: dict) -> dict:
         contract = read_io_contract(outputs["net_json"])
     except ContractError as e:
         raise BuildError(f"{where}: {e}") from None
-    problems = input_layout_problems(contract, params["inputs"], "model-lib")
+    problems = input_problems(contract, params["inputs"], "model-lib")
     if problems:
         raise BuildError(f"{where}: " + "; ".join(problems) + ". Fix: declare the input's layout in model.toml "
                          f"([graphs.{params['graph']}] inputs = {{ <name> = {{ ..., layout = \"...\" }} }}) as the "

@@ -1,9 +1,10 @@
 """Stage 5b (qairt, DLC flow), quantize: float_dlc/<graph>.dlc -> <graph>.dlc (qairt-quantizer), calibrated on the
 shared calibration raw files, which are in the ONNX layout this flow keeps.
 
-The input list names each input (`name:=path`, absolute paths): the quantizer reads it from its own working
-folder, and a DLC's input order need not be the ONNX order. Quantization warnings go to <graph>.quantize.json
-and the manifest.
+The input list has one absolute path per input (the quantizer reads it from its own working folder), in the ONNX
+input order: no `name:=path` entries, which a Qualcomm tool's docs say qairt-quantizer does not accept. A DLC's
+input order could differ; compile checks the order of the compiled graph's inputs against it. Quantization
+warnings go to <graph>.quantize.json and the manifest.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def run(params: dict) -> dict:
     outputs = params["outputs"]
     dlc = Path(outputs["dlc"])
     dlc.parent.mkdir(parents=True, exist_ok=True)
-    input_list = qnn_input_list(params, dlc.parent / f".{params['graph']}.qnn_inputs", flow="dlc", named=True)
+    input_list = qnn_input_list(params, dlc.parent / f".{params['graph']}.qnn_inputs", flow="dlc", absolute=True)
     cmd = qairt.dlc_quantizer_command(sdk, params["float_dlc"], short(dlc), input_list, params["variant"],
                                       params["per_row"])
     code, text = run_tool(cmd, sdk)

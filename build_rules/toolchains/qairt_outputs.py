@@ -102,17 +102,19 @@ def find_tensor(entries: list[dict], onnx_name: str) -> dict | None:
     return by_name.get(onnx_name) or by_name.get(qnn_tensor_name(onnx_name))
 
 
-def input_layout_problems(contract: dict, inputs: dict, flow: str) -> list[str]:
-    """Inputs whose QNN-side dims differ from the layout this build writes their data in (calibration samples,
-    check inputs): channel-last where qnn-onnx-converter makes them so, the ONNX order in the DLC flow."""
+def input_problems(contract: dict, inputs: dict, flow: str) -> list[str]:
+    """How the converted graph's inputs differ from the data this build writes for them (calibration samples,
+    check inputs): their dims (channel-last where qnn-onnx-converter makes them so, the ONNX order in the DLC
+    flow), and, for positional calibration lists, their order (the ONNX input order)."""
     from .qairt import qnn_permutation
-    problems = []
+    problems, found = [], []
     for name, spec in inputs.items():
         entry = find_tensor(contract["inputs"], name)
         if entry is None:
             problems.append(f"input '{name}' is not an input of the converted graph (its inputs: "
                             f"{', '.join(e['name'] for e in contract['inputs']) or 'none'})")
             continue
+        found.append(entry["name"])
         permutation = qnn_permutation(spec, flow)
         expected = [spec["shape"][i] for i in permutation] if permutation else list(spec["shape"])
         if entry["shape"] != expected:
@@ -121,6 +123,10 @@ def input_layout_problems(contract: dict, inputs: dict, flow: str) -> list[str]:
             problems.append(f"input '{name}' is {entry['shape']}"
                             + (f" ({entry['layout']})" if entry.get("layout") else "")
                             + f" in the converted graph, but its data is written as {expected} ({how})")
+    order = [e["name"] for e in contract["inputs"] if e["name"] in found]
+    if not problems and order != found:
+        problems.append(f"the converted graph takes its inputs in the order {order}, but the calibration samples "
+                        f"list them in the ONNX order {found}")
     return problems
 
 
