@@ -229,7 +229,7 @@ def test_a_node_htp_rejects_in_the_dlc_flow_is_named_from_the_onnx_model(dlc_cop
 # ----------------------------------------------------------------------------------------------- 5 I/O contracts
 
 def test_io_contract_from_net_json_and_from_a_binary_dump(tmp_path):
-    from build_rules.toolchains.qairt_outputs import ContractError, read_io_contract
+    from build_rules.toolchains.qairt_outputs import ContractError, binary_graph_names, read_io_contract
     net = tmp_path / "g_net.json"
     net.write_text(json.dumps({"graph": {"tensors": {
         "x": {"id": 1, "type": 0, "dataFormat": 0, "data_type": 0x0416, "src_axis_format": "NCHW",
@@ -259,9 +259,12 @@ def test_io_contract_from_net_json_and_from_a_binary_dump(tmp_path):
         "inputs": [{"name": "x", "shape": [1, 3, 8, 8], "dtype": "UFIXED_POINT_8", "scale": 0.25, "offset": -3,
                     "layout": None}],
         "outputs": [{"name": "y", "shape": [1, 10], "dtype": "FLOAT_32", "scale": None, "offset": None, "layout": None}]}
+    assert binary_graph_names(dump) == ["g"]
     (tmp_path / "other.json").write_text("{}")
     with pytest.raises(ContractError, match="neither a _net.json"):
         read_io_contract(tmp_path / "other.json")
+    with pytest.raises(ContractError, match="no graph names in it"):
+        binary_graph_names(tmp_path / "other.json")
 
 
 def test_input_problems_name_shape_and_order_mismatches():

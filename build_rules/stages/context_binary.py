@@ -39,7 +39,7 @@ def rejection_error(name: str, rejected: list[dict], onnx_path: str | None, dsp_
 
 def run(params: dict) -> dict:
     from ..toolchains import ort_qnn, qairt
-    from ..toolchains.qairt_outputs import (ContractError, input_problems, read_io_contract,
+    from ..toolchains.qairt_outputs import (ContractError, binary_graph_names, input_problems, read_io_contract,
                                             scan_context_binary_log)
 
     sdk = qairt.Sdk(Path(params["sdk"]))
@@ -65,8 +65,14 @@ def run(params: dict) -> dict:
                              f"(exit code {code}):\n{tail(text)}")
         try:
             problems = input_problems(read_io_contract(info), params["inputs"], "dlc")
+            names = binary_graph_names(info)
         except ContractError as e:
             raise BuildError(f"{params['name']}: {e}") from None
+        if names != [params["graph_name"]]:  # the chip's HTP config (graph_names) did not apply to this graph
+            raise BuildError(f"{params['name']}: {binary.name} holds graph(s) {names}, but the HTP config names "
+                             f"'{params['graph_name']}', so the chip's settings were not applied to it. Fix: report "
+                             "this SDK's DLC graph naming; until then use the model-lib flow (qairt_flow = "
+                             "\"model-lib\")")
         if problems:
             raise BuildError(f"{params['name']}: " + "; ".join(problems) + " (the DLC flow writes every input "
                              "in its ONNX layout and order). Fix: use the model-lib flow for this model "

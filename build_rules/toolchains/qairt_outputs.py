@@ -53,6 +53,15 @@ def read_io_contract(path: str | Path) -> dict:
                         "(info.graphs)")
 
 
+def binary_graph_names(path: str | Path) -> list[str]:
+    """The graph names in a qnn-context-binary-utility dump (an HTP config applies only to the graphs it names)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        return [g.get("info", g)["graphName"] for g in data["info"]["graphs"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ContractError(f"{path}: no graph names in it ({e})") from None
+
+
 def _dtype_name(code, path: Path, name: str) -> str:
     if isinstance(code, str):
         return code.removeprefix("QNN_DATATYPE_")

@@ -223,7 +223,8 @@ def compile():
         m, g, v, c = model.name, graph.name, variant.name, chip.name
         extensions, config = _config_files(model, graph, variant, chip)
         binary = layout.chip_file(m, v, c, f"{g}.bin")
-        params = {"sdk": str(sdk.root), "config_file": extensions, "graph": g, "onnx": layout.float_file(m, g, ".sim.onnx"),
+        params = {"sdk": str(sdk.root), "config_file": extensions, "graph": g, "graph_name": qairt.qnn_graph_name(g),
+                  "onnx": layout.float_file(m, g, ".sim.onnx"),
                   "inputs": _inputs(graph), "chip": _tasks()._chip_params(chip), "outputs": {"binary": binary}}
         if dlc:
             params["dlc"] = _dlc(m, v, g)
