@@ -21,6 +21,7 @@ WEIGHT_TYPES = ("uint8", "int8", "uint16", "int4")
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 TOOLCHAINS = ("ort-qnn", "qairt", "auto")
 EXPORTERS = ("dynamo", "torchscript")
+QAIRT_FLOWS = ("model-lib", "dlc")  # qairt toolchain only: model libraries (the seeds' flow) or DLC files
 # QNN converter input layouts (qnn-onnx-converter --input_layout); one letter per dim.
 INPUT_LAYOUTS = ("NCDHW", "NDHWC", "NCHW", "NHWC", "NCF", "NFC", "NTF", "TNF", "NF", "NC", "F")
 # Metrics the tool measures against the float model itself (verify, check), and the direction of well-known
@@ -52,6 +53,7 @@ class ChipTable:
     chips: dict[str, Chip]
     default: tuple[str, ...]
     toolchain: str = "auto"  # top-level `toolchain = "qairt" | "ort-qnn" | "auto"` of chips.toml
+    qairt_flow: str = "model-lib"  # top-level `qairt_flow = "model-lib" | "dlc"` ($BUILD_RULES_QAIRT_FLOW overrides)
 
     def get(self, name: str, where: str) -> Chip:
         if name not in self.chips:
@@ -257,7 +259,7 @@ def resolve_file(ref: str, folder: Path, where: str, what: str = "checkpoint") -
 
 def load_chips(path: Path) -> ChipTable:
     root = _Table(path, "", read_toml(path))
-    root.check_keys(("default", "toolchain", "chips"))
+    root.check_keys(("default", "toolchain", "qairt_flow", "chips"))
     chips = {}
     for name, data in root.table("chips").data.items():
         t = root.table("chips").table(name)
@@ -270,7 +272,8 @@ def load_chips(path: Path) -> ChipTable:
                            dsp_arch=arch, vtcm_mb=t.get("vtcm_mb", int), fp16=t.get("fp16", bool))
     default = tuple(root.get("default", list, list(chips)))
     table = ChipTable(path=path, chips=chips, default=default,
-                      toolchain=root.get("toolchain", str, "auto", choices=TOOLCHAINS))
+                      toolchain=root.get("toolchain", str, "auto", choices=TOOLCHAINS),
+                      qairt_flow=root.get("qairt_flow", str, "model-lib", choices=QAIRT_FLOWS))
     for name in default:
         table.get(name, f"{path}: default")
     return table

@@ -85,7 +85,7 @@ def project() -> Project:
     _check_names(models, chips)
     from . import toolchains  # light: only the chosen toolchain's identity() runs here, from a cache file
     name, _ = toolchains.choose(chips.toolchain)
-    identity = toolchains.identity(name, Path(STATE_DIR))
+    identity = toolchains.identity(name, Path(STATE_DIR), chips.qairt_flow)
     return Project(root=root, chips=chips, models=models, toolchain=identity)
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, TEST_MODELS, make_repo, run_doit, write_tinynet_checkpoints
-from fake_qairt.make_sdk import make_sdk
+from fake_qairt.make_sdk import make_host_tools, make_sdk
 
-VERSION = "2.40.0.251030"
+VERSION = "2.40.0.251030"  # the SDK's folder name: sdk.yaml says version: 2.40.0, build_id: 251030
 GRAPHS = ("encoder", "head")
 VARIANTS = ("fp16", "w8a16")
 CHIPS = ("SM8550", "SM8750")
@@ -36,16 +36,23 @@ def sdk_tasks(stages=SDK_STAGES) -> set[str]:
     return names
 
 
-def path_without_ndk() -> str:
+def path_without(*programs: str) -> str:
+    """$PATH without the folders that hold any of these programs."""
     return os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
-                           if p and not (Path(p) / "ndk-build").exists())
+                           if p and not any((Path(p) / program).exists() for program in programs))
 
 
-def use_sdk(mp: pytest.MonkeyPatch, sdk: Path, calls: Path) -> None:
+def use_sdk(mp: pytest.MonkeyPatch, sdk: Path, calls: Path, host_tools: bool = True) -> None:
+    """Only QNN_SDK_ROOT points at the SDK: no envsetup.sh, no SDK entries on PYTHONPATH / LD_LIBRARY_PATH / PATH.
+    host_tools: stand-in clang++ and make on PATH (what the model-lib flow's library build needs); never an NDK."""
     mp.setenv("QNN_SDK_ROOT", str(sdk))
     mp.setenv("FAKE_QAIRT_LOG", str(calls))
-    mp.setenv("PATH", path_without_ndk())
-    for name in ("BUILD_RULES_TOOLCHAIN", "FAKE_QAIRT_UNSUPPORTED_OP", "FAKE_QAIRT_WARNING"):
+    path = path_without("ndk-build", "clang++", "clang++-9")
+    if host_tools:
+        path = f"{make_host_tools(calls.parent / 'host-bin')}{os.pathsep}{path}"
+    mp.setenv("PATH", path)
+    for name in ("BUILD_RULES_TOOLCHAIN", "BUILD_RULES_QAIRT_FLOW", "FAKE_QAIRT_UNSUPPORTED_OP", "FAKE_QAIRT_WARNING",
+                 "FAKE_QAIRT_REJECT_OP", "FAKE_QAIRT_KEEP_LAYOUT", "PYTHONPATH", "LD_LIBRARY_PATH"):
         mp.delenv(name, raising=False)
 
 
@@ -221,8 +228,8 @@ def test_mtcnn_command_lines_follow_the_sherpa_onnx_flow(tmp_path, monkeypatch):
 
     compile_ = params("compile:mtcnn/onet/w8a16@SM8750")
     assert found["compile:mtcnn/onet/w8a16@SM8750"]["targets"] == ["out/mtcnn/w8a16/SM8750/onet.bin"]
-    assert qairt.context_binary_command(qairt.Sdk(sdk), compile_["model_lib"], "out/mtcnn/w8a16/SM8750", "onet",
-                                        compile_["config_file"]) == [
+    assert qairt.context_binary_command(qairt.Sdk(sdk), "out/mtcnn/w8a16/SM8750", "onet", compile_["config_file"],
+                                        model_lib=compile_["model_lib"]) == [
         tool("qnn-context-binary-generator"), "--backend", f"{S}/lib/x86_64-linux-clang/libQnnHtp.so",
         "--model", "out/mtcnn/w8a16/model_libs/x86_64-linux-clang/libonet.so",
         "--output_dir", "out/mtcnn/w8a16/SM8750", "--binary_file", "onet",
@@ -255,14 +262,6 @@ def test_converter_flags_for_layouts_weights_and_overrides(tmp_path):
     assert qairt.qnn_graph_name("model-5-seconds") == "model_5_seconds"
 
 
-def test_converter_log_scan():
-    from build_rules.toolchains import qairt
-    found = qairt.scan_converter_log(
-        "INFO - ok\nERROR - Node hm_1: No translation registered for op type onnx_hardmax\n"
-        "WARNING - Quantization encodings of tensor 'a' were clipped\nop Foo falls back to CPU\n")
-    assert found["unsupported_ops"] == ["hardmax"]
-    assert found["quantization_warnings"] == ["WARNING - Quantization encodings of tensor 'a' were clipped"]
-    assert found["cpu_ops"] == ["op Foo falls back to CPU"]
 
 
 # ----------------------------------------------------------------------------------------------- a build
@@ -320,8 +319,8 @@ def test_build_writes_outputs_and_logs_where_the_design_says(built_qairt):
     assert {r["LDFLAGS"] for r in rows if r["tool"] == "qnn-model-lib-generator"} == {"-Wl,-z,max-page-size=16384"}
 
     manifest = json.loads((out / "w8a16/SM8750/manifest.json").read_text())
-    assert manifest["sdk_version"] == VERSION
-    assert manifest["toolchain"]["name"] == "qairt" and manifest["toolchain"]["sdk_version"] == VERSION
+    assert (manifest["sdk_version"], manifest["sdk_build_id"], manifest["qairt_flow"]) == ("2.40.0", "251030", "model-lib")
+    assert manifest["toolchain"]["name"] == "qairt" and manifest["toolchain"]["sdk_version"] == "2.40.0"
     assert manifest["toolchain"]["build_id"] is None and manifest["toolchain"]["htp_library_xxh3"]
     assert "no build id" in manifest["toolchain"]["build_id_note"]
     assert manifest["graphs"]["head"]["check"] == "not run"
@@ -336,6 +335,40 @@ def test_build_writes_outputs_and_logs_where_the_design_says(built_qairt):
     assert check["status"] == "not run" and check["summary"] == {}
     assert "check not run" in result.output
     assert "no ndk-build on PATH" in result.output
+    # Only QNN_SDK_ROOT pointed at the SDK (use_sdk): every tool got the rest of its environment from the build.
+    assert {json.loads(line)["QNN_SDK_ROOT"] for line in calls.read_text().splitlines()} == {str(base / "qairt" / VERSION)}
+
+
+def test_the_runtime_package_is_the_chips_arch_only_and_no_on_device_prepare(built_qairt):
+    base, _ = built_qairt
+    sdk = base / "qairt" / VERSION
+    assert (sdk / "lib/aarch64-android/libQnnHtpPrepare.so").is_file()  # the SDK has it; a context binary needs none
+    for chip, arch in (("SM8750", "V79"), ("SM8550", "V73")):
+        shipped = sorted(p.name for p in (base / f"repo/out/tinynet/w8a16/{chip}/runtime").iterdir())
+        assert shipped == sorted(["libQnnHtp.so", "libQnnSystem.so", f"libQnnHtp{arch}Stub.so", f"libQnnHtp{arch}Skel.so"])
+
+
+def test_manifest_records_each_binarys_io_contract_from_net_json(built_qairt):
+    """graphs.<g>.io: what a runtime must feed and read back (the dist stage reads exactly these fields)."""
+    import numpy as np
+
+    base, _ = built_qairt
+    out = base / "repo/out/tinynet"
+    io = json.loads((out / "w8a16/SM8750/manifest.json").read_text())["graphs"]["encoder"]["io"]
+    (image,), (features,) = io["inputs"], io["outputs"]
+    assert {k: image[k] for k in ("name", "shape", "dtype", "layout")} == {
+        "name": "image", "shape": [1, 16, 16, 3], "dtype": "UFIXED_POINT_16", "layout": "NHWC"}
+    assert features["name"] == "features" and features["shape"] == [1, 64] and features["dtype"] == "UFIXED_POINT_16"
+    # QNN's convention, real = scale * (q + offset): q = 0 and q = 65535 are the calibration data's range (with 0).
+    data = np.concatenate([np.fromfile(p, dtype=np.float32) for p in (out / "calibration/encoder").glob("*.image.raw")])
+    low, high = min(0.0, float(data.min())), max(0.0, float(data.max()))
+    assert image["offset"] < 0 and abs(image["scale"] * image["offset"] - low) <= image["scale"]
+    assert abs(image["scale"] * (65535 + image["offset"]) - high) <= image["scale"]
+    fp16 = json.loads((out / "fp16/SM8750/manifest.json").read_text())["graphs"]["head"]["io"]
+    assert fp16 == {"inputs": [{"name": "features", "shape": [1, 64], "dtype": "FLOAT_16", "scale": None, "offset": None,
+                                "layout": "NF"}],
+                    "outputs": [{"name": "logits", "shape": [1, 10], "dtype": "FLOAT_16", "scale": None, "offset": None,
+                                 "layout": "NF"}]}
 
 
 def test_doit_list_names_the_toolchain(built_qairt, monkeypatch):
@@ -344,7 +377,7 @@ def test_doit_list_names_the_toolchain(built_qairt, monkeypatch):
     listing = run_doit(base / "repo", "list")
     assert listing.code == 0, listing.output
     for stage in ("convert", "model_libs", "htp_config", "compile", "check", "package"):
-        assert re.search(rf"^{stage} .*\[qairt {VERSION}\]$", listing.output, re.M), listing.output
+        assert re.search(rf"^{stage} .*\[qairt {VERSION}, model-lib flow\]$", listing.output, re.M), listing.output
     assert "quantize" not in listing.output
     assert "with qairt" in listing.output
 
@@ -358,12 +391,12 @@ def test_doit_list_names_the_toolchain(built_qairt, monkeypatch):
 
 def test_another_sdk_version_reruns_exactly_the_sdk_tasks(qairt_copy):
     repo, sdk, calls = qairt_copy
-    (sdk / "sdk.yaml").write_text("name: qairt\nversion: 2.41.0.251215\n")
+    (sdk / "sdk.yaml").write_text("name: qairt\nversion: 2.41.0\nbuild_id: 251215\n")
     result = run_doit(repo)
     assert result.code == 0, result.output
     assert result.ran == sdk_tasks()
     manifest = json.loads((repo / "out/tinynet/fp16/SM8550/manifest.json").read_text())
-    assert manifest["sdk_version"] == "2.41.0.251215"
+    assert (manifest["sdk_version"], manifest["sdk_build_id"]) == ("2.41.0", "251215")
     assert run_doit(repo).ran == set()
 
 
@@ -405,10 +438,12 @@ def test_a_converter_log_with_an_unsupported_op_fails_naming_it(qairt_copy, monk
     (repo / "out/tinynet/w8a16/head.cpp").unlink()
     result = run_doit(repo)
     assert result.code != 0
-    assert "convert:tinynet/head/w8a16: qnn-onnx-converter on out/tinynet/float/head.sim.onnx: " \
-           "unsupported op(s) gemm" in result.output
+    assert "convert:tinynet/head/w8a16: qnn-onnx-converter on out/tinynet/float/head.sim.onnx: QNN rejected node " \
+           "'/fc/Gemm' (Gemm): No translation registered for op type onnx_gemm. Fix: qnn-onnx-converter has no " \
+           "translation for Gemm: change the export so that the model has no Gemm node" in result.output
     assert not (repo / "out/tinynet/w8a16/head.cpp").exists()
-    assert "No translation registered for op type onnx_gemm" in (repo / "out/tinynet/w8a16/head.convert.log").read_text()
+    assert "ERROR - Node /fc/Gemm: 'No translation registered for op type onnx_gemm.'" in \
+        (repo / "out/tinynet/w8a16/head.convert.log").read_text()
 
 
 def test_quantization_warnings_are_listed_in_the_manifest(qairt_copy, monkeypatch):
@@ -422,13 +457,41 @@ def test_quantization_warnings_are_listed_in_the_manifest(qairt_copy, monkeypatc
         "WARNING - Quantization encodings of tensor 'stand_in_tensor' were clipped to the calibrated range"]
 
 
+def test_a_converter_that_keeps_the_layout_fails_naming_the_input(qairt_copy, monkeypatch):
+    """The calibration samples were transposed to NHWC for the converter; if its _net.json says the input stayed
+    NCHW, the quantization was calibrated on scrambled data: fail, naming the input and the fix."""
+    repo, sdk, calls = qairt_copy
+    monkeypatch.setenv("FAKE_QAIRT_KEEP_LAYOUT", "1")
+    (repo / "out/tinynet/w8a16/encoder.cpp").unlink()
+    result = run_doit(repo)
+    assert result.code != 0
+    assert "convert:tinynet/encoder/w8a16: qnn-onnx-converter on out/tinynet/float/encoder.sim.onnx: input 'image' " \
+           "is [1, 3, 16, 16] (NCHW) in the converted graph, but its data is written as [1, 16, 16, 3] (transposed " \
+           "by [0, 2, 3, 1] from the ONNX shape [1, 3, 16, 16]). Fix: declare the input's layout in model.toml" \
+           in result.output
+    assert not (repo / "out/tinynet/w8a16/encoder.cpp").exists() and not (repo / "out/tinynet/w8a16/encoder.bin").exists()
+
+
+def test_a_node_htp_rejects_fails_compile_naming_node_op_and_fix(qairt_copy, monkeypatch):
+    repo, sdk, calls = qairt_copy
+    monkeypatch.setenv("FAKE_QAIRT_REJECT_OP", "Gemm")
+    (repo / "out/tinynet/w8a16/SM8550/head.bin").unlink()
+    result = run_doit(repo)
+    assert result.code != 0
+    assert "compile:tinynet/head/w8a16@SM8550: qnn-context-binary-generator: QNN rejected node '/fc/Gemm' (Gemm): " \
+           "None of the combinations match the provided case (error 0xc26). Fix: HTP has no kernel for this op with " \
+           "these input/output data types" in result.output
+    assert "Failed to validate op _fc_Gemm with error 0xc26" in (repo / "out/tinynet/w8a16/SM8550/head.compile.log").read_text()
+    assert not (repo / "out/tinynet/w8a16/SM8550/head.bin").exists()
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda sdk: (sdk / "lib/x86_64-linux-clang/libQnnHtp.so").unlink(),
      "is incomplete: expected lib/x86_64-linux-clang/libQnnHtp.so there"),
     (lambda sdk: (sdk / "bin/x86_64-linux-clang/qnn-onnx-converter").unlink(),
      "expected bin/x86_64-linux-clang/qnn-onnx-converter there"),
-    (lambda sdk: (sdk / "sdk.yaml").write_text("name: qairt\n"),
-     "sdk.yaml is malformed: expected a line like 'version: 2.40.0.251030'"),
+    (lambda sdk: (sdk / "sdk.yaml").write_text("name: qairt\nbuild_id: 251030\n"),
+     "sdk.yaml is malformed: expected a line like 'version: 2.40.0' (and 'build_id: 251030'"),
     (lambda sdk: shutil.rmtree(sdk), "no such folder"),
 ])
 def test_a_missing_or_broken_sdk_gives_one_clear_message(qairt_copy, damage, message):
@@ -473,6 +536,9 @@ def test_check_runs_qnn_net_run_where_the_sdk_has_it(qairt_copy, monkeypatch):
     assert one[:4] == ["--backend", f"{sdk}/lib/x86_64-linux-clang/libQnnHtp.so", "--retrieve_context",
                        "out/tinynet/w8a16/SM8750/encoder.bin"]
     assert one[4] == "--input_list" and one[6] == "--output_dir"
+    # Inputs go in by name (the graph's input name from _net.json), not by position.
+    assert re.search(r"^input list, first line: image:=\S+/0000\.image\.raw$",
+                     (repo / "out/tinynet/w8a16/SM8750/encoder.check.log").read_text(), re.M)
     check = json.loads((repo / "out/tinynet/w8a16/SM8750/encoder.check.json").read_text())
     assert check["status"] == "ran" and check["samples"] == 4
     assert check["summary"]["cosine"] > 0.9999
@@ -489,7 +555,8 @@ def test_loading_the_build_file_stays_light_under_qairt(built_qairt):
             "from build_rules import tasks; tasks.project(); "
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('numpy', 'onnx', 'onnxruntime', 'torch', 'onnxruntime_qnn'))))")
-    env = dict(os.environ, QNN_SDK_ROOT=str(base / "qairt" / VERSION), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, QNN_SDK_ROOT=str(base / "qairt" / VERSION), PYTHONPATH=str(ROOT),
+               PATH=f"{make_host_tools(base / 'host-bin')}{os.pathsep}{os.environ['PATH']}")
     env.pop("BUILD_RULES_TOOLCHAIN", None)
     proc = subprocess.run([sys.executable, "-c", code], cwd=base / "repo", env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

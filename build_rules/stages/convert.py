@@ -1,25 +1,29 @@
-"""Stage 5 (qairt), convert: simplified ONNX -> <graph>.cpp, <graph>.bin, <graph>_net.json (qnn-onnx-converter).
+"""Stage 5 (qairt, model-lib flow), convert: simplified ONNX -> <graph>.cpp, <graph>.bin, <graph>_net.json
+(qnn-onnx-converter).
 
 Quantized variants are quantized by the converter itself from the shared calibration raw files (--input_list
 --use_native_input_files). Channel-first inputs are channel-last on the QNN side, so their calibration samples
 are handed over transposed (toolchains.qairt.qnn_permutation); an input declared `layout = "NTF"` keeps its order.
-The converter's output is scanned: an unsupported op or an op left on the CPU fails the build, naming it;
-quantization warnings are kept in <graph>.convert.json and listed in the manifest.
+After the run, each input's dims in <graph>_net.json must be the layout the samples were written in (else the
+quantization was calibrated on scrambled data, and check would feed scrambled inputs): the stage fails naming it.
+An op the converter cannot translate fails naming node, op type and fix; WARNING lines never fail; quantization
+warnings are kept in <graph>.convert.json and listed in the manifest.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..errors import BuildError
 from ..files import atomic_write_json
-from .sdk_tool import run_tool, short, tail
+from .sdk_tool import check_converter_output, run_tool, short
 
-VERSION = 1
+VERSION = 2
 
 
-def qnn_input_list(params: dict, work: Path) -> str:
-    """An input list in QNN layout with the variant's sample count: the shared one when it already is."""
+def qnn_input_list(params: dict, work: Path, flow: str = "model-lib", absolute: bool = False) -> str:
+    """An input list with the variant's sample count, in the layout the converter expects: the shared one when it
+    already is. One path per input, in the ONNX input order (the order the converted graph is checked for);
+    absolute: every path absolute (qairt-quantizer reads the list from its own working folder)."""
     import numpy as np
 
     from ..toolchains import qairt
@@ -31,8 +35,8 @@ def qnn_input_list(params: dict, work: Path) -> str:
         raise BuildError(f"{params['input_list']}: {len(lines)} calibration samples, "
                          f"{params['name']} needs {count}")
     specs = params["inputs"]
-    permutations = {name: qairt.qnn_permutation(spec) for name, spec in specs.items()}
-    if len(lines) == count and not any(permutations.values()):
+    permutations = {name: qairt.qnn_permutation(spec, flow) for name, spec in specs.items()}
+    if len(lines) == count and not any(permutations.values()) and not absolute:
         return params["input_list"]
     work.mkdir(parents=True, exist_ok=True)
     out_lines = []
@@ -40,23 +44,24 @@ def qnn_input_list(params: dict, work: Path) -> str:
         paths = []
         for (name, spec), path in zip(specs.items(), line):
             permutation = permutations[name]
-            if permutation is None:
-                paths.append(str(Path(path).absolute()))
-                continue
-            array = np.fromfile(path, dtype=spec["dtype"]).reshape(spec["shape"])
-            target = work / f"{i:04d}.{Path(path).name}"
-            np.ascontiguousarray(array.transpose(permutation)).tofile(target)
+            target = Path(path).absolute()
+            if permutation is not None:
+                array = np.fromfile(path, dtype=spec["dtype"]).reshape(spec["shape"])
+                target = work / f"{i:04d}.{Path(path).name}"
+                np.ascontiguousarray(array.transpose(permutation)).tofile(target)
             paths.append(str(target))
         out_lines.append(" ".join(paths))
     listed = work / "input_list.txt"
     listed.write_text("\n".join(out_lines) + "\n")
-    print(f"calibration samples in QNN layout: {listed} ({count} samples; transposed: "
-          f"{', '.join(f'{n} {p}' for n, p in permutations.items() if p) or 'none'})", flush=True)
+    print(f"calibration samples for the converter: {listed} ({count} samples; transposed: "
+          f"{', '.join(f'{n} {p}' for n, p in permutations.items() if p) or 'none'}), first line: {out_lines[0]}",
+          flush=True)
     return str(listed)
 
 
 def run(params: dict) -> dict:
     from ..toolchains import qairt
+    from ..toolchains.qairt_outputs import ContractError, input_problems, read_io_contract
 
     sdk = qairt.Sdk(Path(params["sdk"]))
     outputs = params["outputs"]
@@ -70,25 +75,22 @@ def run(params: dict) -> dict:
             overrides = outputs["overrides"]
             atomic_write_json(overrides, qairt.overrides_json(variant["overrides"]))
     cmd = qairt.converter_command(sdk, params["onnx"], short(cpp), params["inputs"], variant,
-                                  input_list and short(input_list), overrides and short(overrides))
-    code, text = run_tool(cmd)
-    problems = qairt.scan_converter_log(text)
+                                  input_list and short(input_list), overrides and short(overrides), params["per_row"])
+    code, text = run_tool(cmd, sdk)
     where = f"{params['name']}: qnn-onnx-converter on {params['onnx']}"
-    if problems["unsupported_ops"]:
-        raise BuildError(f"{where}: unsupported op(s) {', '.join(problems['unsupported_ops'])} "
-                         "(fix the export so QNN can convert them; the converter's output is in the log)")
-    if problems["cpu_ops"]:
-        raise BuildError(f"{where}: op(s) left on the CPU: " + "; ".join(problems["cpu_ops"][:5]))
-    if code != 0:
-        raise BuildError(f"{where} failed with exit code {code}:\n{tail(text)}")
+    found = check_converter_output(where, "qnn-onnx-converter", code, text, params["onnx"])
     missing = [str(Path(outputs[k]).name) for k in ("cpp", "bin", "net_json") if not Path(outputs[k]).is_file()]
     if missing:
         raise BuildError(f"{where} exited 0 but did not write {', '.join(missing)}")
     try:
-        net = json.loads(Path(outputs["net_json"]).read_text())
-    except ValueError as e:
-        raise BuildError(f"{where}: {Path(outputs['net_json']).name} is not JSON: {e}") from None
-    report = {"command": cmd, "op_types": net.get("op_types"),
-              "quantization_warnings": problems["quantization_warnings"]}
+        contract = read_io_contract(outputs["net_json"])
+    except ContractError as e:
+        raise BuildError(f"{where}: {e}") from None
+    problems = input_problems(contract, params["inputs"], "model-lib")
+    if problems:
+        raise BuildError(f"{where}: " + "; ".join(problems) + ". Fix: declare the input's layout in model.toml "
+                         f"([graphs.{params['graph']}] inputs = {{ <name> = {{ ..., layout = \"...\" }} }}) as the "
+                         "ONNX model has it, so that the converter and this build agree (docs/qairt.md, Layouts)")
+    report = {"command": cmd, "io": contract, "quantization_warnings": found["quantization_warnings"]}
     atomic_write_json(outputs["report"], report)
-    return {"quantization_warnings": len(problems["quantization_warnings"])}
+    return {"quantization_warnings": len(found["quantization_warnings"])}

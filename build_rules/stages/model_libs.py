@@ -1,12 +1,12 @@
 """Stage 5 (qairt), model libs: <graph>.cpp + .bin -> model_libs/<target>/lib<graph>.so (qnn-model-lib-generator).
 
 Without -t the generator builds every default target: x86_64-linux-clang (used on the host to make context
-binaries) and aarch64-android (packaged for phones; needs ndk-build on PATH). Without an NDK the task asks for
--t x86_64-linux-clang only, and says so. LDFLAGS gives the libraries 16 KB page alignment (Android 15+).
+binaries; needs clang++ and make, checked when doit loads) and aarch64-android (packaged for phones; needs ndk-build
+on PATH). Without an NDK the task asks for -t x86_64-linux-clang only, and says so. LDFLAGS gives the libraries
+16 KB page alignment (Android 15+).
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from ..errors import BuildError
@@ -26,7 +26,7 @@ def run(params: dict) -> dict:
         print(f"warning: no ndk-build on PATH: building {', '.join(params['lib_targets'])} only, no "
               f"{qairt.DEVICE} model lib", flush=True)
     cmd = qairt.model_lib_command(sdk, params["cpp"], params["bin"], short(out_dir), params["lib_targets"])
-    code, text = run_tool(cmd, env=dict(os.environ, LDFLAGS=qairt.LDFLAGS))
+    code, text = run_tool(cmd, sdk, extra_env={"LDFLAGS": qairt.LDFLAGS})
     if code != 0:
         raise BuildError(f"{params['name']}: qnn-model-lib-generator failed with exit code {code}:\n{tail(text)}")
     missing = [path for path in outputs.values() if not Path(path).is_file()]

@@ -1,9 +1,13 @@
 """Stage 8 (qairt), package: per model, variant and chip, the context binaries with the device runtime libraries
 of the SDK that made them (runtime/) and manifest.json.
 
-The manifest records the SDK version and HTP build id (a phone must run QNN libraries of that same SDK), the
-chip, checkpoint hashes, quantization settings, converter warnings, check metrics (or "not run") and how to
-load the binaries. Light work: runs inside doit; libraries are hard-linked from the SDK where possible.
+The manifest records the SDK version, build id and HTP backend build id (a phone must run QNN libraries of that
+same SDK), the flow, the chip, checkpoint hashes, quantization settings, converter warnings, check metrics (or
+"not run"), each binary's I/O contract (graphs.<graph>.io: names, shapes, QNN data types, scale/offset, layout, read
+from <graph>_net.json or the DLC flow's <graph>.info.json) and how to load the binaries. runtime/ holds libQnnHtp,
+libQnnSystem and this chip's arch's Stub and Skel only: no libQnnHtpPrepare.so (~85 MB), which prepares graphs on
+the device; a context binary is prepared already (docs/qairt.md). Light work: runs inside doit; libraries are
+hard-linked from the SDK where possible.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from ..files import atomic_write_json, remove_quietly
 from ..hashing import file_digest
 from .package import model_commit
 
-VERSION = 1
+VERSION = 2
 
 
 def runtime_note(dsp_arch: str, runtime_dir: str) -> str:
@@ -43,31 +47,40 @@ def _install(source: Path, target: Path) -> None:
 
 
 def run(params: dict) -> dict:
+    from ..toolchains.qairt_outputs import ContractError, read_io_contract
+
     missing = [path for path in params["runtime_libs"].values() if not Path(path).is_file()]
     if missing:
         raise BuildError(f"package: the QAIRT SDK at {params['sdk']} "
                          f"has no {', '.join(missing)} (device runtime libraries for {params['chip']['dsp_arch']})")
-    runtime_targets = params["outputs"]["runtime"]
-    for name, source in params["runtime_libs"].items():
-        _install(Path(source), Path(runtime_targets[name]))
     graphs = {}
     for graph, files in params["graphs"].items():
         binary = Path(files["binary"])
         check = json.loads(Path(files["check"]).read_text())
-        convert = json.loads(Path(files["convert"]).read_text())
+        warnings = [w for stage in ("convert", "quantize") if stage in files
+                    for w in json.loads(Path(files[stage]).read_text()).get("quantization_warnings", [])]
+        try:
+            io = read_io_contract(files["io"])
+        except ContractError as e:
+            raise BuildError(f"package: {e}") from None
         graphs[graph] = {
             "binary": binary.name, "bytes": binary.stat().st_size, "xxh3_128": file_digest(binary),
             "metrics": check.get("summary", {}), "check": check.get("status", "ran"),
-            "check_note": check.get("reason"), "gate": check.get("gate"),
-            "quantization_warnings": convert.get("quantization_warnings", []),
+            "check_note": check.get("reason"), "gate": check.get("gate"), "io": io,
+            "quantization_warnings": warnings,
             "model_libs": {target: os.path.relpath(path, binary.parent)
-                           for target, path in files["model_libs"].items()},
+                           for target, path in files.get("model_libs", {}).items()},
         }
+    runtime_targets = params["outputs"]["runtime"]
+    for name, source in params["runtime_libs"].items():
+        _install(Path(source), Path(runtime_targets[name]))
     runtime_dir = Path(params["outputs"]["manifest"]).parent / "runtime"
+    toolchain = params["toolchain"]
     manifest = {
         "model": {**params["model"], "commit": model_commit(params["model_folder"])},
-        "variant": params["variant"], "chip": params["chip"], "toolchain": params["toolchain"],
-        "sdk_version": params["toolchain"]["sdk_version"], "tools": params["tools"],
+        "variant": params["variant"], "chip": params["chip"], "toolchain": toolchain,
+        "sdk_version": toolchain["sdk_version"], "sdk_build_id": toolchain.get("sdk_build_id"),
+        "qairt_flow": toolchain["flow"], "tools": params["tools"],
         "checkpoints": {p: file_digest(p) for p in params["checkpoints"]}, "graphs": graphs,
         "runtime_libraries": {name: f"runtime/{name}" for name in params["runtime_libs"]},
         "runtime": runtime_note(params["chip"]["dsp_arch"], runtime_dir.name),

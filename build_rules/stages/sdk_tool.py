@@ -1,5 +1,7 @@
 """Running one QAIRT SDK command-line tool from a stage, with its whole output kept in the stage's log.
 
+Every tool runs in the environment bin/envsetup.sh would make, built from the SDK's folder alone
+(toolchains.qairt.tool_env): nobody has to source envsetup.sh first.
 The stage's stdout is its log file beside the outputs (runner.run_stage), one log per stage and graph, so a
 later stage never overwrites an earlier tool's log (sherpa-onnx's context-binary log overwrote the
 lib-generator's).
@@ -12,8 +14,12 @@ import subprocess
 import sys
 
 
-def run_tool(cmd: list[str], env: dict | None = None) -> tuple[int, str]:
-    """Run `cmd` (stdout and stderr merged); echo the command line and the output to the log; return both."""
+def run_tool(cmd: list[str], sdk, extra_env: dict | None = None) -> tuple[int, str]:
+    """Run `cmd` (stdout and stderr merged) with the SDK's environment; echo the command line and the output to
+    the log; return both."""
+    from ..toolchains.qairt import tool_env
+
+    env = dict(tool_env(sdk), **(extra_env or {}))
     print("$ " + shlex.join(cmd), flush=True)
     try:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
@@ -34,3 +40,35 @@ def short(path) -> str:
     """A path inside the build's folder as a relative one: shorter command lines in the logs."""
     relative = os.path.relpath(path)
     return str(path) if relative.startswith("..") else relative
+
+
+def onnx_nodes(onnx_path: str) -> list[tuple[str, str]]:
+    """(node name, op type) of every node of an ONNX model, to name the culprit of a QNN failure."""
+    import onnx
+    return [(n.name, n.op_type) for n in onnx.load(onnx_path, load_external_data=False).graph.node]
+
+
+def check_converter_output(where: str, tool: str, code: int, text: str, onnx_path: str) -> dict:
+    """Fail on an op the converter cannot translate (naming node, op type and fix) or on a non-zero exit; return
+    the log's findings (quantization warnings). WARNING lines never fail."""
+    from ..errors import BuildError
+    from ..toolchains.qairt_outputs import onnx_op_type, rejection_message, scan_converter_log
+
+    found = scan_converter_log(text)
+    if found["rejected"]:
+        nodes = onnx_nodes(onnx_path)
+        ops_by_type = {op.lower(): op for _, op in nodes}
+        messages = []
+        for r in found["rejected"]:
+            op_type = onnx_op_type(r["op"], ops_by_type)
+            same = [name for name, op in nodes if op == op_type]
+            node = r["node"] or (same[0] if same else "?")
+            extra = f" ({len(same)} {op_type} nodes in the model)" if len(same) > 1 else ""
+            messages.append(rejection_message(
+                node, op_type, r["text"] + extra,
+                f"{tool} has no translation for {op_type}: change the export so that the model has no {op_type} "
+                "node (express it with ops QNN supports), then rebuild"))
+        raise BuildError(f"{where}: " + "; ".join(messages))
+    if code != 0:
+        raise BuildError(f"{where} failed with exit code {code}:\n{tail(text)}")
+    return found

@@ -35,11 +35,13 @@ def choose(repo_default: str = "auto", environ=os.environ) -> tuple[str, str]:
     return "ort-qnn", "default (QNN_SDK_ROOT is not set)"
 
 
-def identity(name: str, cache_dir: Path) -> dict:
-    """The toolchain's identity dict ({"name": ..., versions, build id}); raises ConfigError for a broken SDK."""
+def identity(name: str, cache_dir: Path, qairt_flow: str = "model-lib") -> dict:
+    """The toolchain's identity dict ({"name": ..., versions, build id}); raises ConfigError for a broken SDK.
+    qairt_flow: chips.toml's choice ($BUILD_RULES_QAIRT_FLOW overrides it); that flow's tools are checked too."""
     if name == "qairt":
         from . import qairt
-        return qairt.identity(qairt.find_sdk(), cache_dir)
+        flow = qairt.choose_flow(qairt_flow)
+        return qairt.identity(qairt.find_sdk(flow=flow), cache_dir, flow)
     from . import ort_qnn  # looked up at call time: tests replace ort_qnn.identity
     return ort_qnn.identity(cache_dir)
 

@@ -1,12 +1,17 @@
 """The "qairt" toolchain: the Qualcomm AI Runtime SDK (QAIRT / QNN SDK) at $QNN_SDK_ROOT, Linux x86_64.
 
-It follows the published sherpa-onnx flow (shared/research/sherpa-qnn.md) step by step:
-  qnn-onnx-converter -> <graph>.cpp/.bin/_net.json -> qnn-model-lib-generator -> model_libs/<target>/lib<graph>.so
-  -> per chip htp_backend_extensions.json + htp_config.json -> qnn-context-binary-generator -> <chip>/<graph>.bin
+Two flows, chosen by `qairt_flow` at the top of chips.toml or $BUILD_RULES_QAIRT_FLOW (per run):
+  "model-lib" (default, the seeds' and sherpa-onnx's flow, shared/research/sherpa-qnn.md):
+      qnn-onnx-converter -> <graph>.cpp/.bin/_net.json -> qnn-model-lib-generator -> model_libs/<target>/lib<graph>.so
+      -> per chip htp_backend_extensions.json + htp_config.json -> qnn-context-binary-generator --model lib<graph>.so
+  "dlc": qairt-converter -> <graph>.dlc -> qairt-quantizer -> <graph>.dlc (quantized)
+      -> per chip the same HTP config -> qnn-context-binary-generator --dlc_path <graph>.dlc --model libQnnModelDlc.so
+      (no model libraries, so no clang++, make or NDK; the converter keeps the ONNX layout of every input)
 
-This module knows the SDK's layout, its identity (version + HTP build id) and the exact command lines. It is
-imported while doit loads the build file, so it uses the standard library only and reads a few small files.
-Its command lines are checked against sherpa-onnx's CI and a stand-in SDK (tests/fake_qairt), not a real SDK.
+This module knows the SDK's layout, its identity (version, build id, HTP backend build id), the environment its
+tools need and the exact command lines. It is imported while doit loads the build file, so it uses the standard
+library only and reads a few small files. The command lines follow sherpa-onnx's CI, Qualcomm's QAIRT docs and
+the tools' published --help texts (docs/qairt.md says which flag comes from where); they have not met a real SDK.
 """
 from __future__ import annotations
 
@@ -18,24 +23,41 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import ConfigError
+from ..config import QAIRT_FLOWS, ConfigError
 from .qnn_probe import probe_build_id
 
 NAME = "qairt"
 HOST = "x86_64-linux-clang"  # the host target: converter, generators, x86 HTP backend (and its emulator)
 DEVICE = "aarch64-android"  # the phone target: model libs and runtime libraries
-TOOLS = ("qnn-onnx-converter", "qnn-model-lib-generator", "qnn-context-binary-generator")
+FLOWS = QAIRT_FLOWS  # ("model-lib", "dlc"): chips.toml accepts the same
+FLOW_ENV = "BUILD_RULES_QAIRT_FLOW"
+# Files every flow needs, then each flow's own (bin/ tools, lib/ libraries, all under the host target).
+COMMON_TOOLS = ("qnn-context-binary-generator",)
+COMMON_LIBS = ("libQnnHtp.so", "libQnnHtpNetRunExtensions.so")
+FLOW_TOOLS = {"model-lib": ("qnn-onnx-converter", "qnn-model-lib-generator"),
+              # qnn-context-binary-utility reads a binary's I/O back: the DLC flow has no _net.json.
+              "dlc": ("qairt-converter", "qairt-quantizer", "qnn-context-binary-utility")}
+FLOW_LIBS = {"model-lib": (), "dlc": ("libQnnModelDlc.so",)}
+# Programs qnn-model-lib-generator runs to build the x86_64-linux-clang model library (the generator prefers
+# clang++-9, research/qairt-audit.md #8); the aarch64-android library needs ndk-build instead.
+HOST_BUILD_PROGRAMS = {"clang++": ("clang++", "clang++-9"), "make": ("make",)}
 # Android 15+ needs 16 KB page alignment of native libraries (sherpa-onnx sets this for the lib generator).
 LDFLAGS = "-Wl,-z,max-page-size=16384"
 
 _WEIGHT_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int4": 4}
-_SIGNED_WEIGHTS = ("int8", "int4")  # symmetric encodings
+# Symmetric weight encodings: signed weights, and 16-bit weights, whose --restrict_quantization_steps only
+# applies with a symmetric parameter quantizer (the quantizer says "Value will be ignored" otherwise).
+_SYMMETRIC_WEIGHTS = ("int8", "int4", "uint16")
+# "This argument is required for 16-bit Matmul operations" (qairt-quantizer --help); one argv entry, two hex.
+_RESTRICT_STEPS_16 = "-0x8000 0x7F7F"
 _ACT_BITS = {"uint8": 8, "uint16": 16}
+# HTP v68/v69 have no 16-bit MatMul without per-row quantization (`expected >= 73 ... 0xc26`, audit #3).
+PER_ROW_ARCHS = ("v68", "v69")
 # model.toml calibration method -> --act_quantizer_calibration (min-max is the converter's default).
 _CALIBRATION = {"minmax": None, "entropy": "entropy", "percentile": "percentile"}
-# A source layout that is channel-first is turned channel-last by the converter: QNN-side data must follow.
-_TO_CHANNEL_LAST = {"NCF": (0, 2, 1), "NCHW": (0, 2, 3, 1), "NCDHW": (0, 2, 3, 4, 1)}
-_DEFAULT_LAYOUT = {3: "NCF", 4: "NCHW", 5: "NCDHW"}  # what the converter assumes for an ONNX input of that rank
+# A source layout that is channel-first is turned channel-last by qnn-onnx-converter: QNN-side data must follow.
+TO_CHANNEL_LAST = {"NCF": (0, 2, 1), "NCHW": (0, 2, 3, 1), "NCDHW": (0, 2, 3, 4, 1)}
+_DEFAULT_LAYOUT = {3: "NCF", 4: "NCHW", 5: "NCDHW"}  # what qnn-onnx-converter assumes for an ONNX input of that rank
 
 
 class SdkError(ConfigError):
@@ -61,13 +83,27 @@ class Sdk:
         return self.host_lib("libQnnHtpNetRunExtensions.so")
 
     @property
+    def model_dlc_lib(self) -> Path:
+        """The model library qnn-context-binary-generator loads to compose graphs from a DLC."""
+        return self.host_lib("libQnnModelDlc.so")
+
+    @property
+    def python_dir(self) -> Path:
+        """lib/python: the converters and the quantizer import qti.aisw from here."""
+        return self.root / "lib" / "python"
+
+    @property
     def net_run(self) -> Path | None:
         """qnn-net-run, which runs a context binary on the x86 HTP emulator; None when the SDK has none."""
         path = self.tool("qnn-net-run")
         return path if path.is_file() else None
 
     def runtime_libs(self, dsp_arch: str) -> dict[str, Path]:
-        """The device libraries a phone needs next to a context binary for `dsp_arch` ("v79")."""
+        """The device libraries a phone needs next to a context binary for `dsp_arch` ("v79"), and no more.
+
+        Not libQnnHtpPrepare.so (~85 MB): it prepares graphs on the device (from a model library or a DLC);
+        a context binary is prepared already. Only this arch's Stub and Skel: a binary runs on one arch.
+        """
         arch = dsp_arch.upper()
         device = self.root / "lib" / DEVICE
         return {"libQnnHtp.so": device / "libQnnHtp.so",
@@ -75,40 +111,115 @@ class Sdk:
                 "libQnnSystem.so": device / "libQnnSystem.so",
                 f"libQnnHtp{arch}Skel.so": self.root / "lib" / f"hexagon-{dsp_arch}" / "unsigned" / f"libQnnHtp{arch}Skel.so"}
 
-    def version(self) -> tuple[str, str]:
-        """(version, where it came from): the `version:` line of sdk.yaml, else the folder name."""
+    def release(self) -> tuple[str, str | None, str]:
+        """(version, build id, where they came from).
+
+        A real sdk.yaml has `version: 2.40.0` and `build_id: 251030` on separate lines; the SDK's folder is
+        named `2.40.0.251030` after both. Without sdk.yaml the folder name is read the same way.
+        """
         yaml = self.root / "sdk.yaml"
         if not yaml.exists():
-            return self.root.name, "folder name"
+            match = re.fullmatch(r"v?(\d+\.\d+\.\d+)(?:\.(\d+))?", self.root.name)
+            return (match.group(1), match.group(2), "folder name") if match else (self.root.name, None, "folder name")
         try:
             text = yaml.read_text(encoding="utf-8", errors="replace")
         except OSError as e:
             raise SdkError(f"QAIRT SDK: cannot read {yaml}: {e}") from None
-        match = re.search(r"""^version:\s*["']?([0-9][0-9A-Za-z._+-]*)["']?\s*$""", text, re.M)
-        if not match:
-            raise SdkError(f"QAIRT SDK: {yaml} is malformed: expected a line like 'version: 2.40.0.251030' "
-                           f"(QNN_SDK_ROOT={self.root})")
-        return match.group(1), "sdk.yaml"
+        version = _yaml_value(text, "version")
+        if not version or not re.fullmatch(r"\d+\.\d+\.\d+(\.\d+)?", version):
+            raise SdkError(f"QAIRT SDK: {yaml} is malformed: expected a line like 'version: 2.40.0' "
+                           f"(and 'build_id: 251030'; QNN_SDK_ROOT={self.root})")
+        build_id = _yaml_value(text, "build_id")
+        if version.count(".") == 3:  # an all-in-one version string: its last part is the build id
+            version, _, from_version = version.rpartition(".")
+            build_id = build_id or from_version
+        return version, build_id, "sdk.yaml"
 
 
-def find_sdk(environ=os.environ) -> Sdk:
-    """The SDK at $QNN_SDK_ROOT, checked for every file the build needs (one message lists what is missing)."""
+def _yaml_value(text: str, key: str) -> str | None:
+    match = re.search(rf"""^{key}:\s*["']?([0-9A-Za-z._+-]+)["']?\s*$""", text, re.M)
+    return match.group(1) if match else None
+
+
+def choose_flow(repo_flow: str = "model-lib", environ=os.environ) -> str:
+    """The QAIRT flow of this run: $BUILD_RULES_QAIRT_FLOW, else chips.toml's qairt_flow (default model-lib)."""
+    asked = environ.get(FLOW_ENV, "").strip()
+    if asked and asked not in FLOWS:
+        raise ConfigError(f"{FLOW_ENV}={asked}: unknown QAIRT flow (choose one of {', '.join(FLOWS)})")
+    return asked or repo_flow
+
+
+def find_sdk(environ=os.environ, flow: str | None = None) -> Sdk:
+    """The SDK at $QNN_SDK_ROOT, checked for every file the build needs (one message lists what is missing).
+
+    With `flow`, also that flow's tools and, for the model-lib flow, the host programs the model-library build
+    runs: a build that would fail there fails here, while doit loads, before any tool has run.
+    """
     value = environ.get("QNN_SDK_ROOT")
     if not value:
         raise SdkError("the qairt toolchain needs a QAIRT SDK: set QNN_SDK_ROOT to its folder (e.g. "
-                       "qairt/2.40.0.251030, or `source qairt/<version>/bin/envsetup.sh`), or build with "
-                       "BUILD_RULES_TOOLCHAIN=ort-qnn")
+                       "qairt/2.40.0.251030), or build with BUILD_RULES_TOOLCHAIN=ort-qnn")
     sdk = Sdk(Path(value).expanduser().absolute())
     if not sdk.root.is_dir():
         raise SdkError(f"QNN_SDK_ROOT={value}: no such folder (expected an unpacked QAIRT SDK, e.g. "
                        "qairt/2.40.0.251030)")
-    needed = [sdk.tool(t) for t in TOOLS] + [sdk.htp_backend, sdk.net_run_extensions]
+    needed = [sdk.tool(t) for t in COMMON_TOOLS] + [sdk.host_lib(lib) for lib in COMMON_LIBS]
     missing = [p for p in needed if not p.is_file()]
     if missing:
-        listed = ", ".join(str(p.relative_to(sdk.root)) for p in missing)
-        raise SdkError(f"QAIRT SDK at QNN_SDK_ROOT={sdk.root} is incomplete: expected {listed} there "
+        raise SdkError(f"QAIRT SDK at QNN_SDK_ROOT={sdk.root} is incomplete: expected {_listed(sdk, missing)} there "
                        f"(a Linux x86_64 QAIRT SDK has them under bin/{HOST}/ and lib/{HOST}/)")
+    if flow is None:
+        return sdk
+    missing = [p for p in [sdk.tool(t) for t in FLOW_TOOLS[flow]] + [sdk.host_lib(lib) for lib in FLOW_LIBS[flow]]
+               if not p.is_file()]
+    if missing and flow == "dlc":
+        version, build_id, _ = sdk.release()
+        raise SdkError(f"QAIRT SDK {version} at QNN_SDK_ROOT={sdk.root} has no {_listed(sdk, missing)}: the DLC flow "
+                       "needs qairt-converter, qairt-quantizer and libQnnModelDlc.so (qairt-converter came with QAIRT "
+                       "2.21): use a newer SDK, or the model-lib flow (qairt_flow = \"model-lib\" in chips.toml, "
+                       f"or {FLOW_ENV}=model-lib)")
+    if missing:
+        raise SdkError(f"QAIRT SDK at QNN_SDK_ROOT={sdk.root} is incomplete: expected {_listed(sdk, missing)} there "
+                       f"(the model-lib flow's tools; or use the DLC flow: {FLOW_ENV}=dlc)")
+    if flow == "model-lib":
+        absent = missing_build_programs(environ.get("PATH"))
+        if absent:
+            raise SdkError(f"qairt model-lib flow: no {' or '.join(absent)} on PATH: qnn-model-lib-generator builds "
+                           f"the {HOST} model library with clang++ and make; install them (Debian/Ubuntu: apt-get "
+                           "install clang make), or use the DLC flow, which needs neither (qairt_flow = \"dlc\" in "
+                           f"chips.toml, or {FLOW_ENV}=dlc)")
     return sdk
+
+
+def _listed(sdk: Sdk, paths: list[Path]) -> str:
+    return ", ".join(str(p.relative_to(sdk.root)) for p in paths)
+
+
+def missing_build_programs(path: str | None = None) -> list[str]:
+    """The programs the x86_64-linux-clang model-library build needs that are not on `path` (default $PATH)."""
+    return [name for name, accepted in HOST_BUILD_PROGRAMS.items()
+            if not any(shutil.which(p, path=path) for p in accepted)]
+
+
+def ndk_build() -> str | None:
+    """ndk-build on PATH: needed for the aarch64-android model libs."""
+    return shutil.which("ndk-build")
+
+
+def tool_env(sdk: Sdk, base=os.environ) -> dict[str, str]:
+    """The environment every SDK tool runs in, made from QNN_SDK_ROOT alone (what bin/envsetup.sh would set):
+    the converters import qti.aisw from lib/python, libQnnHtp.so loads libQnnHtpPrepare.so by name from
+    LD_LIBRARY_PATH, and the tools call each other through PATH."""
+    env = dict(base)
+
+    def prepend(name: str, folder: Path) -> None:
+        env[name] = os.pathsep.join([str(folder)] + ([env[name]] if env.get(name) else []))
+
+    env["QNN_SDK_ROOT"] = str(sdk.root)
+    prepend("PYTHONPATH", sdk.python_dir)
+    prepend("LD_LIBRARY_PATH", sdk.root / "lib" / HOST)
+    prepend("PATH", sdk.root / "bin" / HOST)
+    return env
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -118,14 +229,17 @@ _memo: dict[tuple, dict] = {}
 _lock = threading.Lock()
 
 
-def identity(sdk: Sdk, cache_dir: Path) -> dict:
-    """{"name": "qairt", "sdk_version": ..., "sdk_version_from": ..., "build_id": ...} for task keys.
+def identity(sdk: Sdk, cache_dir: Path, flow: str = "model-lib") -> dict:
+    """What the qairt toolchain's outputs depend on, for task keys and manifests:
+    {"name": "qairt", "sdk_version": "2.40.0", "sdk_build_id": "251030", "sdk_version_from": "sdk.yaml",
+     "flow": "model-lib", "build_id": <HTP backend build id>, ...}.
 
-    The build id comes from the x86 libQnnHtp.so through the QNN C API (qnn_probe), once per library
-    (path, size, mtime): the result is cached in `cache_dir`. A library that cannot be probed (the stand-in
-    SDK's placeholder) gets build_id None and is named by its xxh3 digest instead, with a note saying so.
+    The flow is part of it because the two flows run different tools on every SDK stage. The HTP backend's build
+    id comes from the x86 libQnnHtp.so through the QNN C API (qnn_probe), once per library (path, size, mtime):
+    the result is cached in `cache_dir`. A library that cannot be probed (the stand-in SDK's placeholder) gets
+    build_id None and is named by its xxh3 digest instead, with a note saying so.
     """
-    version, source = sdk.version()
+    version, build_id, source = sdk.release()
     lib = sdk.htp_backend.resolve()
     st = lib.stat()
     key = {"lib": str(lib), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
@@ -135,7 +249,13 @@ def identity(sdk: Sdk, cache_dir: Path) -> dict:
         if build is None:
             build = _cached_build(lib, key, Path(cache_dir))
             _memo[memo_key] = build
-    return {"name": NAME, "sdk_version": version, "sdk_version_from": source, **build}
+    return {"name": NAME, "sdk_version": version, "sdk_build_id": build_id, "sdk_version_from": source,
+            "flow": flow, **build}
+
+
+def release_name(ident: dict) -> str:
+    """'2.40.0.251030': the SDK's version and build id as its folder and download are named."""
+    return ".".join(p for p in (ident["sdk_version"], ident.get("sdk_build_id")) if p)
 
 
 def _cached_build(lib: Path, key: dict, cache_dir: Path) -> dict:
@@ -169,44 +289,74 @@ def _last_line(text: str) -> str:
 # names and layouts
 
 def qnn_graph_name(graph: str) -> str:
-    """The graph name QNN derives from the .cpp basename: '-' (and any other non-identifier char) -> '_'."""
+    """The graph name QNN derives from the .cpp (or .dlc) basename: '-' (and any other non-identifier) -> '_'."""
     return re.sub(r"[^A-Za-z0-9_]", "_", graph)
 
 
-def qnn_permutation(spec: dict) -> tuple[int, ...] | None:
+def qnn_tensor_name(name: str) -> str:
+    """A tensor name as qnn-onnx-converter writes it into the .cpp: non-identifiers -> '_', no leading digit."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    return f"_{name}" if name[:1].isdigit() else name
+
+
+def qnn_permutation(spec: dict, flow: str = "model-lib") -> tuple[int, ...] | None:
     """Axis order of the QNN-side tensor relative to the ONNX one for an input of this spec (None: same order).
 
-    The converter turns channel-first inputs channel-last; a rank-3 input is taken as NCF unless its
+    qnn-onnx-converter turns channel-first inputs channel-last; a rank-3 input is taken as NCF unless its
     model.toml `layout` says otherwise (e.g. "NTF" keeps the ONNX order, passed as --input_layout).
+    qairt-converter (the DLC flow) keeps the source layout of every input.
     """
+    if flow == "dlc":
+        return None
     layout = spec.get("layout") or _DEFAULT_LAYOUT.get(len(spec["shape"]))
-    return _TO_CHANNEL_LAST.get(layout) if layout else None
+    return TO_CHANNEL_LAST.get(layout) if layout else None
+
+
+def uses_16bit_activations(variant: dict) -> bool:
+    return variant.get("activations") == "uint16" or "uint16" in (variant.get("overrides") or {}).values()
+
+
+def needs_per_row(variant: dict, dsp_archs) -> bool:
+    """Per-row quantization of MatMul/FullyConnected weights, for 16-bit activations on a v68/v69 chip among the
+    variant's chips (the conversion is shared by all of them, so they all get it)."""
+    return variant["precision"] != "fp16" and uses_16bit_activations(variant) and \
+        any(arch in PER_ROW_ARCHS for arch in dsp_archs)
 
 
 # --------------------------------------------------------------------------------------------------------------
-# command lines (research/sherpa-qnn.md sections 1.3-1.6)
+# command lines (research/sherpa-qnn.md sections 1.3-1.6; docs/qairt.md for the DLC flow's sources)
+
+def quantization_flags(variant: dict, per_row: bool = False) -> list[str]:
+    """The quantizer flags qnn-onnx-converter and qairt-quantizer share: bit widths, schema, granularity."""
+    weights = variant["weights"]
+    weight_bits = _WEIGHT_BITS[weights]
+    flags = ["--act_bitwidth", str(_ACT_BITS[variant["activations"]]), "--bias_bitwidth", "32",
+             "--weights_bitwidth", str(weight_bits)]
+    if weights in _SYMMETRIC_WEIGHTS:
+        flags += ["--param_quantizer_schema", "symmetric"]
+    if variant.get("per_channel"):
+        flags += ["--use_per_channel_quantization"]
+    if per_row:
+        flags += ["--use_per_row_quantization"]
+    if weight_bits == 16:
+        flags += ["--restrict_quantization_steps", _RESTRICT_STEPS_16]
+    method = _CALIBRATION[variant.get("calibration_method", "minmax")]
+    if method:
+        flags += ["--act_quantizer_calibration", method]
+    return flags
+
 
 def converter_command(sdk: Sdk, onnx: str, output_cpp: str, inputs: dict, variant: dict,
-                      input_list: str | None = None, overrides: str | None = None) -> list[str]:
-    """qnn-onnx-converter: --act_bitwidth/--bias_bitwidth always; quantized iff --input_list is given."""
+                      input_list: str | None = None, overrides: str | None = None, per_row: bool = False) -> list[str]:
+    """qnn-onnx-converter (model-lib flow): quantized iff --input_list is given, as in sherpa-onnx."""
     fp16 = variant["precision"] == "fp16"
-    act_bits = 16 if fp16 else _ACT_BITS[variant["activations"]]
-    cmd = [str(sdk.tool("qnn-onnx-converter")), "--input_network", onnx, "--output_path", output_cpp,
-           "--act_bitwidth", str(act_bits), "--bias_bitwidth", "32"]
+    cmd = [str(sdk.tool("qnn-onnx-converter")), "--input_network", onnx, "--output_path", output_cpp]
     if fp16:
-        cmd += ["--float_bitwidth", "16"]
+        cmd += ["--act_bitwidth", "16", "--bias_bitwidth", "32", "--float_bitwidth", "16"]
     else:
         if input_list is None:
             raise ValueError("a quantized variant needs an input list of calibration samples")
-        weights = variant["weights"]
-        cmd += ["--weights_bitwidth", str(_WEIGHT_BITS[weights])]
-        if weights in _SIGNED_WEIGHTS:
-            cmd += ["--param_quantizer_schema", "symmetric"]
-        if variant.get("per_channel"):
-            cmd += ["--use_per_channel_quantization"]
-        method = _CALIBRATION[variant.get("calibration_method", "minmax")]
-        if method:
-            cmd += ["--act_quantizer_calibration", method]
+        cmd += quantization_flags(variant, per_row)
         if overrides:
             cmd += ["--quantization_overrides", overrides]
         cmd += ["--input_list", input_list, "--use_native_input_files"]
@@ -215,6 +365,27 @@ def converter_command(sdk: Sdk, onnx: str, output_cpp: str, inputs: dict, varian
         if spec.get("layout"):
             cmd += ["--input_layout", name, spec["layout"]]
     return cmd
+
+
+def dlc_converter_command(sdk: Sdk, onnx: str, output_dlc: str, inputs: dict, variant: dict,
+                          overrides: str | None = None) -> list[str]:
+    """qairt-converter (DLC flow): a float DLC (fp16 with --float_bitwidth 16); it quantizes nothing itself.
+    No layout flags: it keeps the source layout of every input."""
+    cmd = [str(sdk.tool("qairt-converter")), "--input_network", onnx, "--output_path", output_dlc]
+    if variant["precision"] == "fp16":
+        cmd += ["--float_bitwidth", "16"]
+    elif overrides:
+        cmd += ["--quantization_overrides", overrides]
+    for name, spec in inputs.items():
+        cmd += ["--source_model_input_datatype", name, spec["dtype"]]
+    return cmd
+
+
+def dlc_quantizer_command(sdk: Sdk, input_dlc: str, output_dlc: str, input_list: str, variant: dict,
+                          per_row: bool = False) -> list[str]:
+    """qairt-quantizer: calibrates the float DLC with the shared calibration samples (native raw files)."""
+    return [str(sdk.tool("qairt-quantizer")), "--input_dlc", input_dlc, "--input_list", input_list,
+            "--output_dlc", output_dlc, *quantization_flags(variant, per_row), "--use_native_input_files"]
 
 
 def overrides_json(overrides: dict[str, str]) -> dict:
@@ -231,11 +402,6 @@ def model_lib_command(sdk: Sdk, cpp: str, bin_: str, output_dir: str, targets: l
     return cmd
 
 
-def ndk_build() -> str | None:
-    """ndk-build on PATH: needed for the aarch64-android model libs."""
-    return shutil.which("ndk-build")
-
-
 def htp_config_files(sdk: Sdk, graph_name: str, chip: dict, config_path_abs: str) -> tuple[dict, dict]:
     """(htp_backend_extensions.json, htp_config.json) exactly as sherpa-onnx's generate_config.py writes them."""
     extensions = {"backend_extensions": {"shared_library_path": str(sdk.net_run_extensions),
@@ -246,42 +412,20 @@ def htp_config_files(sdk: Sdk, graph_name: str, chip: dict, config_path_abs: str
     return extensions, config
 
 
-def context_binary_command(sdk: Sdk, model_lib: str, output_dir: str, binary_file: str, config_file: str) -> list[str]:
-    return [str(sdk.tool("qnn-context-binary-generator")), "--backend", str(sdk.htp_backend), "--model", model_lib,
+def context_binary_command(sdk: Sdk, output_dir: str, binary_file: str, config_file: str,
+                           model_lib: str | None = None, dlc: str | None = None) -> list[str]:
+    """qnn-context-binary-generator from a model library (model-lib flow) or a DLC (--dlc_path + libQnnModelDlc)."""
+    model = ["--model", model_lib] if dlc is None else ["--model", str(sdk.model_dlc_lib), "--dlc_path", dlc]
+    return [str(sdk.tool("qnn-context-binary-generator")), "--backend", str(sdk.htp_backend), *model,
             "--output_dir", output_dir, "--binary_file", binary_file, "--config_file", config_file]
+
+
+def binary_info_command(sdk: Sdk, binary: str, json_file: str) -> list[str]:
+    """qnn-context-binary-utility: the graphs, tensors, data types and encodings a context binary holds, as JSON."""
+    return [str(sdk.tool("qnn-context-binary-utility")), "--context_binary", binary, "--json_file", json_file]
 
 
 def net_run_command(sdk: Sdk, binary: str, input_list: str, output_dir: str) -> list[str]:
     """qnn-net-run on the x86 HTP backend (the emulator): float raw inputs in, float raw outputs out."""
     return [str(sdk.net_run or sdk.tool("qnn-net-run")), "--backend", str(sdk.htp_backend),
             "--retrieve_context", binary, "--input_list", input_list, "--output_dir", output_dir]
-
-
-# --------------------------------------------------------------------------------------------------------------
-# converter log
-
-_UNSUPPORTED = [
-    re.compile(r"no translation registered for op type\s+['\"]?(?:onnx_)?([A-Za-z0-9_]+)", re.I),
-    re.compile(r"unsupported (?:op|operation|operator|layer)(?: type)?\s*[:=]?\s*['\"]?([A-Za-z0-9_]+)", re.I),
-    re.compile(r"(?:op|operation|operator)(?: type)?\s+['\"]?([A-Za-z0-9_]+)['\"]?\s+(?:is\s+)?not supported", re.I),
-]
-_CPU = re.compile(r"(fall(?:s|ing)? ?back to (?:the )?cpu|will (?:run|be executed) on (?:the )?cpu|cpu fallback)", re.I)
-_QUANT_WARNING = re.compile(r"warn.*(quantiz|encoding|calibrat|bitwidth|overflow|clip)", re.I)
-
-
-def scan_converter_log(text: str) -> dict:
-    """Problems the converter reported: {"unsupported_ops": [...], "cpu_ops": [lines], "quantization_warnings": [...]}."""
-    unsupported: list[str] = []
-    cpu: list[str] = []
-    warnings: list[str] = []
-    for line in text.splitlines():
-        for pattern in _UNSUPPORTED:
-            match = pattern.search(line)
-            if match and match.group(1) not in unsupported:
-                unsupported.append(match.group(1))
-                break
-        if _CPU.search(line):
-            cpu.append(line.strip())
-        elif _QUANT_WARNING.search(line):
-            warnings.append(line.strip())
-    return {"unsupported_ops": unsupported, "cpu_ops": cpu, "quantization_warnings": warnings}

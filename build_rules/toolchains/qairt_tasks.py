@@ -1,13 +1,18 @@
 """Stage tasks of the qairt toolchain, behind tasks.py's `_toolchain_stage` seam.
 
-export, simplify, verify and calibrate are shared with ort-qnn. From there, per graph:
+export, simplify, verify and calibrate are shared with ort-qnn. From there, per graph, in the model-lib flow:
   convert:<model>/<graph>/<variant>            qnn-onnx-converter (quantizes when the variant is not fp16)
   model_libs:<model>/<graph>/<variant>         qnn-model-lib-generator
+and in the DLC flow:
+  convert:<model>/<graph>/<variant>            qairt-converter -> a float (or fp16) DLC
+  quantize:<model>/<graph>/<variant>           qairt-quantizer (quantized variants)
+then in both:
   htp_config:<model>/<graph>/<variant>@<chip>  htp_backend_extensions.json + htp_config.json (in-process)
-  compile:<model>/<graph>/<variant>@<chip>     qnn-context-binary-generator
+  compile:<model>/<graph>/<variant>@<chip>     qnn-context-binary-generator (--model lib<graph>.so, or --dlc_path)
   check:<model>/<graph>/<variant>@<chip>       qnn-net-run on the x86 HTP emulator, when the SDK has it
   package:<model>/<variant>@<chip>             manifest.json + the SDK's device runtime libraries
-Every task's key holds the SDK identity (version + HTP build id): another SDK re-runs exactly these.
+Every task's key holds the toolchain identity (SDK version and build id, HTP build id, flow): another SDK or the
+other flow re-runs exactly these.
 """
 from __future__ import annotations
 
@@ -20,15 +25,21 @@ from ..runner import run_stage
 from . import qairt
 
 # Bump a stage's number when its output for the same inputs changes.
-STAGE_VERSIONS = {"convert": 1, "model_libs": 1, "htp_config": 1, "compile": 1, "check": 1, "package": 1}
-STAGE_MODULES = {"convert": "convert", "model_libs": "model_libs", "compile": "context_binary",
-                 "check": "qairt_check"}
-STAGE_TOOLS = {"convert": ("numpy",), "check": ("numpy", "onnxruntime")}
+STAGE_VERSIONS = {"convert": 2, "quantize": 1, "model_libs": 1, "htp_config": 1, "compile": 2, "check": 2,
+                  "package": 2}
+# The stage module each task runs, per flow where the flows differ.
+STAGE_MODULES = {"convert": {"model-lib": "convert", "dlc": "dlc_convert"}, "quantize": "dlc_quantize",
+                 "model_libs": "model_libs", "compile": "context_binary", "check": "qairt_check"}
+STAGE_TOOLS = {"convert": ("numpy", "onnx"), "quantize": ("numpy",), "check": ("numpy", "onnxruntime")}
 
 
 def _tasks():
     from .. import tasks  # tasks.py imports this module lazily, so this is no import cycle
     return tasks
+
+
+def flow() -> str:
+    return _tasks().project().toolchain["flow"]
 
 
 # Where the SDK is does not shape these outputs (its identity, in every key, does): a moved SDK re-runs nothing
@@ -47,14 +58,16 @@ def _key(stage: str, params: dict) -> TaskKey:
 
 def _stage_task(stage: str, name: str, params: dict, file_dep: list[str], targets: list[str], log: str) -> dict:
     params = dict(params, name=f"{stage}:{name}")
-    return {"name": name, "actions": [(run_stage, [STAGE_MODULES[stage], params, targets, log])],
+    module = STAGE_MODULES[stage]
+    module = module[flow()] if isinstance(module, dict) else module
+    return {"name": name, "actions": [(run_stage, [module, params, targets, log])],
             "file_dep": list(file_dep), "targets": targets, "uptodate": [_key(stage, params)], "clean": True}
 
 
 def _group(doc: str) -> dict:
-    """The stage's line in `doit list`, naming the SDK in use."""
+    """The stage's line in `doit list`, naming the SDK and flow in use."""
     ident = _tasks().project().toolchain
-    return {"name": None, "doc": f"{doc} [qairt {ident['sdk_version']}]"}
+    return {"name": None, "doc": f"{doc} [qairt {qairt.release_name(ident)}, {ident['flow']} flow]"}
 
 
 def _inputs(graph) -> dict:
@@ -85,30 +98,86 @@ def _config_files(model, graph, variant, chip) -> tuple[str, str]:
     return f"{folder}/htp_backend_extensions.json", f"{folder}/htp_config.json"
 
 
+def _per_row(model, variant) -> bool:
+    archs = {chip.dsp_arch for v, chip in _tasks()._variant_builds(model) if v.name == variant.name}
+    return qairt.needs_per_row(variant.settings(), archs)
+
+
+def _dlc(m: str, v: str, g: str) -> str:
+    """The DLC a chip's binary is compiled from (quantized, or fp16)."""
+    return layout.variant_file(m, v, g, ".dlc")
+
+
+def _float_dlc(m: str, v: str, g: str) -> str:
+    """A quantized variant's float DLC, the quantizer's input; named <graph>.dlc like the quantized one, since
+    the graph takes its name from a DLC's file name (docs/qairt.md)."""
+    return f"{layout.OUT}/{m}/{v}/float_dlc/{g}.dlc"
+
+
+def _io_contract(m: str, v: str, c: str, g: str) -> str:
+    """Where a binary's I/O contract is read from: the converter's _net.json, or the DLC flow's binary dump."""
+    return layout.variant_file(m, v, g, "_net.json") if flow() == "model-lib" else layout.chip_file(m, v, c, f"{g}.info.json")
+
+
 # --- stages -------------------------------------------------------------------------------------
 
 def convert():
-    yield _group("5 convert: qnn-onnx-converter per graph and variant -> <graph>.cpp, .bin, _net.json")
+    dlc = flow() == "dlc"
+    tool = "qairt-converter per graph and variant -> <graph>.dlc" if dlc else \
+        "qnn-onnx-converter per graph and variant -> <graph>.cpp, .bin, _net.json"
+    yield _group(f"5 convert: {tool}")
     tasks, sdk = _tasks(), qairt.find_sdk()
     for model, graph, variant in _variants():
         m, g, v = model.name, graph.name, variant.name
         sim = layout.float_file(m, g, ".sim.onnx")
-        outputs = {"cpp": layout.variant_file(m, v, g, ".cpp"), "bin": layout.variant_file(m, v, g, ".bin"),
-                   "net_json": layout.variant_file(m, v, g, "_net.json"),
-                   "report": layout.variant_file(m, v, g, ".convert.json")}
+        report = layout.variant_file(m, v, g, ".convert.json")
+        if dlc:
+            outputs = {"dlc": _dlc(m, v, g) if variant.is_fp16 else _float_dlc(m, v, g), "report": report}
+        else:
+            outputs = {"cpp": layout.variant_file(m, v, g, ".cpp"), "bin": layout.variant_file(m, v, g, ".bin"),
+                       "net_json": layout.variant_file(m, v, g, "_net.json"), "report": report}
         file_dep, input_list = [sim], None
         if not variant.is_fp16:
-            input_list = f"{layout.calibration_dir(m, g)}/input_list.txt"
-            file_dep += [input_list, *tasks._calibration_files(model, graph, variant.calibration_samples)]
+            if not dlc:  # qnn-onnx-converter calibrates; in the DLC flow the quantizer does
+                input_list = f"{layout.calibration_dir(m, g)}/input_list.txt"
+                file_dep += [input_list, *tasks._calibration_files(model, graph, variant.calibration_samples)]
             if variant.overrides:
                 outputs["overrides"] = layout.variant_file(m, v, g, ".quantization_overrides.json")
         params = {"sdk": str(sdk.root), "onnx": sim, "graph": g, "inputs": _inputs(graph),
-                  "variant": variant.settings(), "input_list": input_list, "outputs": outputs}
+                  "variant": variant.settings(), "input_list": input_list, "outputs": outputs,
+                  "per_row": False if dlc else _per_row(model, variant)}
         yield _stage_task("convert", f"{m}/{g}/{v}", params, file_dep, list(outputs.values()),
                           layout.variant_file(m, v, g, ".convert.log"))
 
 
+def quantize():
+    """The DLC flow's quantizer; the model-lib flow has no such stage (the converter quantizes)."""
+    return _quantize_tasks() if flow() == "dlc" else None
+
+
+def _quantize_tasks():
+    yield _group("5b quantize: qairt-quantizer per graph and quantized variant -> <graph>.dlc")
+    tasks, sdk = _tasks(), qairt.find_sdk()
+    for model, graph, variant in _variants():
+        if variant.is_fp16:
+            continue
+        m, g, v = model.name, graph.name, variant.name
+        input_list = f"{layout.calibration_dir(m, g)}/input_list.txt"
+        outputs = {"dlc": _dlc(m, v, g), "report": layout.variant_file(m, v, g, ".quantize.json")}
+        params = {"sdk": str(sdk.root), "float_dlc": _float_dlc(m, v, g), "graph": g, "inputs": _inputs(graph),
+                  "variant": variant.settings(), "input_list": input_list, "outputs": outputs,
+                  "per_row": _per_row(model, variant)}
+        file_dep = [params["float_dlc"], input_list, *tasks._calibration_files(model, graph, variant.calibration_samples)]
+        yield _stage_task("quantize", f"{m}/{g}/{v}", params, file_dep, list(outputs.values()),
+                          layout.variant_file(m, v, g, ".quantize.log"))
+
+
 def model_libs():
+    """The model-lib flow's libraries; the DLC flow has none."""
+    return _model_libs_tasks() if flow() == "model-lib" else None
+
+
+def _model_libs_tasks():
     targets = _lib_targets()
     note = "" if qairt.DEVICE in targets else " (no ndk-build on PATH: x86_64 only)"
     yield _group(f"5 model libs: qnn-model-lib-generator -> model_libs/<target>/lib<graph>.so{note}")
@@ -146,19 +215,26 @@ def htp_config():
 
 
 def compile():
-    yield _group("6 compile: qnn-context-binary-generator, one context binary per graph, variant and chip")
+    dlc = flow() == "dlc"
+    source = "--dlc_path <graph>.dlc" if dlc else "--model lib<graph>.so"
+    yield _group(f"6 compile: qnn-context-binary-generator {source}, one context binary per graph, variant and chip")
     sdk = qairt.find_sdk()
     for model, graph, variant, chip in _chip_builds():
         m, g, v, c = model.name, graph.name, variant.name, chip.name
-        model_lib = layout.model_lib(m, v, qairt.HOST, g)
         extensions, config = _config_files(model, graph, variant, chip)
         binary = layout.chip_file(m, v, c, f"{g}.bin")
-        params = {"sdk": str(sdk.root), "model_lib": model_lib, "config_file": extensions, "graph": g,
-                  "chip": _tasks()._chip_params(chip), "outputs": {"binary": binary}}
+        params = {"sdk": str(sdk.root), "config_file": extensions, "graph": g, "graph_name": qairt.qnn_graph_name(g),
+                  "onnx": layout.float_file(m, g, ".sim.onnx"),
+                  "inputs": _inputs(graph), "chip": _tasks()._chip_params(chip), "outputs": {"binary": binary}}
+        if dlc:
+            params["dlc"] = _dlc(m, v, g)
+            params["outputs"]["info"] = _io_contract(m, v, c, g)
+        else:
+            params["model_lib"] = layout.model_lib(m, v, qairt.HOST, g)
         # htp_config.json, not the extensions file: that one holds absolute paths, so a moved repo would
         # otherwise recompile every binary although nothing that shapes them changed.
-        yield _stage_task("compile", f"{m}/{g}/{v}@{c}", params, [model_lib, config], [binary],
-                          layout.chip_file(m, v, c, f"{g}.compile.log"))
+        yield _stage_task("compile", f"{m}/{g}/{v}@{c}", params, [params.get("dlc") or params["model_lib"], config],
+                          list(params["outputs"].values()), layout.chip_file(m, v, c, f"{g}.compile.log"))
 
 
 def check():
@@ -168,14 +244,14 @@ def check():
     for model, graph, variant, chip in _chip_builds():
         m, g, v, c = model.name, graph.name, variant.name, chip.name
         binary = layout.chip_file(m, v, c, f"{g}.bin")
-        net_json = layout.variant_file(m, v, g, "_net.json")
+        io = _io_contract(m, v, c, g)
         evaluation = layout.float_file(m, g, ".evaluation.npz")
         hooks = _tasks()._rel(model.hooks)
-        params = {"sdk": str(sdk.root), "net_run": sdk.net_run is not None, "binary": binary, "net_json": net_json,
-                  "evaluation": evaluation, "hooks": hooks, "graph": g, "inputs": _inputs(graph),
+        params = {"sdk": str(sdk.root), "net_run": sdk.net_run is not None, "binary": binary, "io": io,
+                  "flow": flow(), "evaluation": evaluation, "hooks": hooks, "graph": g, "inputs": _inputs(graph),
                   "gate": graph.gate.as_dict() if graph.gate else None,
                   "outputs": {"report": layout.chip_file(m, v, c, f"{g}.check.json")}}
-        yield _stage_task("check", f"{m}/{g}/{v}@{c}", params, [binary, net_json, evaluation, hooks],
+        yield _stage_task("check", f"{m}/{g}/{v}@{c}", params, [binary, io, evaluation, hooks],
                           [params["outputs"]["report"]], layout.chip_file(m, v, c, f"{g}.check.log"))
 
 
@@ -192,15 +268,20 @@ def _package(params: dict):
 
 def package():
     yield _group("8 package: context binaries + device runtime libraries + manifest.json per variant and chip")
-    tasks, sdk = _tasks(), qairt.find_sdk()
+    tasks, sdk, dlc = _tasks(), qairt.find_sdk(), flow() == "dlc"
     for model in tasks.project().models:
         for variant, chip in tasks._variant_builds(model):
             m, v, c = model.name, variant.name, chip.name
-            graphs = {g: {"binary": layout.chip_file(m, v, c, f"{g}.bin"),
-                          "check": layout.chip_file(m, v, c, f"{g}.check.json"),
-                          "convert": layout.variant_file(m, v, g, ".convert.json"),
-                          "model_libs": {t: layout.model_lib(m, v, t, g) for t in _lib_targets()}}
-                      for g in model.graphs}
+            graphs = {}
+            for g in model.graphs:
+                files = {"binary": layout.chip_file(m, v, c, f"{g}.bin"),
+                         "check": layout.chip_file(m, v, c, f"{g}.check.json"),
+                         "convert": layout.variant_file(m, v, g, ".convert.json"), "io": _io_contract(m, v, c, g)}
+                if dlc and not variant.is_fp16:
+                    files["quantize"] = layout.variant_file(m, v, g, ".quantize.json")
+                if not dlc:
+                    files["model_libs"] = {t: layout.model_lib(m, v, t, g) for t in _lib_targets()}
+                graphs[g] = files
             checkpoints = sorted({tasks._rel(p) for g in model.graphs.values() for p in model.checkpoint_paths(g)})
             runtime = {name: str(path) for name, path in sdk.runtime_libs(chip.dsp_arch).items()}
             manifest = layout.chip_file(m, v, c, "manifest.json")
@@ -213,27 +294,29 @@ def package():
                       "tools": {t: tasks.tool_version(t) for t in ("onnx", "onnxsim", "torch", "numpy")},
                       "checkpoints": checkpoints, "graphs": graphs, "runtime_libs": runtime, "outputs": outputs}
             file_dep = [f for files in graphs.values() for k, f in files.items() if k != "model_libs"]
-            file_dep += [f for files in graphs.values() for f in files["model_libs"].values()] + checkpoints
+            file_dep += [f for files in graphs.values() for f in files.get("model_libs", {}).values()] + checkpoints
             yield {"name": f"{m}/{v}@{c}", "actions": [(_package, [params])], "file_dep": file_dep,
                    "targets": [manifest, *outputs["runtime"].values()], "uptodate": [_key("package", params)],
                    "clean": True}
 
 
-# quantize is ort-qnn's (a QDQ model): qnn-onnx-converter quantizes here, so qairt has no such stage.
-STAGES = {"quantize": None, "convert": convert, "model_libs": model_libs, "htp_config": htp_config,
+# quantize is ort-qnn's (a QDQ model) under ort-qnn, qairt-quantizer's in the DLC flow, absent in the model-lib flow
+# (qnn-onnx-converter quantizes); model_libs exists in the model-lib flow only.
+STAGES = {"quantize": quantize, "convert": convert, "model_libs": model_libs, "htp_config": htp_config,
           "compile": compile, "check": check, "package": package}
 
 
 def notes() -> list[str]:
     """Shown under the build summary."""
     found = []
-    if not qairt.ndk_build():
-        found.append("qairt: no ndk-build on PATH, so model libs were built for x86_64-linux-clang only "
-                     "(no aarch64-android lib<graph>.so); put the Android NDK on PATH to build them")
     try:
+        current = flow()
         sdk = qairt.find_sdk()
     except qairt.SdkError:
         return found
+    if current == "model-lib" and not qairt.ndk_build():
+        found.append("qairt: no ndk-build on PATH, so model libs were built for x86_64-linux-clang only "
+                     "(no aarch64-android lib<graph>.so); put the Android NDK on PATH to build them")
     if sdk.net_run is None:
         found.append(f"qairt: check did not run the binaries: no {sdk.tool('qnn-net-run')} "
                      "(check.json and manifest.json say \"not run\")")

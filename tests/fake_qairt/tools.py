@@ -1,17 +1,34 @@
-"""The stand-in QAIRT command-line tools (see make_sdk.py). Each main_* parses its arguments with the real tool's
-flag names and arity (a subset: the ones a build could pass), fails like the real tool on a missing input, and
-writes outputs a test can recognise. Every call is appended to $FAKE_QAIRT_LOG as one JSON line:
-{"tool": ..., "argv": [...], "cwd": ..., "LDFLAGS": ...}.
+"""The stand-in QAIRT command-line tools (see make_sdk.py).
+
+Each main_* parses its arguments with the real tool's flag names and arity (a subset: the ones a build could pass,
+taken from the tools' published --help texts), fails like the real tool on a missing input, and writes outputs a
+test can recognise; where the build reads an output, in the real format (_net.json as onnxruntime's
+tools/qnn/gen_qnn_ctx_onnx_model.py reads it; qnn-context-binary-utility's JSON as published dumps of it look).
+Before anything, every tool checks the environment the real one needs: $SDK/bin/x86_64-linux-clang on PATH,
+$SDK/lib/x86_64-linux-clang on LD_LIBRARY_PATH (libQnnHtp.so loads libQnnHtpPrepare.so by name), and for the
+Python tools qti.aisw importable from $SDK/lib/python (PYTHONPATH). Every call is appended to $FAKE_QAIRT_LOG as
+one JSON line: {"tool", "argv", "cwd", "LDFLAGS", "QNN_SDK_ROOT"}.
+
+What they print follows published logs: converter lines `<time> - <line> - WARNING - ...` (harmless, and some say
+"not supported"), `ERROR - Node <name>: 'No translation registered for op type onnx_<op>.'`; the context-binary
+generator's `<E> ... / <E> Failed to validate op <node> with error 0xc26` (plus the addNode line of a model library).
+HTP rules the generator enforces: a model with 16-bit activations has no MatMul/FullyConnected on v68/v69 unless
+its weights were quantized per row (`has incorrect Value 68, expected >= 73.`).
 
 Test switches (environment):
-  FAKE_QAIRT_UNSUPPORTED_OP=<OpType>  the converter rejects a model holding that op, as the real one would
-  FAKE_QAIRT_WARNING=1                the converter prints a quantization warning
+  FAKE_QAIRT_UNSUPPORTED_OP=<OnnxOp>  the converters cannot translate that op
+  FAKE_QAIRT_REJECT_OP=<OnnxOp>       the context-binary generator's HTP validation rejects that op
+  FAKE_QAIRT_WARNING=1                the converter and the quantizer print a quantization warning
+  FAKE_QAIRT_KEEP_LAYOUT=1            qnn-onnx-converter keeps every input's ONNX layout (a converter that
+                                      behaves unlike the build assumes)
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -22,8 +39,22 @@ SOC_NAMES = {35: "SM8350", 36: "SM8450", 39: "SA8295", 42: "SM8475", 43: "SM8550
              69: "SM8750", 77: "QCS9100", 87: "SM8850"}
 LAYOUTS = ("NCDHW", "NDHWC", "NCHW", "NHWC", "NFC", "NCF", "NTF", "TNF", "NF", "NC", "F", "NONTRIVIAL")
 CHANNEL_LAST = {"NCF": (0, 2, 1), "NCHW": (0, 2, 3, 1), "NCDHW": (0, 2, 3, 4, 1)}
-DEFAULT_LAYOUT = {3: "NCF", 4: "NCHW", 5: "NCDHW"}
+CHANNEL_LAST_NAME = {"NCF": "NFC", "NCHW": "NHWC", "NCDHW": "NDHWC"}
+DEFAULT_LAYOUT = {1: "F", 2: "NF", 3: "NCF", 4: "NCHW", 5: "NCDHW"}
 TARGETS = ("x86_64-linux-clang", "aarch64-android")
+DTYPES = ("float32", "float16", "int32", "uint8", "int8", "bool")
+# Qnn_DataType_t codes (QnnTypes.h)
+INT_32, FLOAT_16, FLOAT_32, UFIXED_8, UFIXED_16, BOOL_8 = 0x0032, 0x0216, 0x0232, 0x0408, 0x0416, 0x0508
+TYPE_NAMES = {INT_32: "INT_32", FLOAT_16: "FLOAT_16", FLOAT_32: "FLOAT_32", UFIXED_8: "UFIXED_POINT_8",
+              UFIXED_16: "UFIXED_POINT_16", BOOL_8: "BOOL_8", 0x0108: "UINT_8", 0x0008: "INT_8"}
+ONNX_TYPES = {"float32": FLOAT_32, "float16": FLOAT_16, "int32": INT_32, "bool": BOOL_8, "uint8": 0x0108,
+              "int8": 0x0008}
+QNN_OPS = {"Gemm": "FullyConnected", "MatMul": "MatMul", "Conv": "Conv2d", "Relu": "ElementWiseNeuron",
+           "Add": "ElementWiseAdd", "Flatten": "Reshape", "Reshape": "Reshape", "Slice": "StridedSlice"}
+PYTHON_TOOLS = ("qnn-onnx-converter", "qairt-converter", "qairt-quantizer")
+UNDEFINED = 0x7FFFFFFF
+STAND_IN_DLC = b"STAND-IN DLC\n"
+STAND_IN_BINARY = b"STAND-IN QNN CONTEXT BINARY\0"
 
 
 class Fail(Exception):
@@ -38,8 +69,35 @@ def _record(tool: str, argv: list[str]) -> None:
     log = os.environ.get("FAKE_QAIRT_LOG")
     if log:
         with open(log, "a") as f:
-            f.write(json.dumps({"tool": tool, "argv": argv, "cwd": os.getcwd(),
-                                "LDFLAGS": os.environ.get("LDFLAGS")}) + "\n")
+            f.write(json.dumps({"tool": tool, "argv": argv, "cwd": os.getcwd(), "LDFLAGS": os.environ.get("LDFLAGS"),
+                                "QNN_SDK_ROOT": os.environ.get("QNN_SDK_ROOT")}) + "\n")
+
+
+def _sdk_version(sdk: Path) -> tuple[int, ...]:
+    text = (sdk / "sdk.yaml").read_text() if (sdk / "sdk.yaml").exists() else f"version: {sdk.name}"
+    return tuple(int(p) for p in re.search(r"^version:\s*([\d.]+)", text, re.M).group(1).split(".")[:3])
+
+
+def _check_env(tool: str, sdk: Path) -> None:
+    """What the real tool needs from its environment, or it fails the way the real one would."""
+    bin_dir, lib_dir = sdk / "bin" / "x86_64-linux-clang", sdk / "lib" / "x86_64-linux-clang"
+    if str(bin_dir) not in os.environ.get("PATH", "").split(os.pathsep):
+        raise Fail(f"{tool}: {bin_dir} is not on PATH (the SDK's tools call each other by name; "
+                   "bin/envsetup.sh puts it there)")
+    if str(lib_dir) not in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep):
+        raise Fail(f"{tool}: error while loading shared libraries: libQnnHtpPrepare.so: cannot open shared object "
+                   "file: No such file or directory")
+    if tool in PYTHON_TOOLS:
+        try:
+            import qti.aisw
+        except ModuleNotFoundError as e:
+            raise Fail(f"Traceback (most recent call last):\n  File \"{tool}\", line 12, in <module>\n"
+                       f"    from qti.aisw.converters.common import ir_graph\nModuleNotFoundError: {e}") from None
+        if not Path(qti.aisw.__file__).resolve().is_relative_to((sdk / "lib" / "python").resolve()):
+            raise Fail(f"{tool}: imported qti.aisw from {qti.aisw.__file__}, not from this SDK's lib/python")
+    if tool == "qnn-model-lib-generator" and os.environ.get("QNN_SDK_ROOT") != str(sdk):
+        raise Fail("ERROR: QNN_SDK_ROOT is not set to this SDK (the generated Makefile includes "
+                   "$QNN_SDK_ROOT/include/QNN)")
 
 
 def _existing(path: str, what: str) -> Path:
@@ -53,9 +111,212 @@ def _qnn_name(name: str) -> str:
     return f"_{name}" if name[:1].isdigit() else name
 
 
-# --------------------------------------------------------------------------------------------------------------
+def _log(level: str, line: int, message: str) -> None:
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
+    print(f"{stamp} - {line} - {level} - {message}", flush=True)
 
-def main_converter(argv: list[str]) -> int:
+
+def _two_hex(value: str) -> tuple[int, int]:
+    """--restrict_quantization_steps "MIN MAX": one argument, two hexadecimal numbers separated by a space."""
+    parts = value.split()
+    if len(parts) != 2 or not all(re.fullmatch(r"-?0x[0-9A-Fa-f]+", p) for p in parts):
+        raise argparse.ArgumentTypeError(f"expected \"MIN MAX\" as two hexadecimal numbers, got {value!r}")
+    return int(parts[0], 16), int(parts[1], 16)
+
+
+def _add_quantizer_flags(p: argparse.ArgumentParser) -> None:
+    """The quantizer options qnn-onnx-converter and qairt-quantizer share (names and choices from their --help)."""
+    p.add_argument("--act_bitwidth", type=int, choices=(8, 16))
+    p.add_argument("--weights_bitwidth", type=int, choices=(4, 8, 16))
+    p.add_argument("--bias_bitwidth", type=int, choices=(8, 32))
+    p.add_argument("--float_bitwidth", type=int, choices=(16, 32))
+    p.add_argument("--float_bias_bitwidth", type=int, choices=(16, 32))
+    p.add_argument("--param_quantizer_schema", choices=("asymmetric", "symmetric", "unsignedsymmetric"))
+    p.add_argument("--act_quantizer_schema", choices=("asymmetric", "symmetric", "unsignedsymmetric"))
+    p.add_argument("--act_quantizer_calibration", choices=("min-max", "sqnr", "entropy", "mse", "percentile"))
+    p.add_argument("--param_quantizer_calibration", choices=("min-max", "sqnr", "entropy", "mse", "percentile"))
+    p.add_argument("--percentile_calibration_value", type=float)
+    p.add_argument("--use_per_channel_quantization", action="store_true")
+    p.add_argument("--use_per_row_quantization", action="store_true")
+    p.add_argument("--enable_per_row_quantized_bias", action="store_true")
+    p.add_argument("--restrict_quantization_steps", type=_two_hex)
+    p.add_argument("--use_native_input_files", action="store_true")
+    p.add_argument("--use_native_output_files", action="store_true")
+    p.add_argument("--input_list")
+
+
+def _check_quantizer_flags(args) -> None:
+    if args.restrict_quantization_steps:
+        low, high = args.restrict_quantization_steps
+        bits = args.weights_bitwidth or 8
+        if high - low + 1 > 2 ** bits:
+            raise Fail(f"ERROR - Cannot restrict quantization steps to {low} - {high} for bitwidth: {bits}")
+        if args.param_quantizer_schema != "symmetric" and not (args.use_per_channel_quantization or
+                                                               args.use_per_row_quantization):
+            _log("WARNING", 312, "Restrict_quantization_steps is only supported for --param_quantizer = symmetric "
+                                 "or per channel/row quantization. Value will be ignored.")
+    if os.environ.get("FAKE_QAIRT_WARNING"):
+        _log("WARNING", 427, "Quantization encodings of tensor 'stand_in_tensor' were clipped to the calibrated range")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the model: ONNX facts, calibration data, encodings
+
+def _load_onnx(path: str):
+    import onnx
+    model = onnx.load(str(_existing(path, "input network")))
+    initializers = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in initializers]
+    return model, inputs
+
+
+def _dims(value_info) -> list[int]:
+    return [d.dim_value for d in value_info.type.tensor_type.shape.dim]
+
+
+def _onnx_dtype(value_info) -> str:
+    import onnx
+    return onnx.helper.tensor_dtype_to_np_dtype(value_info.type.tensor_type.elem_type).name
+
+
+def _unsupported(model) -> bool:
+    """FAKE_QAIRT_UNSUPPORTED_OP: report it as the real converters do, and fail."""
+    unsupported = os.environ.get("FAKE_QAIRT_UNSUPPORTED_OP")
+    node = next((n for n in model.graph.node if n.op_type == unsupported), None)
+    if node is None:
+        return False
+    _log("ERROR", 235, f"Node {node.name}: 'No translation registered for op type onnx_{unsupported.lower()}.'")
+    _log("ERROR", 236, "Conversion FAILED!")
+    return True
+
+
+def _warnings(model) -> None:
+    """Real converters print WARNING lines that mention unsupported things; a build must not fail on them."""
+    for node in model.graph.node:
+        if node.op_type == "Gemm":
+            _log("WARNING", 240, "WARNING_GEMM: GEMM operation is not supported in the general case, attempting to "
+                                 "interpret as FC")
+            break
+
+
+def _nodes(model) -> list[dict]:
+    return [{"name": _qnn_name(n.name or f"{n.op_type}_{i}"), "onnx_name": n.name, "type": QNN_OPS.get(n.op_type, n.op_type),
+             "onnx_type": n.op_type} for i, n in enumerate(model.graph.node)]
+
+
+def _read_input_list(path: str, inputs: list[dict], native: bool) -> list[dict]:
+    """Samples of an input list (positional paths, or `name:=path`), each {input name: array in the list's layout}.
+    inputs: [{"name", "dims", "dtype"}] in graph order; names may be given as the ONNX or the QNN name."""
+    import numpy as np
+    lines = [line.split() for line in _existing(path, "input list").read_text().splitlines()
+             if line.strip() and not line.startswith(("#", "%"))]
+    if not lines:
+        raise Fail(f"ERROR - input list {path} is empty")
+    by_name = {}
+    for spec in inputs:
+        by_name[spec["name"]] = spec
+        by_name.setdefault(spec.get("onnx_name", spec["name"]), spec)
+    samples = []
+    for line in lines:
+        if any(":=" in token for token in line):
+            pairs = [token.split(":=", 1) for token in line]
+            unknown = [n for n, _ in pairs if n not in by_name]
+            if unknown or len(pairs) != len(inputs):
+                raise Fail(f"ERROR - input list line {line}: names {unknown or [n for n, _ in pairs]} do not match "
+                           f"the graph's inputs {[s['name'] for s in inputs]}")
+            chosen = [(by_name[n], p) for n, p in pairs]
+        else:
+            if len(line) != len(inputs):
+                raise Fail(f"ERROR - input list line {line} has {len(line)} files, the graph has {len(inputs)} inputs")
+            chosen = list(zip(inputs, line))
+        sample = {}
+        for spec, file in chosen:
+            dtype = np.dtype(spec["dtype"]) if native else np.dtype(np.float32)
+            expected = dtype.itemsize * math.prod(spec["dims"])
+            size = _existing(file, "input file").stat().st_size
+            if size != expected:
+                raise Fail(f"ERROR - {file}: {size} bytes, input {spec['name']} {spec['dims']} needs {expected} "
+                           f"({'native ' + dtype.name if native else 'float32'})")
+            sample[spec["name"]] = np.fromfile(file, dtype=dtype).reshape(spec["dims"])
+        samples.append(sample)
+    return samples
+
+
+def _encoding(arrays: list, bits: int) -> dict:
+    """QNN's asymmetric min-max encoding: real = scale * (q + offset), the range widened to hold 0."""
+    import numpy as np
+    low = min(0.0, min(float(np.min(a)) for a in arrays))
+    high = max(0.0, max(float(np.max(a)) for a in arrays))
+    scale = (high - low) / (2 ** bits - 1) or 1e-8
+    return {"scale": scale, "offset": int(round(low / scale))}
+
+
+def _run_onnx(source: str, feeds: list[dict]) -> list[dict]:
+    import onnxruntime as ort
+    session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return [dict(zip(names, session.run(None, feed))) for feed in feeds]
+
+
+def _onnx_feed(meta: dict, sample: dict) -> dict:
+    """A sample keyed by QNN input name, in QNN layout -> the ONNX model's feed."""
+    import numpy as np
+    feed = {}
+    for t in meta["inputs"]:
+        array = sample[t["name"]]
+        if t.get("perm"):
+            array = array.transpose(np.argsort(t["perm"]))
+        feed[t["onnx_name"]] = array.astype(t["onnx_dtype"])
+    return feed
+
+
+def _quantize_io(meta: dict, samples: list[dict], act_bits: int) -> None:
+    """Give float I/O tensors the fixed-point type and min-max encodings of the calibration data."""
+    import numpy as np
+    outputs = _run_onnx(meta["source"], [_onnx_feed(meta, s) for s in samples])
+    fixed = UFIXED_16 if act_bits == 16 else UFIXED_8
+    for t in meta["inputs"]:
+        if t["data_type"] in (FLOAT_32, FLOAT_16):
+            t["data_type"], t["quant"] = fixed, _encoding([s[t["name"]] for s in samples], act_bits)
+    for t in meta["outputs"]:
+        if t["data_type"] in (FLOAT_32, FLOAT_16):
+            values = [o[t["onnx_name"]] for o in outputs]
+            values = [np.asarray(v).transpose(t["perm"]) if t.get("perm") else v for v in values]
+            t["data_type"], t["quant"] = fixed, _encoding(values, act_bits)
+
+
+def _graph_meta(model, onnx_path: Path, graph: str, inputs, perms: dict, float_type: int) -> dict:
+    """What the stand-in artefacts carry for the tools after the converter (the real ones carry a graph)."""
+    def tensor(name, dims, dtype, perm, src):
+        code = float_type if ONNX_TYPES.get(dtype) in (FLOAT_32, FLOAT_16) else ONNX_TYPES.get(dtype, FLOAT_32)
+        return {"name": _qnn_name(name), "onnx_name": name, "onnx_dtype": dtype, "data_type": code, "quant": None,
+                "dims": [dims[i] for i in perm] if perm else dims, "perm": list(perm) if perm else None,
+                "src_axis_format": src, "axis_format": CHANNEL_LAST_NAME.get(src, src) if perm else src}
+
+    def source_layout(name, dims):
+        return perms.get(name, (None, DEFAULT_LAYOUT.get(len(dims), "NONTRIVIAL")))
+
+    ins = [tensor(i.name, _dims(i), _onnx_dtype(i), *source_layout(i.name, _dims(i))) for i in inputs]
+    outs = [tensor(o.name, _dims(o), _onnx_dtype(o), *source_layout(o.name, _dims(o))) for o in model.graph.output]
+    return {"graph": graph, "source": str(onnx_path.resolve()), "inputs": ins, "outputs": outs, "nodes": _nodes(model),
+            "act_bitwidth": None, "per_row": False}
+
+
+def _meta_line(meta: dict) -> str:
+    return f"// meta: {json.dumps(meta)}\n"
+
+
+def _meta_from_text(text: str, what: str) -> dict:
+    match = re.search(r"^// meta: (.+)$", text, re.M)
+    if not match:
+        raise Fail(f"ERROR - {what} is not a model this SDK made")
+    return json.loads(match.group(1))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# model-lib flow
+
+def main_converter(argv: list[str], sdk: Path) -> int:
     p = _parser("qnn-onnx-converter")
     p.add_argument("--input_network", "-i", required=True)
     p.add_argument("--output_path", "-o")
@@ -63,93 +324,76 @@ def main_converter(argv: list[str]) -> int:
     p.add_argument("--input_dim", "-d", nargs=2, action="append")
     p.add_argument("--input_dtype", nargs=2, action="append", default=[])
     p.add_argument("--input_layout", nargs=2, action="append", default=[])
-    p.add_argument("--input_list")
-    p.add_argument("--use_native_input_files", action="store_true")
-    p.add_argument("--act_bitwidth", type=int, choices=(8, 16))
-    p.add_argument("--weights_bitwidth", type=int, choices=(4, 8, 16))
-    p.add_argument("--bias_bitwidth", type=int, choices=(8, 32))
-    p.add_argument("--float_bitwidth", type=int, choices=(16, 32))
-    p.add_argument("--param_quantizer_schema", choices=("asymmetric", "symmetric", "unsignedsymmetric"))
-    p.add_argument("--act_quantizer_calibration", choices=("min-max", "sqnr", "entropy", "mse", "percentile"))
-    p.add_argument("--param_quantizer_calibration", choices=("min-max", "sqnr", "entropy", "mse", "percentile"))
-    p.add_argument("--use_per_channel_quantization", action="store_true")
     p.add_argument("--quantization_overrides")
     p.add_argument("--preserve_io", nargs="*")
+    _add_quantizer_flags(p)
     args = p.parse_args(argv)
 
-    import onnx
-    onnx_path = _existing(args.input_network, "input network")
-    model = onnx.load(str(onnx_path))
-    initializers = {i.name for i in model.graph.initializer}
-    graph_inputs = [i for i in model.graph.input if i.name not in initializers]
+    model, graph_inputs = _load_onnx(args.input_network)
+    onnx_path = Path(args.input_network)
     names = [i.name for i in graph_inputs]
     for name, dtype in args.input_dtype:
         if name not in names:
             raise Fail(f"ERROR - --input_dtype: {name} is not an input of the model (inputs: {names})")
-        if dtype not in ("float32", "float16", "int32", "uint8", "int8", "bool"):
+        if dtype not in DTYPES:
             raise Fail(f"ERROR - --input_dtype {name}: unsupported dtype {dtype}")
-    layouts = {}
+    declared = {}
     for name, layout in args.input_layout:
         if name not in names or layout not in LAYOUTS:
             raise Fail(f"ERROR - --input_layout {name} {layout}: unknown input or layout")
-        layouts[name] = layout
-    ops = sorted({n.op_type for n in model.graph.node})
-    unsupported = os.environ.get("FAKE_QAIRT_UNSUPPORTED_OP")
-    print(f"INFO - Processing ONNX model {onnx_path} ({len(model.graph.node)} nodes)")
-    if unsupported and unsupported in ops:
-        node = next(n for n in model.graph.node if n.op_type == unsupported)
-        print(f"ERROR - Node {node.name}: No translation registered for op type onnx_{unsupported.lower()}")
-        print("ERROR - Conversion FAILED!")
+        declared[name] = layout
+    _log("INFO", 228, f"Processing ONNX model {onnx_path} ({len(model.graph.node)} nodes)")
+    if _unsupported(model):
         return 1
+    _warnings(model)
 
-    shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph_inputs}
-    if args.input_list:
-        lines = [line.split() for line in _existing(args.input_list, "input list").read_text().splitlines()
-                 if line.strip()]
-        if not lines:
-            raise Fail(f"ERROR - input list {args.input_list} is empty")
-        for line in lines:
-            if len(line) != len(names):
-                raise Fail(f"ERROR - input list line {line} has {len(line)} files, the model has {len(names)} inputs")
-            for name, path in zip(names, line):
-                size = _existing(path, "calibration file").stat().st_size
-                expected = 4 * int(__import__("math").prod(shapes[name]))
-                if args.use_native_input_files and size != expected:
-                    raise Fail(f"ERROR - {path}: {size} bytes, input {name} needs {expected}")
-        print(f"INFO - Quantizing with {len(lines)} calibration samples: act {args.act_bitwidth} bit, "
-              f"weights {args.weights_bitwidth or 8} bit, bias {args.bias_bitwidth} bit")
-        if os.environ.get("FAKE_QAIRT_WARNING"):
-            print("WARNING - Quantization encodings of tensor 'stand_in_tensor' were clipped to the calibrated range")
-    elif args.float_bitwidth == 16:
-        print("INFO - Converting float tensors to fp16")
-
+    keep = bool(os.environ.get("FAKE_QAIRT_KEEP_LAYOUT"))
+    perms = {}
+    for value in list(graph_inputs) + list(model.graph.output):
+        dims = _dims(value)
+        layout = declared.get(value.name) or DEFAULT_LAYOUT.get(len(dims), "NONTRIVIAL")
+        perms[value.name] = (None if keep else CHANNEL_LAST.get(layout), layout)
     output = Path(args.output_path or onnx_path.with_suffix(".cpp"))
-    output.parent.mkdir(parents=True, exist_ok=True)
     stem = output.with_suffix("")
-    graph = _qnn_name(stem.name)
+    meta = _graph_meta(model, onnx_path, _qnn_name(stem.name), graph_inputs, perms,
+                       FLOAT_16 if args.float_bitwidth == 16 else FLOAT_32)
+    if args.input_list:
+        _check_quantizer_flags(args)
+        specs = [{"name": t["name"], "onnx_name": t["onnx_name"], "dims": t["dims"], "dtype": t["onnx_dtype"]}
+                 for t in meta["inputs"]]
+        samples = _read_input_list(args.input_list, specs, args.use_native_input_files)
+        act_bits = args.act_bitwidth or 8
+        _log("INFO", 301, f"Quantizing with {len(samples)} calibration samples: act {act_bits} bit, weights "
+                          f"{args.weights_bitwidth or 8} bit, bias {args.bias_bitwidth or 8} bit")
+        _quantize_io(meta, samples, act_bits)
+        meta.update(act_bitwidth=act_bits, per_row=args.use_per_row_quantization)
+    elif args.float_bitwidth == 16:
+        _log("INFO", 302, "Converting float tensors to fp16")
+
+    output.parent.mkdir(parents=True, exist_ok=True)
     command = "qnn-onnx-converter " + " ".join(argv)
-
-    def qnn_dims(name, dims):
-        layout = layouts.get(name) or DEFAULT_LAYOUT.get(len(dims))
-        permutation = CHANNEL_LAST.get(layout)
-        return [dims[i] for i in permutation] if permutation else dims
-
-    tensors = {_qnn_name(n): {"type": 0, "dims": qnn_dims(n, shapes[n])} for n in names}
-    for out in model.graph.output:
-        dims = [d.dim_value for d in out.type.tensor_type.shape.dim]
-        tensors[_qnn_name(out.name)] = {"type": 1, "dims": qnn_dims(None, dims)}
-    output.write_text(f"// stand-in qnn-onnx-converter output\n// graph: {graph}\n// source: {onnx_path.resolve()}\n"
-                      f"// command: {command}\n")
+    output.write_text(f"// stand-in qnn-onnx-converter output\n// graph: {meta['graph']}\n// command: {command}\n"
+                      + _meta_line(meta))
     weights = hashlib.sha256(onnx_path.read_bytes() + command.encode()).hexdigest()
     Path(f"{stem}.bin").write_text(f"stand-in weights {weights}\n")
+    tensors = {}
+    for kind, group in ((0, meta["inputs"]), (1, meta["outputs"])):
+        for t in group:
+            q = t["quant"]
+            tensors[t["name"]] = {
+                "id": len(tensors) + 1, "type": kind, "dataFormat": 0, "data_type": t["data_type"],
+                "src_axis_format": t["src_axis_format"], "axis_format": t["axis_format"], "dims": t["dims"],
+                "quant_params": {"definition": 1 if q else UNDEFINED, "encoding": 0 if q else UNDEFINED,
+                                 "scale_offset": q or {"scale": 0.0, "offset": 0}}}
+    nodes = {n["name"]: {"package": "qti.aisw", "type": n["type"]} for n in meta["nodes"]}
     Path(f"{stem}_net.json").write_text(json.dumps({
-        "model.cpp": str(output), "model.bin": f"{stem}.bin", "converter_command": command, "op_types": ops,
-        "graph": {"tensors": tensors}}, indent=1))
-    print(f"INFO - Model CPP saved at: {output}")
+        "model.cpp": str(output), "model.bin": f"{stem}.bin", "converter_command": command, "copyright_str": "",
+        "graph": {"tensors": tensors, "nodes": nodes}}, indent=1))
+    _log("INFO", 410, f"Model CPP saved at: {output}")
     return 0
 
 
-def main_model_lib_generator(argv: list[str]) -> int:
+def main_model_lib_generator(argv: list[str], sdk: Path) -> int:
     p = _parser("qnn-model-lib-generator")
     p.add_argument("-c", required=True, metavar="<QNN_MODEL>.cpp")
     p.add_argument("-b", metavar="<QNN_MODEL>.bin")
@@ -161,6 +405,11 @@ def main_model_lib_generator(argv: list[str]) -> int:
     if args.b:
         _existing(args.b, "model bin")
     targets = args.t or list(TARGETS)
+    if "x86_64-linux-clang" in targets:
+        for program, accepted in (("clang++", ("clang++", "clang++-9")), ("make", ("make",))):
+            if not any(shutil.which(a) for a in accepted):
+                raise Fail(f"ERROR: {program} not found: the x86_64-linux-clang model library is built with clang++ "
+                           "and make")
     if "aarch64-android" in targets and not shutil.which("ndk-build"):
         raise Fail("ERROR: ndk-build not found: put the Android NDK on PATH to build aarch64-android "
                    "(or pass -t x86_64-linux-clang)")
@@ -181,10 +430,25 @@ def _read_json(path: str, what: str) -> dict:
         raise Fail(f"ERROR - {what} {path} is not valid JSON: {e}") from None
 
 
-def main_context_binary_generator(argv: list[str]) -> int:
+def _validate_ops(meta: dict, arch: int) -> tuple[dict, str] | None:
+    """The first node HTP would refuse, with the backend's reason."""
+    reject = os.environ.get("FAKE_QAIRT_REJECT_OP")
+    for node in meta["nodes"]:
+        if node["onnx_type"] == reject:
+            return node, "None of the combinations match the provided case"
+    if meta.get("act_bitwidth") == 16 and arch < 73 and not meta.get("per_row"):
+        for node in meta["nodes"]:
+            if node["type"] in ("MatMul", "FullyConnected"):
+                return node, f"[4294967295] has incorrect Value {arch}, expected >= 73."
+    return None
+
+
+def main_context_binary_generator(argv: list[str], sdk: Path) -> int:
     p = _parser("qnn-context-binary-generator")
     p.add_argument("--backend", required=True)
     p.add_argument("--model", required=True)
+    if _sdk_version(sdk) >= (2, 21):
+        p.add_argument("--dlc_path")
     p.add_argument("--binary_file", required=True)
     p.add_argument("--model_prefix")
     p.add_argument("--output_dir", default="./output")
@@ -194,30 +458,91 @@ def main_context_binary_generator(argv: list[str]) -> int:
     backend = _existing(args.backend, "backend")
     if backend.name != "libQnnHtp.so":
         raise Fail(f"ERROR - stand-in: only the HTP backend is known, got {backend}")
-    lib_text = _existing(args.model, "model library").read_text()
-    graph = re.search(r"^// graph: (\S+)$", lib_text, re.M).group(1)
-    soc = {"soc_type": "UNKNOWN", "arch": "68", "vtcm_size": 0}
+    model = _existing(args.model, "model library")
+    dlc = getattr(args, "dlc_path", None)
+    if dlc:
+        if model.name != "libQnnModelDlc.so":
+            raise Fail(f"ERROR - --dlc_path needs --model libQnnModelDlc.so, got {model}")
+        meta = _read_dlc(dlc)
+    else:
+        meta = _meta_from_text(model.read_text(), f"model library {model}")
+    soc = {"soc_type": "UNKNOWN", "arch": "68", "vtcm_size": 0, "soc_id": 0}
     if args.config_file:
         extensions = _read_json(args.config_file, "config file")["backend_extensions"]
         _existing(extensions["shared_library_path"], "backend extensions library")
         config = _read_json(extensions["config_file_path"], "backend config")
         graph_config, device = config["graphs"][0], config["devices"][0]
-        if graph not in graph_config["graph_names"]:
-            raise Fail(f"ERROR - graph {graph} of {args.model} is not in graph_names {graph_config['graph_names']}")
+        if meta["graph"] not in graph_config["graph_names"]:
+            raise Fail(f"ERROR - graph {meta['graph']} is not in graph_names {graph_config['graph_names']}")
         if not isinstance(device["soc_id"], int) or not re.fullmatch(r"v\d\d", device["dsp_arch"]):
             raise Fail(f"ERROR - bad device config {device}")
-        soc = {"soc_type": SOC_NAMES.get(device["soc_id"], f"UNKNOWN({device['soc_id']})"),
+        soc = {"soc_type": SOC_NAMES.get(device["soc_id"], f"UNKNOWN({device['soc_id']})"), "soc_id": device["soc_id"],
                "arch": device["dsp_arch"][1:], "vtcm_size": graph_config["vtcm_mb"] * 1024 * 1024}
+    print(f"qnn-context-binary-generator pid:{os.getpid()}\n <W> Initializing HtpProvider", flush=True)
+    refused = _validate_ops(meta, int(soc["arch"]))
+    if refused:
+        node, reason = refused
+        print(f"   121.6ms [ ERROR ]  <E> {reason}\n   121.6ms [ ERROR ]  <E> QnnBackend_validateOpConfig failed 3110\n"
+              f"   121.6ms [ ERROR ]  <E> Failed to validate op {node['name']} with error 0xc26")
+        if dlc:
+            print("    82.5ms [ ERROR ] Failed to successfully compose graph\n"
+                  "   121.6ms [ ERROR ] Failed in QnnSystemDlc_composeGraphs() with error code 1002")
+        else:
+            print(f"[ ERROR ] QnnModel::addNode() validating node {node['name']} failed.\n"
+                  f"[ ERROR ] {meta['graph']}.addNode(QNN_OPCONFIG_VERSION_1, \"{node['name']}\", \"qti.aisw\", "
+                  f"\"{node['type']}\", params_{node['name']}, 0, inputs_{node['name']}, 1, outputs_{node['name']}, 1) "
+                  "expected MODEL_NO_ERROR, got MODEL_GRAPH_OP_VALIDATION_ERROR\n"
+                  "   132.5ms [ ERROR ] Failed in composeGraphs()")
+        print("   121.6ms [ ERROR ] ComposeGraphs Failed with error = 1\nGraph Compose failure")
+        return 1
     out = Path(args.output_dir) / f"{args.binary_file}.bin"
     out.parent.mkdir(parents=True, exist_ok=True)
     config_string = f"soc_type={soc['soc_type']};arch={soc['arch']};vtcm_size={soc['vtcm_size']};"
-    out.write_bytes(b"STAND-IN QNN CONTEXT BINARY\0" + config_string.encode() + b"\0" + lib_text.encode())
+    meta = dict(meta, soc_id=soc["soc_id"], dsp_arch=int(soc["arch"]), sdk_version=".".join(map(str, _sdk_version(sdk))))
+    out.write_bytes(STAND_IN_BINARY + config_string.encode() + b"\0\n" + _meta_line(meta).encode())
     print(f"Saved context binary {out}")
     return 0
 
 
-def main_net_run(argv: list[str]) -> int:
-    """Runs the float ONNX model the binary was converted from, with QNN-layout raw files in and out."""
+def _binary_meta(path: str) -> dict:
+    data = _existing(path, "context binary").read_bytes()
+    if not data.startswith(STAND_IN_BINARY):
+        raise Fail(f"Error: Failed to get context binary info. ({path} is not a context binary)")
+    return _meta_from_text(data.decode(errors="replace"), f"context binary {path}")
+
+
+def main_context_binary_utility(argv: list[str], sdk: Path) -> int:
+    """Writes a binary's graphs and their I/O tensors as JSON, in the layout of real dumps."""
+    p = _parser("qnn-context-binary-utility")
+    p.add_argument("--context_binary", required=True)
+    p.add_argument("--json_file", required=True)
+    args = p.parse_args(argv)
+    meta = _binary_meta(args.context_binary)
+
+    def tensor(t, i, kind):
+        q = t["quant"]
+        return {"info": {
+            "id": i, "name": t["name"], "type": kind, "dataFormat": "QNN_TENSOR_DATA_FORMAT_FLAT_BUFFER",
+            "dataType": f"QNN_DATATYPE_{TYPE_NAMES[t['data_type']]}", "rank": len(t["dims"]), "dimensions": t["dims"],
+            "quantizeParams": {"definition": "QNN_DEFINITION_DEFINED" if q else "QNN_DEFINITION_UNDEFINED",
+                               "quantizationEncoding": "QNN_QUANTIZATION_ENCODING_SCALE_OFFSET" if q else
+                               "QNN_QUANTIZATION_ENCODING_UNDEFINED", "scaleOffset": q or {"scale": 0.0, "offset": 0}}}}
+
+    ids = iter(range(1, 10 ** 6))
+    info = {"info": {"backendId": 6, "buildId": f"v{meta['sdk_version']}.stand-in",
+                     "contextMetadata": {"socModel": meta["soc_id"], "dspArch": meta["dsp_arch"]},
+                     "graphs": [{"info": {
+                         "graphName": meta["graph"],
+                         "graphInputs": [tensor(t, next(ids), "QNN_TENSOR_TYPE_APP_WRITE") for t in meta["inputs"]],
+                         "graphOutputs": [tensor(t, next(ids), "QNN_TENSOR_TYPE_APP_READ") for t in meta["outputs"]]}}]},
+            "version": "v1"}
+    Path(args.json_file).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json_file).write_text(json.dumps(info, indent=2))
+    return 0
+
+
+def main_net_run(argv: list[str], sdk: Path) -> int:
+    """Runs the float ONNX model the binary was made from, with QNN-layout float32 raw files in and out."""
     p = _parser("qnn-net-run")
     p.add_argument("--backend", required=True)
     p.add_argument("--model")
@@ -229,41 +554,144 @@ def main_net_run(argv: list[str]) -> int:
     p.add_argument("--log_level", choices=("error", "warn", "info", "verbose", "debug"))
     args = p.parse_args(argv)
     _existing(args.backend, "backend")
-    if not (args.model or args.retrieve_context):
-        raise Fail("ERROR - one of --model or --retrieve_context is required")
-    text = _existing(args.retrieve_context or args.model, "model").read_bytes().decode(errors="replace")
-    source = re.search(r"^// source: (.+)$", text, re.M).group(1)
+    if not args.retrieve_context:
+        raise Fail("ERROR - stand-in: only --retrieve_context <context binary> is known")
     import numpy as np
-    import onnxruntime as ort
-    session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
-
-    def permutation(dims):
-        return CHANNEL_LAST.get(DEFAULT_LAYOUT.get(len(dims), ""))
-
-    for index, line in enumerate(l.split() for l in Path(args.input_list).read_text().splitlines() if l.strip()):
-        feed = {}
-        for spec, path in zip(session.get_inputs(), line):
-            dims = list(spec.shape)
-            perm = permutation(dims)
-            qnn_dims = [dims[i] for i in perm] if perm else dims
-            data = np.fromfile(path, dtype=np.float32).reshape(qnn_dims)
-            feed[spec.name] = data.transpose(np.argsort(perm)) if perm else data
-        for spec, value in zip(session.get_outputs(), session.run(None, feed)):
-            perm = permutation(value.shape)
-            out = Path(args.output_dir) / f"Result_{index}" / f"{_qnn_name(spec.name)}.raw"
+    meta = _binary_meta(args.retrieve_context)
+    specs = [{"name": t["name"], "onnx_name": t["onnx_name"], "dims": t["dims"], "dtype": "float32"}
+             for t in meta["inputs"]]
+    samples = _read_input_list(args.input_list, specs, native=False)
+    for index, outputs in enumerate(_run_onnx(meta["source"], [_onnx_feed(meta, s) for s in samples])):
+        for t in meta["outputs"]:
+            value = np.asarray(outputs[t["onnx_name"]])
+            out = Path(args.output_dir) / f"Result_{index}" / f"{t['name']}.raw"
             out.parent.mkdir(parents=True, exist_ok=True)
-            np.ascontiguousarray(value.transpose(perm) if perm else value).astype(np.float32).tofile(out)
+            np.ascontiguousarray(value.transpose(t["perm"]) if t.get("perm") else value).astype(np.float32).tofile(out)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# DLC flow
+
+def _read_dlc(path: str) -> dict:
+    data = _existing(path, "DLC").read_bytes()
+    if not data.startswith(STAND_IN_DLC):
+        raise Fail(f"ERROR - {path} is not a DLC")
+    return json.loads(data[len(STAND_IN_DLC):])
+
+
+def _write_dlc(path: Path, meta: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(STAND_IN_DLC + json.dumps(meta).encode())
+
+
+def main_qairt_converter(argv: list[str], sdk: Path) -> int:
+    p = _parser("qairt-converter")
+    p.add_argument("--input_network", "-i", required=True)
+    p.add_argument("--output_path", "-o")
+    p.add_argument("--source_model_input_shape", "-s", nargs=2, action="append")
+    p.add_argument("--out_tensor_node", "--out_tensor_name", action="append")
+    p.add_argument("--source_model_input_datatype", nargs=2, action="append", default=[])
+    p.add_argument("--source_model_input_layout", nargs=2, action="append", default=[])
+    p.add_argument("--desired_input_layout", nargs=2, action="append", default=[])
+    p.add_argument("--source_model_output_layout", nargs=2, action="append", default=[])
+    p.add_argument("--desired_output_layout", nargs=2, action="append", default=[])
+    p.add_argument("--preserve_io_datatype", nargs="*")
+    p.add_argument("--quantization_overrides", "-q")
+    p.add_argument("--float_bitwidth", type=int, choices=(16, 32))
+    p.add_argument("--float_bias_bitwidth", type=int, choices=(16, 32))
+    p.add_argument("--onnx_skip_simplification", "-oss", action="store_true")
+    p.add_argument("--export_format", choices=("DLC_DEFAULT", "DLC_STRIP_QUANT"))
+    p.add_argument("--target_backend", choices=("CPU", "GPU", "DSP", "HTP", "HTA", "LPAI"))
+    p.add_argument("--target_soc_model")
+    p.add_argument("--debug", nargs="?", const=True)
+    args = p.parse_args(argv)
+    model, graph_inputs = _load_onnx(args.input_network)
+    onnx_path = Path(args.input_network)
+    names = [i.name for i in graph_inputs]
+    for name, dtype in args.source_model_input_datatype:
+        if name not in names:
+            raise Fail(f"ERROR - --source_model_input_datatype: {name} is not an input of the model (inputs: {names})")
+        if dtype not in DTYPES:
+            raise Fail(f"ERROR - --source_model_input_datatype {name}: unsupported datatype {dtype}")
+    for flag in ("source_model_input_layout", "desired_input_layout"):
+        for name, layout in getattr(args, flag):
+            if name not in names or layout not in LAYOUTS:
+                raise Fail(f"ERROR - --{flag} {name} {layout}: unknown input or layout")
+    if args.target_soc_model and not args.target_backend:
+        raise Fail("ERROR - --target_backend option must be provided to use --target_soc_model option")
+    _log("INFO", 228, f"Processing ONNX model {onnx_path} ({len(model.graph.node)} nodes)")
+    if _unsupported(model):
+        return 1
+    _warnings(model)
+    output = Path(args.output_path or onnx_path.with_suffix(".dlc"))
+    # The source layout of every input and output is kept (no permutation: unlike qnn-onnx-converter).
+    perms = {v.name: (None, DEFAULT_LAYOUT.get(len(_dims(v)), "NONTRIVIAL"))
+             for v in list(graph_inputs) + list(model.graph.output)}
+    meta = _graph_meta(model, onnx_path, _qnn_name(output.stem), graph_inputs, perms,
+                       FLOAT_16 if args.float_bitwidth == 16 else FLOAT_32)
+    for t in meta["inputs"] + meta["outputs"] + meta["nodes"]:
+        t["name"] = t["onnx_name"] or t["name"]  # a DLC keeps the source names of tensors and nodes
+    if args.quantization_overrides:
+        meta["overrides"] = _read_json(args.quantization_overrides, "quantization overrides")
+    meta["command"] = "qairt-converter " + " ".join(argv)
+    _write_dlc(output, meta)
+    _log("INFO", 410, f"DLC saved at: {output}")
+    return 0
+
+
+def main_qairt_quantizer(argv: list[str], sdk: Path) -> int:
+    p = _parser("qairt-quantizer")
+    p.add_argument("--input_dlc", "-i", required=True)
+    p.add_argument("--output_dlc", "-o")
+    p.add_argument("--enable_float_fallback", "-f", action="store_true")
+    p.add_argument("--apply_algorithms", nargs="+", choices=("cle",))
+    p.add_argument("--ignore_quantization_overrides", action="store_true")
+    p.add_argument("--preserve_io_datatype", nargs="*")
+    p.add_argument("--keep_weights_quantized", action="store_true")
+    p.add_argument("--adjust_bias_encoding", action="store_true")
+    p.add_argument("--use_aimet_quantizer", action="store_true")
+    p.add_argument("--dump_encoding_json", action="store_true")
+    p.add_argument("--config", "-c")
+    p.add_argument("--export_stripped_dlc", action="store_true")
+    p.add_argument("--target_backend", choices=("CPU", "GPU", "DSP", "HTP", "HTA", "LPAI"))
+    p.add_argument("--target_soc_model")
+    p.add_argument("--debug", nargs="?", const=True)
+    _add_quantizer_flags(p)
+    args = p.parse_args(argv)
+    meta = _read_dlc(args.input_dlc)
+    if not args.input_list:
+        raise Fail("ERROR - --input_list must be specified for quantization")
+    if args.enable_float_fallback:
+        raise Fail("ERROR - --enable_float_fallback: input list must not be provided")
+    _check_quantizer_flags(args)
+    specs = [{"name": t["name"], "onnx_name": t["onnx_name"], "dims": t["dims"], "dtype": t["onnx_dtype"]}
+             for t in meta["inputs"]]
+    samples = _read_input_list(args.input_list, specs, args.use_native_input_files)
+    act_bits = args.act_bitwidth or 8
+    _log("INFO", 301, f"Quantizing with {len(samples)} calibration samples: act {act_bits} bit, weights "
+                      f"{args.weights_bitwidth or 8} bit, bias {args.bias_bitwidth or 8} bit")
+    _quantize_io(meta, samples, act_bits)
+    meta.update(act_bitwidth=act_bits, per_row=args.use_per_row_quantization,
+                quantizer_command="qairt-quantizer " + " ".join(argv))
+    output = Path(args.output_dlc or str(Path(args.input_dlc).with_suffix("")) + "_quantized.dlc")
+    _write_dlc(output, meta)
+    _log("INFO", 420, f"Quantized DLC saved at: {output}")
     return 0
 
 
 MAINS = {"qnn-onnx-converter": main_converter, "qnn-model-lib-generator": main_model_lib_generator,
-         "qnn-context-binary-generator": main_context_binary_generator, "qnn-net-run": main_net_run}
+         "qnn-context-binary-generator": main_context_binary_generator,
+         "qnn-context-binary-utility": main_context_binary_utility, "qnn-net-run": main_net_run,
+         "qairt-converter": main_qairt_converter, "qairt-quantizer": main_qairt_quantizer}
 
 
-def main(tool: str, argv: list[str]) -> int:
+def main(tool: str, argv: list[str], script: str) -> int:
     _record(tool, argv)
+    sdk = Path(script).absolute().parent.parent.parent
     try:
-        return MAINS[tool](argv)
+        _check_env(tool, sdk)
+        return MAINS[tool](argv, sdk)
     except Fail as e:
         print(e, file=sys.stderr)
         return 1
