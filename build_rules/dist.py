@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
-import io
 import json
 import os
 import struct
@@ -115,32 +114,24 @@ def check_sums(bundle: Path) -> list[str]:
 def write_tarball(bundle: Path, target: Path, prefix: str) -> None:
     """<prefix>/... with every file of the bundle: sorted entries, mtime 0, owner 0:0 without names, fixed modes,
     and a gzip header without time or file name, so the same files always give the same bytes."""
-    entries = sorted({str(Path(rel).parent.as_posix()) for rel in bundle_files(bundle) if "/" in rel})
-    data = io.BytesIO()
-    with tarfile.open(fileobj=data, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        def add(name: str, path: Path | None):
+    files = bundle_files(bundle) + [SUMS]
+    folders = {"/".join(rel.split("/")[:depth]) for rel in files for depth in range(1, rel.count("/") + 1)}
+    entries = sorted([(name, None) for name in folders] + [(rel, bundle / rel) for rel in files],
+                     key=lambda entry: entry[0])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "wb") as raw, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=FIXED_MTIME, compresslevel=6) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, path in [("", None), *entries]:
             info = tarfile.TarInfo(f"{prefix}/{name}" if name else prefix)
             info.mtime, info.uid, info.gid, info.uname, info.gname = FIXED_MTIME, 0, 0, "", ""
             if path is None:
                 info.type, info.mode = tarfile.DIRTYPE, 0o755
                 tar.addfile(info)
-            else:
-                info.size, info.mode = path.stat().st_size, 0o644
-                with open(path, "rb") as f:
-                    tar.addfile(info, f)
-        add("", None)
-        parents = set()
-        for folder in entries:  # every folder, parents first
-            parts = folder.split("/")
-            for depth in range(1, len(parts) + 1):
-                parents.add("/".join(parts[:depth]))
-        items = [(name, None) for name in parents] + [(rel, bundle / rel) for rel in bundle_files(bundle) + [SUMS]]
-        for name, path in sorted(items, key=lambda item: item[0]):
-            add(name, path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=FIXED_MTIME,
-                                                  compresslevel=9) as gz:
-        gz.write(data.getvalue())
+                continue
+            info.size, info.mode = path.stat().st_size, 0o644
+            with open(path, "rb") as f:
+                tar.addfile(info, f)
 
 
 # --- reading the I/O contract from built artifacts ---------------------------------------------------------

@@ -16,10 +16,6 @@ def _tasks():
     return tasks
 
 
-def multi_soc_dir(model: str, variant: str) -> str:
-    return f"{layout.OUT}/{model}/{variant}/multi_soc"
-
-
 def _multi_soc_chips(model, variant):
     return [c for v, c in _tasks()._variant_builds(model) if v.name == variant.name]
 
@@ -35,7 +31,7 @@ def multi_soc_tasks():
             chips = _multi_soc_chips(model, variant)
             if len(chips) < 2:
                 continue  # e.g. fp16 on a model whose other chips have no fp16: the index says so
-            folder = multi_soc_dir(model.name, variant.name)
+            folder = layout.multi_soc_dir(model.name, variant.name)
             graphs = {g.name: {"onnx": tasks._float_model(model, g, variant),
                                "reference_ctx": layout.chip_file(model.name, variant.name, chips[0].name,
                                                                  f"{g.name}_ctx.onnx")}
@@ -49,10 +45,6 @@ def multi_soc_tasks():
             # The folder is replaced as a whole: a graph whose file could not be made leaves no stale one behind.
             task["actions"] = [(run_stage, task["actions"][0][1], {"publish_dirs": (folder,)})]
             yield task
-
-
-def dist_dir(model: str) -> str:
-    return f"{layout.OUT}/{model}/dist"
 
 
 def dist_tasks():
@@ -90,7 +82,7 @@ def dist_tasks():
             elif model.dist.multi_soc and len(chips) < 2:
                 spec["multi_soc"] = {"error": f"variant {variant.name} builds for one chip only ({', '.join(chips)})"}
             elif model.dist.multi_soc:
-                spec["multi_soc"] = f"{multi_soc_dir(model.name, variant.name)}/multi_soc.json"
+                spec["multi_soc"] = f"{layout.multi_soc_dir(model.name, variant.name)}/multi_soc.json"
                 file_dep.append(spec["multi_soc"])
             variants[variant.name] = spec
         graphs = {g: {"float": layout.float_file(model.name, g, ".sim.onnx"),
@@ -99,7 +91,7 @@ def dist_tasks():
         license_file = tasks._rel(model.dist.license_file) if model.dist.license_file else None
         if license_file:
             file_dep.append(license_file)
-        folder = dist_dir(model.name)
+        folder = layout.dist_dir(model.name)
         outputs = {"dir": folder}
         for name in variants:
             outputs[f"{name}.index"] = f"{folder}/{name}/index.json"

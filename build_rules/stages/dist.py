@@ -1,4 +1,4 @@
-"""Stage 13, dist: per model and variant a bundle a device integrator can use without knowing out/ -> 
+"""Stage 13, dist: per model and variant a bundle a device integrator can use without knowing out/:
 out/<model>/dist/<variant>/ (index.json, SHA256SUMS, LICENSES/, <chip>/..., cpu/, runtime/, multi_soc/) and
 out/<model>/dist/<model>-<variant>.tar.gz. What a bundle holds and the commands that use it: build_rules/dist.py.
 
@@ -79,9 +79,10 @@ def _bundle(params: dict, variant: str, spec: dict, bundle: Path) -> dict:
         "how": {"select": "python -m build_rules.dist select <bundle> --soc-model <QNN soc_model or ro.soc.model>",
                 "verify": "python -m build_rules.dist verify <bundle>  (checksums, binary SoCs, I/O contract on the "
                           "x86 HTP emulator)",
-                "load": "QNN C API: QnnContext_createFromBinary(<chip>/<graph>.bin) with the runtime libraries "
-                        "below; ONNX Runtime (QNN EP): open <chip>/<graph>_ctx.onnx, which reads <graph>.bin beside "
-                        "it and takes float inputs"},
+                "load": "QNN C API: QnnContext_createFromBinary(<chip>/<graph>.bin) with the chip's runtime "
+                        "libraries, I/O as graphs.<graph>.io says"
+                        + ("; ONNX Runtime (QNN EP): open <chip>/<graph>_ctx.onnx, which reads <graph>.bin beside "
+                           "it and takes float inputs" if toolchain["name"] == "ort-qnn" else "")},
     }
     if spec.get("multi_soc") is not None:
         index["multi_soc"] = _multi_soc(spec["multi_soc"], bundle, chips)
