@@ -20,7 +20,7 @@ Logs sit beside the outputs, one per stage: <graph>.<stage>.log.
 from __future__ import annotations
 
 OUT = "out"
-RESERVED_VARIANT_NAMES = ("float", "calibration", "data", "tuning")
+RESERVED_VARIANT_NAMES = ("float", "calibration", "data", "tuning", "dist")
 
 
 def model_dir(model: str) -> str:

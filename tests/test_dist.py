@@ -421,6 +421,18 @@ def test_dist_config_errors_name_file_and_key(tmp_path):
     assert load_model(folder, chips).dist.license_file == folder / "LICENSE"
 
 
+def test_a_variant_named_dist_is_refused(tmp_path):
+    from conftest import make_repo
+    repo = make_repo(tmp_path / "repo", {"tinynet": TEST_MODELS / "tinynet"})
+    write_tinynet_checkpoints(repo / "models" / "tinynet")
+    toml = repo / "models" / "tinynet" / "model.toml"
+    toml.write_text(toml.read_text().replace("[variants.fp16]", "[variants.dist]"))
+    result = run_doit(repo, "list")
+    assert result.code == 3
+    assert (f"error: models/tinynet/model.toml: [variants.dist]: 'dist' is reserved (it is a folder of out/<model>/); "
+            "choose another variant name") in result.output
+
+
 def test_loading_dist_tasks_stays_light(dist_built):
     code = ("import runpy, sys, json; runpy.run_path('dodo.py'); "
             "from build_rules import tasks, dist; tasks.project(); "
