@@ -140,7 +140,7 @@ class Dist:
     """[dist] of model.toml: what `doit dist` puts in the model's device bundles."""
     multi_soc: bool = False  # also one Flexible Context Binary per graph for all the model's chips (ort-qnn)
     cpu_fallback: bool = True  # ship the float ONNX graphs (cpu/<graph>.onnx) for SoCs without a binary
-    verify_samples: int = 8  # evaluation samples per graph and chip the stage checks the I/O contract with
+    verify_samples: int = 4  # evaluation samples per graph and chip the stage checks the I/O contract with
     license_file: Path | None = None  # the model's licence text, copied to LICENSES/
 
 
@@ -499,7 +499,7 @@ def _dist(root: _Table, folder: Path, model_chips: tuple[str, ...]) -> Dist:
     if multi_soc and len(model_chips) < 2:
         raise t.error("multi_soc", f"one file for many SoCs needs at least two chips; the model builds for "
                                    f"{', '.join(model_chips)}")
-    samples = t.get("verify_samples", int, 8)
+    samples = t.get("verify_samples", int, 4)
     if samples < 0:
         raise t.error("verify_samples", f"must be 0 (do not run the emulator) or more, got {samples}")
     license_file = t.get("license_file", str, None)

@@ -37,6 +37,8 @@ CONVENTIONS = {
               "FLOAT_32, FLOAT_16 and INT_32 tensors, which the app passes as they are.",
     "dtype": "the QNN data type of the binary's own input or output tensor, without the QNN_DATATYPE_ prefix "
              "(UFIXED_POINT_16 = uint16 buffers, UFIXED_POINT_8 = uint8, FLOAT_32 = float32, INT_32 = int32).",
+    "name": "the float ONNX graph's input or output name (also in cpu/<graph>.onnx and <graph>_ctx.onnx); "
+            "qnn_name: the binary's own tensor name. Tensors are listed in the binary's order",
     "shape": "dims of the binary's tensor, in this order",
     "layout": "null: the dims are in the order of the float ONNX graph (the ort-qnn toolchain never transposes "
               "graph I/O); otherwise the QNN layout of the tensor's dims, e.g. NHWC",
@@ -188,35 +190,49 @@ def contract_from_ctx(ctx_model: str | os.PathLike) -> dict:
             raise DistError(f"{ctx_model}: graph I/O '{value.name}' has a dynamic dim {dims}")
         return dims
 
-    inputs = []
-    for value in graph.input:
-        if value.name in initializers:
-            continue
-        users = consumers.get(value.name, [])
-        q = next((n for n in users if n.op_type == "QuantizeLinear"), None)
-        if q is not None and q.output[0] in ep.input:
-            dtype, scale, offset = scale_offset(q, q.output[0])
-        elif value.name in ep.input:
-            dtype, scale, offset = _plain(value, ctx_model), None, None
-        else:
-            raise DistError(f"{ctx_model}: graph input '{value.name}' reaches the EPContext node through "
-                            f"{[n.op_type for n in users]}; only a QuantizeLinear may sit between them")
-        inputs.append({"name": value.name, "shape": shape(value), "dtype": dtype, "scale": scale, "offset": offset,
-                       "layout": None})
-    outputs = []
-    for value in graph.output:
-        node = producers.get(value.name)
-        if node is not None and node.op_type == "DequantizeLinear" and node.input[0] in ep.output:
-            dtype, scale, offset = scale_offset(node, node.input[0])
-        elif node is ep:
-            dtype, scale, offset = _plain(value, ctx_model), None, None
-        else:
-            raise DistError(f"{ctx_model}: graph output '{value.name}' comes from {node.op_type if node else 'nowhere'}"
-                            "; only a DequantizeLinear may sit between it and the EPContext node")
-        outputs.append({"name": value.name, "shape": shape(value), "dtype": dtype, "scale": scale, "offset": offset,
-                        "layout": None})
     attributes = {a.name: onnx.helper.get_attribute_value(a) for a in ep.attribute}
     attributes = {k: v.decode() if isinstance(v, bytes) else v for k, v in attributes.items()}
+    # The EP renames some binary tensors (EPContext I/O name -> QNN tensor name); the others keep the EPContext name
+    # (measured on FCB records: "features_QuantizeLinear_Output=features", but P-Net's "QuantizeLinear_token_62_out0"
+    # after a Transpose was pushed through its output DQ).
+    renamed = dict(item.split("=", 1) for item in str(attributes.get("io_name_overrides", "")).split(";") if "=" in item)
+    graph_inputs = {v.name: v for v in graph.input if v.name not in initializers}
+    graph_outputs = {v.name: v for v in graph.output}
+
+    # In the EPContext node's order, which is the binary's: a QNN C API app addresses tensors by position.
+    inputs = []
+    for ep_name in ep.input:
+        node = producers.get(ep_name)
+        if node is not None and node.op_type == "QuantizeLinear" and node.input[0] in graph_inputs:
+            value = graph_inputs[node.input[0]]
+            dtype, scale, offset = scale_offset(node, ep_name)
+        elif ep_name in graph_inputs:
+            value = graph_inputs[ep_name]
+            dtype, scale, offset = _plain(value, ctx_model), None, None
+        else:
+            raise DistError(f"{ctx_model}: EPContext input '{ep_name}' comes from "
+                            f"{node.op_type if node else 'nowhere'}; only a graph input or its QuantizeLinear may")
+        inputs.append({"name": value.name, "qnn_name": renamed.get(ep_name, ep_name), "shape": shape(value),
+                       "dtype": dtype, "scale": scale, "offset": offset, "layout": None})
+    outputs = []
+    for ep_name in ep.output:
+        dq = next((n for n in consumers.get(ep_name, []) if n.op_type == "DequantizeLinear"
+                   and n.output[0] in graph_outputs), None)
+        if dq is not None:
+            value = graph_outputs[dq.output[0]]
+            dtype, scale, offset = scale_offset(dq, ep_name)
+        elif ep_name in graph_outputs:
+            value = graph_outputs[ep_name]
+            dtype, scale, offset = _plain(value, ctx_model), None, None
+        else:
+            raise DistError(f"{ctx_model}: EPContext output '{ep_name}' reaches no graph output (only a "
+                            "DequantizeLinear may sit between them)")
+        outputs.append({"name": value.name, "qnn_name": renamed.get(ep_name, ep_name), "shape": shape(value),
+                        "dtype": dtype, "scale": scale, "offset": offset, "layout": None})
+    for side, found, declared in (("input", inputs, graph_inputs), ("output", outputs, graph_outputs)):
+        missing = set(declared) - {t["name"] for t in found}
+        if missing:
+            raise DistError(f"{ctx_model}: graph {side}(s) {sorted(missing)} do not reach the EPContext node")
     return {"inputs": inputs, "outputs": outputs, "qnn_graph": attributes.get("partition_name", ep.name),
             "ep_context": attributes, "ep_node": ep.name}
 
@@ -321,8 +337,8 @@ def compare_record_io(record_io: dict, contract: dict) -> str | None:
     scale and offset), or None."""
     for side in ("inputs", "outputs"):
         mine, theirs = record_io.get(side, []), contract[side]
-        if [t["name"] for t in mine] != [t["name"] for t in theirs]:
-            return f"{side} {[t['name'] for t in mine]}, the index has {[t['name'] for t in theirs]}"
+        if [t["name"] for t in mine] != [t.get("qnn_name", t["name"]) for t in theirs]:
+            return f"{side} {[t['name'] for t in mine]}, the index has {[t.get('qnn_name', t['name']) for t in theirs]}"
         for a, b in zip(mine, theirs):
             if a["dtype"] != b["dtype"] or list(a["shape"] or []) != list(b["shape"]):
                 return f"{side[:-1]} '{a['name']}' is {a['dtype']}{a['shape']}, the index has {b['dtype']}{b['shape']}"
@@ -571,7 +587,8 @@ def _bare_binary_model(ctx_path: Path, binary: Path, contract: dict, folder: Pat
         os.symlink(binary.resolve(), link)
     except OSError:
         link.write_bytes(binary.read_bytes())
-    # Named like the binary's own tensors (the float graph's I/O names): the EP matches them by name.
+    # In the binary's order: the EP hands EPContext I/O to the binary by position (measured: P-Net's outputs,
+    # named otherwise in the binary, arrive right).
     node = helper.make_node(
         "EPContext", [t["name"] for t in contract["inputs"]], [t["name"] for t in contract["outputs"]],
         name=source["ep_node"], domain="com.microsoft", main_context=1, embed_mode=0, ep_cache_context=binary.name,

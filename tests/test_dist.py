@@ -104,8 +104,8 @@ def test_bundle_holds_the_binaries_index_licences_and_cpu_fallback(dist_built):
     # The contract as the binary sees it: fp16 binaries take float32; w8a16 ones uint16 with the scale and zero point
     # of the Q/DQ nodes that stay outside the context binary (read here independently, offset = -zero point).
     fp16 = json.loads((bundle_of(dist_built, "fp16") / "index.json").read_text())["graphs"]
-    assert fp16["encoder"]["io"]["inputs"] == [{"name": "image", "shape": [1, 3, 16, 16], "dtype": "FLOAT_32",
-                                                "scale": None, "offset": None, "layout": None}]
+    assert fp16["encoder"]["io"]["inputs"] == [{"name": "image", "qnn_name": "image", "shape": [1, 3, 16, 16],
+                                                "dtype": "FLOAT_32", "scale": None, "offset": None, "layout": None}]
     w8a16 = json.loads((bundle_of(dist_built, "w8a16") / "index.json").read_text())["graphs"]
     ctx = onnx.load(str(bundle_of(dist_built, "w8a16") / "SM8750" / "head_ctx.onnx"))
     init = {t.name: numpy_helper.to_array(t) for t in ctx.graph.initializer}
@@ -116,6 +116,7 @@ def test_bundle_holds_the_binaries_index_licences_and_cpu_fallback(dist_built):
     assert features["scale"] == float(init[q.input[1]]) and features["offset"] == -int(init[q.input[2]])
     assert logits["scale"] == float(init[dq.input[1]]) and logits["offset"] == -int(init[dq.input[2]])
     assert features["shape"] == [1, 64] and logits["shape"] == [1, 10]
+    assert (features["qnn_name"], logits["qnn_name"]) == ("features", "logits")  # what the binary calls them
     assert features["offset"] < 0  # a real zero point, so the sign convention is visible
 
 
