@@ -412,7 +412,7 @@ def verify(bundle: Path, evaluation: dict[str, Path] | None = None, samples: int
         return result
     if index["toolchain"]["name"] != "ort-qnn":
         say(f"I/O contract: not run on the emulator: a {index['toolchain']['name']} bundle has no <graph>_ctx.onnx "
-            "float path to compare with (its package stage's check ran the binaries)")
+            "float path to compare with (its check stage ran the binaries with qnn-net-run where the SDK has it)")
         return result
     evaluation = dict(evaluation or {})
     for graph in index["graphs"]:
