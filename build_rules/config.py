@@ -442,7 +442,7 @@ def load_model(folder: Path, chips: ChipTable) -> Model:
                   variants=variants, trusted_checkpoints=m.get("trusted_checkpoints", bool, False),
                   data=_data_sources(m, folder), data_tools=_data_tools(m), evaluate="evaluate" in root.data,
                   evaluate_gate=_evaluate_gate(root), tuning=_tuning(root, graphs, model_chips),
-                  dist=_dist(root, folder, model_chips))
+                  dist=_dist(root, folder))
     for graph in graphs.values():
         model.checkpoint_paths(graph)  # fail now, naming the file, rather than in the middle of a build
     return model
@@ -490,15 +490,12 @@ def _tuning(root: _Table, graphs: dict[str, Graph], model_chips: tuple[str, ...]
     return Tuning(chip=chip, samples=samples, targets=targets)
 
 
-def _dist(root: _Table, folder: Path, model_chips: tuple[str, ...]) -> Dist:
+def _dist(root: _Table, folder: Path) -> Dist:
     if "dist" not in root.data:
         return Dist()
     t = root.table("dist")
     t.check_keys(("multi_soc", "cpu_fallback", "verify_samples", "license_file"))
-    multi_soc = t.get("multi_soc", bool, False)
-    if multi_soc and len(model_chips) < 2:
-        raise t.error("multi_soc", f"one file for many SoCs needs at least two chips; the model builds for "
-                                   f"{', '.join(model_chips)}")
+    multi_soc = t.get("multi_soc", bool, False)  # with one chip it makes nothing, and the bundle's index says so
     samples = t.get("verify_samples", int, 4)
     if samples < 0:
         raise t.error("verify_samples", f"must be 0 (do not run the emulator) or more, got {samples}")
