@@ -156,6 +156,15 @@ class Tuning:
 
 
 @dataclass(frozen=True)
+class Dist:
+    """[dist] of model.toml: what `doit dist` puts in the model's device bundles."""
+    multi_soc: bool = False  # also one Flexible Context Binary per graph for all the model's chips (ort-qnn)
+    cpu_fallback: bool = True  # ship the float ONNX graphs (cpu/<graph>.onnx) for SoCs without a binary
+    verify_samples: int = 4  # evaluation samples per graph and chip the stage checks the I/O contract with
+    license_file: Path | None = None  # the model's licence text, copied to LICENSES/
+
+
+@dataclass(frozen=True)
 class Model:
     name: str
     folder: Path
@@ -174,6 +183,7 @@ class Model:
     evaluate_gate: Threshold | None = None
     evaluate: bool = False  # [evaluate]: the evaluate(run_graph) hook scores all graphs together
     tuning: "Tuning | None" = None  # [tuning]: chip, samples and targets of `doit sensitivity` / `doit tune`
+    dist: Dist = Dist()  # [dist]: what `doit dist` ships
 
     def checkpoint_paths(self, graph: Graph) -> list[Path]:
         return [resolve_file(ref, self.folder, f"{self.toml_path}: [graphs.{graph.name}] checkpoints")
@@ -457,7 +467,7 @@ def _variant(t: _Table, name: str, raw_variants: dict, graphs: dict[str, Graph])
 def load_model(folder: Path, chips: ChipTable) -> Model:
     path = folder / "model.toml"
     root = _Table(path, "", read_toml(path))
-    root.check_keys(("model", "graphs", "variants", "evaluate", "tuning"))
+    root.check_keys(("model", "graphs", "variants", "evaluate", "tuning", "dist"))
     m = root.table("model")
     m.check_keys(("description", "license", "hooks", "onnx", "checkpoints", "chips", "trusted_checkpoints", "data",
                   "data_tools", "export"))
@@ -502,7 +512,8 @@ def load_model(folder: Path, chips: ChipTable) -> Model:
                   checkpoints=tuple(m.get("checkpoints", list, [])), chips=model_chips, graphs=graphs,
                   variants=variants, trusted_checkpoints=m.get("trusted_checkpoints", bool, False),
                   data=_data_sources(m, folder), data_tools=_data_tools(m), evaluate="evaluate" in root.data,
-                  evaluate_gate=_evaluate_gate(root), tuning=_tuning(root, graphs, model_chips))
+                  evaluate_gate=_evaluate_gate(root), tuning=_tuning(root, graphs, model_chips),
+                  dist=_dist(root, folder))
     for graph in graphs.values():
         model.checkpoint_paths(graph)  # fail now, naming the file, rather than in the middle of a build
     return model
@@ -548,6 +559,26 @@ def _tuning(root: _Table, graphs: dict[str, Graph], model_chips: tuple[str, ...]
             raise targets_table.error(graph_name, f"no graph {graph_name!r} (graphs: {', '.join(graphs)})")
         targets[graph_name] = _threshold(targets_table, graph_name)
     return Tuning(chip=chip, samples=samples, targets=targets)
+
+
+def _dist(root: _Table, folder: Path) -> Dist:
+    if "dist" not in root.data:
+        return Dist()
+    t = root.table("dist")
+    t.check_keys(("multi_soc", "cpu_fallback", "verify_samples", "license_file"))
+    multi_soc = t.get("multi_soc", bool, False)  # with one chip it makes nothing, and the bundle's index says so
+    samples = t.get("verify_samples", int, 4)
+    if samples < 0:
+        raise t.error("verify_samples", f"must be 0 (do not run the emulator) or more, got {samples}")
+    license_file = t.get("license_file", str, None)
+    if license_file is not None:
+        try:
+            license_file = resolve_file(license_file, folder, "")
+        except ConfigError:
+            raise t.error("license_file", f"{license_file!r} not found (a path relative to {folder}, or "
+                                          "pkg:<module>/<path>)") from None
+    return Dist(multi_soc=multi_soc, cpu_fallback=t.get("cpu_fallback", bool, True), verify_samples=samples,
+                license_file=license_file)
 
 
 def _evaluate_gate(root: _Table) -> Threshold | None:

@@ -8,6 +8,8 @@ out/<model>/<variant>/<chip>/<graph>.bin, <graph>_ctx.onnx, <graph>.compile.json
 out/<model>/report.md, report.png, report.json                                  (`doit report`)
 out/<model>/tuning/<variant>/<graph>.sensitivity.json, .md, .png               (`doit sensitivity`)
 out/<model>/tuning/<variant>.tuned.toml, .tuned.json                            (`doit tune`)
+out/<model>/<variant>/multi_soc/<graph>.bin, <graph>_ctx.onnx, multi_soc.json   ([dist] multi_soc)
+out/<model>/dist/<variant>/..., <model>-<variant>.tar.gz                        (`doit dist`, see dist.py)
 qairt toolchain (no .qdq.onnx, no _ctx.onnx):
 out/<model>/<variant>/<graph>.cpp, <graph>.bin, <graph>_net.json, <graph>.convert.json   (qnn-onnx-converter)
 out/<model>/<variant>/model_libs/<target>/lib<graph>.so                        (qnn-model-lib-generator)
@@ -18,7 +20,7 @@ Logs sit beside the outputs, one per stage: <graph>.<stage>.log.
 from __future__ import annotations
 
 OUT = "out"
-RESERVED_VARIANT_NAMES = ("float", "calibration", "data", "tuning")
+RESERVED_VARIANT_NAMES = ("float", "calibration", "data", "tuning", "dist")
 
 
 def model_dir(model: str) -> str:
@@ -78,3 +80,11 @@ def report_file(model: str, suffix: str) -> str:
 def tuning_file(model: str, variant: str, name: str) -> str:
     """out/<model>/tuning/<variant>/<name>, or out/<model>/tuning/<variant><name> when name starts with '.'"""
     return f"{OUT}/{model}/tuning/{variant}{name}" if name.startswith(".") else f"{OUT}/{model}/tuning/{variant}/{name}"
+
+
+def multi_soc_dir(model: str, variant: str) -> str:
+    return f"{OUT}/{model}/{variant}/multi_soc"
+
+
+def dist_dir(model: str) -> str:
+    return f"{OUT}/{model}/dist"

@@ -79,6 +79,9 @@ class SummaryReporter(ConsoleReporter):
         for task in self.ran:
             if task.name.startswith("package:"):
                 self.write(f"  built {_describe(task.targets[0])}\n")
+            elif task.name.startswith("dist:"):  # bundles; with [dist] multi_soc its size beside the per-chip sum
+                from .dist import describe
+                self.write("".join(f"  {line}\n" for t in task.targets if t.endswith("index.json") for line in describe(t)))
         for warning in self.warnings:
             self.write(f"  warning: {warning}\n")
         from .tasks import skipped_builds

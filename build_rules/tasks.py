@@ -12,14 +12,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import layout
+from . import dist_tasks, layout
 from .config import Chip, ChipTable, ConfigError, Graph, Model, Variant, load_chips, load_models
 from .hashing import ContentChecker, TaskKey, use_stat_cache
 from .runner import remove_stale_staging, run_stage
 
 # Bump a stage's number when its output for the same inputs changes: it re-runs that stage everywhere.
 STAGE_VERSIONS = {"data": 1, "evaluate": 1, "evaluate_float": 1, "export": 2, "simplify": 2, "verify": 2, "calibrate": 1, "quantize": 2, "compile": 1,
-                  "check": 2, "package": 2, "calibration_stats": 1, "report": 1, "sensitivity": 1, "tune": 1}
+                  "check": 2, "package": 2, "calibration_stats": 1, "report": 1, "sensitivity": 1, "tune": 1,
+                  "multi_soc": 1, "dist": 1}
 # The Python packages whose version can change each stage's output.
 STAGE_TOOLS = {
     "data": (),
@@ -37,8 +38,10 @@ STAGE_TOOLS = {
     "report": ("onnxruntime", "numpy", "matplotlib"),
     "sensitivity": ("onnxruntime", "onnx", "numpy", "matplotlib"),
     "tune": ("onnxruntime", "onnx", "numpy"),
+    "multi_soc": ("onnxruntime", "onnx"),
+    "dist": ("onnxruntime", "onnx", "numpy"),
 }
-SDK_STAGES = ("compile", "check", "evaluate", "package", "report", "sensitivity", "tune")
+SDK_STAGES = ("compile", "check", "evaluate", "package", "report", "sensitivity", "tune", "multi_soc", "dist")
 STATE_DIR = f"{layout.OUT}/.build-state"
 
 # What dodo.py imports: every stage and group generator in pipeline order (the order of `doit list`), plus
@@ -46,7 +49,7 @@ STATE_DIR = f"{layout.OUT}/.build-state"
 __all__ = ["doit_config", "task_data", "task_export", "task_simplify", "task_verify", "task_calibrate",
            "task_calibration_stats", "task_quantize", "task_convert", "task_model_libs", "task_htp_config",
            "task_compile", "task_check", "task_evaluate", "task_package", "task_report", "task_sensitivity",
-           "task_tune", "task_chips", "task_models"]
+           "task_tune", "task_multi_soc", "task_dist", "task_chips", "task_models"]
 
 
 @functools.cache
@@ -687,6 +690,16 @@ def _tune_tasks():
                       "outputs": outputs, **data_params}
             yield _stage_task("tune", f"{model.name}/{variant.name}", params, [*file_dep, *_hook_files(model), *data_dep],
                               list(outputs.values()), layout.tuning_file(model.name, variant.name, ".tune.log"))
+
+
+def task_multi_soc():
+    """12 multi_soc: [dist] multi_soc = true: one Flexible Context Binary per graph for all the variant's chips"""
+    return dist_tasks.multi_soc_tasks()
+
+
+def task_dist():
+    """13 dist: a device bundle per variant (index, checksums, licences; contract checked) + reproducible .tar.gz"""
+    return dist_tasks.dist_tasks()
 
 
 # --- groups -------------------------------------------------------------------------------------

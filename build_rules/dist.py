@@ -1,0 +1,678 @@
+"""Device bundles: what `doit dist` ships per model and variant, and the two commands a device integrator runs.
+
+    python -m build_rules.dist select <bundle> --soc-model 69      (or SM8750): the chip folder to load
+    python -m build_rules.dist verify <bundle>                     checksums, binary targets, I/O contract
+
+A bundle (out/<model>/dist/<variant>/) holds per chip <chip>/<graph>.bin (the raw QNN context binary) and, with
+the ort-qnn toolchain, <chip>/<graph>_ctx.onnx (the same as an EPContext model); index.json (chips, SoC ids,
+toolchain, and per graph the I/O contract as the binary sees it); SHA256SUMS over every other file; LICENSES/;
+the float ONNX graphs for a CPU fallback (cpu/, unless [dist] cpu_fallback = false); the QNN runtime libraries
+when the toolchain has them (qairt: runtime/), and, with [dist] multi_soc, one Flexible Context Binary per graph
+for all the chips (multi_soc/). <model>-<variant>.tar.gz beside it holds the same files, byte for byte the same
+archive whenever it is made from the same files.
+
+Importing this module stays light (doit loads it for the summary): onnx, onnxruntime and numpy are imported
+inside the functions that run binaries.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import struct
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+INDEX = "index.json"
+SUMS = "SHA256SUMS"
+FORMAT = 1
+# QNN's fixed-point convention, written into every index.json so that the file explains itself.
+CONVENTIONS = {
+    "offset": "QNN convention: real = scale * (q + offset), so offset = -zero_point of ONNX's QuantizeLinear "
+              "(q = round(real / scale) - offset, clamped to the dtype's range). scale and offset are null for "
+              "FLOAT_32, FLOAT_16 and INT_32 tensors, which the app passes as they are.",
+    "dtype": "the QNN data type of the binary's own input or output tensor, without the QNN_DATATYPE_ prefix "
+             "(UFIXED_POINT_16 = uint16 buffers, UFIXED_POINT_8 = uint8, FLOAT_32 = float32, INT_32 = int32).",
+    "name": "the float ONNX graph's input or output name (also in cpu/<graph>.onnx and <graph>_ctx.onnx); "
+            "qnn_name: the binary's own tensor name. Tensors are listed in the binary's order",
+    "shape": "dims of the binary's tensor, in this order",
+    "layout": "null: the dims are in the order of the float ONNX graph (the ort-qnn toolchain never transposes "
+              "graph I/O); otherwise the QNN layout of the tensor's dims, e.g. NHWC",
+    "soc_model": "QNN's SoC model number (ONNX Runtime's soc_model option, QnnDevice's socModel); not the "
+                 "kernel's /sys/devices/soc0/soc_id",
+    "ro.soc.model": "what `adb shell getprop ro.soc.model` prints on a phone with this chip",
+}
+# ONNX element type of a tensor -> QNN data type, for tensors the app passes unquantized.
+PLAIN_DTYPES = {1: "FLOAT_32", 10: "FLOAT_16", 6: "INT_32", 7: "INT_64", 2: "UINT_8", 3: "INT_8", 4: "UINT_16",
+                5: "INT_16", 12: "UINT_32", 9: "BOOL_8"}
+# ONNX element type of a QuantizeLinear output / DequantizeLinear input -> QNN fixed-point type.
+FIXED_DTYPES = {2: "UFIXED_POINT_8", 3: "SFIXED_POINT_8", 4: "UFIXED_POINT_16", 5: "SFIXED_POINT_16"}
+# QNN type -> numpy dtype of the app's buffer.
+NUMPY_DTYPES = {"UFIXED_POINT_8": "uint8", "SFIXED_POINT_8": "int8", "UFIXED_POINT_16": "uint16",
+                "SFIXED_POINT_16": "int16", "FLOAT_32": "float32", "FLOAT_16": "float16", "INT_32": "int32",
+                "INT_64": "int64", "UINT_8": "uint8", "INT_8": "int8", "UINT_16": "uint16", "INT_16": "int16",
+                "UINT_32": "uint32", "BOOL_8": "bool"}
+FIXED_MTIME = 0  # tar entries and the gzip header: a rebuild from the same files gives the same archive
+
+
+class DistError(Exception):
+    """A bundle is not what its index says, or a build output a bundle needs is missing; names file and field."""
+
+
+# --- files ------------------------------------------------------------------------------------------------
+
+def sha256(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def bundle_files(bundle: Path) -> list[str]:
+    """Every file of a bundle but SHA256SUMS, as sorted paths relative to it ('/' separated)."""
+    found = []
+    for folder, dirs, files in os.walk(bundle):
+        dirs.sort()
+        for name in files:
+            rel = Path(folder, name).relative_to(bundle).as_posix()
+            if rel != SUMS:
+                found.append(rel)
+    return sorted(found)
+
+
+def write_sums(bundle: Path) -> None:
+    """SHA256SUMS in `sha256sum` format (two spaces: text mode), so `sha256sum -c SHA256SUMS` checks it."""
+    lines = [f"{sha256(bundle / rel)}  {rel}\n" for rel in bundle_files(bundle)]
+    (bundle / SUMS).write_text("".join(lines))
+
+
+def check_sums(bundle: Path) -> list[str]:
+    """Problems with the bundle's files against SHA256SUMS, first the ones a reader should fix first."""
+    sums_file = bundle / SUMS
+    if not sums_file.is_file():
+        return [f"{sums_file}: missing"]
+    listed = {}
+    for number, line in enumerate(sums_file.read_text().splitlines(), 1):
+        digest, sep, rel = line.partition("  ")
+        if not sep or len(digest) != 64:
+            return [f"{sums_file}:{number}: not a sha256sum line: {line!r}"]
+        listed[rel] = digest
+    problems = []
+    for rel, digest in listed.items():
+        path = bundle / rel
+        if not path.is_file():
+            problems.append(f"{path}: missing (listed in {SUMS})")
+        elif sha256(path) != digest:
+            problems.append(f"{path}: altered (its SHA-256 differs from {SUMS})")
+    problems += [f"{bundle / rel}: not listed in {SUMS}" for rel in bundle_files(bundle) if rel not in listed]
+    return problems
+
+
+def write_tarball(bundle: Path, target: Path, prefix: str) -> None:
+    """<prefix>/... with every file of the bundle: sorted entries, mtime 0, owner 0:0 without names, fixed modes,
+    and a gzip header without time or file name, so the same files always give the same bytes."""
+    files = bundle_files(bundle) + [SUMS]
+    folders = {"/".join(rel.split("/")[:depth]) for rel in files for depth in range(1, rel.count("/") + 1)}
+    entries = sorted([(name, None) for name in folders] + [(rel, bundle / rel) for rel in files],
+                     key=lambda entry: entry[0])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "wb") as raw, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=FIXED_MTIME, compresslevel=6) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, path in [("", None), *entries]:
+            info = tarfile.TarInfo(f"{prefix}/{name}" if name else prefix)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = FIXED_MTIME, 0, 0, "", ""
+            if path is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+                continue
+            info.size, info.mode = path.stat().st_size, 0o644
+            with open(path, "rb") as f:
+                tar.addfile(info, f)
+
+
+# --- reading the I/O contract from built artifacts ---------------------------------------------------------
+
+def contract_from_ctx(ctx_model: str | os.PathLike) -> dict:
+    """The I/O contract of an ort-qnn context binary, read from its EPContext model: graph inputs quantized by a
+    QuantizeLinear outside the EPContext node reach the binary as that node's fixed-point type with its scale and
+    zero point; the others (e.g. an input that feeds a layout op) reach it as they are. The same for outputs and
+    DequantizeLinear. Returns {"inputs": [...], "outputs": [...], "qnn_graph": name, "ep_context": attributes}."""
+    import onnx
+    from onnx import numpy_helper
+
+    ctx_model = Path(ctx_model)
+    model = onnx.load(str(ctx_model), load_external_data=False)
+    graph = model.graph
+    ep_nodes = [n for n in graph.node if n.op_type == "EPContext"]
+    if len(ep_nodes) != 1:
+        raise DistError(f"{ctx_model}: expected one EPContext node, found {len(ep_nodes)}")
+    ep = ep_nodes[0]
+    initializers = {t.name: t for t in graph.initializer}
+    types = {v.name: v.type.tensor_type for v in [*graph.input, *graph.output, *graph.value_info]}
+
+    def constant(name: str, node) -> "object":
+        if name not in initializers:
+            raise DistError(f"{ctx_model}: {node.op_type} '{node.name}' takes {name!r}, which is not an initializer")
+        return numpy_helper.to_array(initializers[name])
+
+    def scale_offset(node, elem_type_of: str) -> tuple[str, float, int]:
+        scale = constant(node.input[1], node)
+        if scale.size != 1:
+            raise DistError(f"{ctx_model}: {node.op_type} '{node.name}' is per-channel ({scale.size} scales); "
+                            "graph I/O of a context binary takes one scale")
+        if len(node.input) > 2 and node.input[2]:
+            zero_point = constant(node.input[2], node)
+            elem = onnx.helper.np_dtype_to_tensor_dtype(zero_point.dtype)
+            zero = int(zero_point.reshape(-1)[0])
+        else:
+            elem, zero = types[elem_type_of].elem_type if elem_type_of in types else 2, 0
+        if elem not in FIXED_DTYPES:
+            raise DistError(f"{ctx_model}: {node.op_type} '{node.name}' has no QNN fixed-point type "
+                            f"(ONNX element type {elem})")
+        return FIXED_DTYPES[elem], float(scale.reshape(-1)[0]), -zero
+
+    consumers, producers = {}, {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+        for name in node.output:
+            producers[name] = node
+
+    def shape(value) -> list[int]:
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
+        if any(d is None for d in dims):
+            raise DistError(f"{ctx_model}: graph I/O '{value.name}' has a dynamic dim {dims}")
+        return dims
+
+    attributes = {a.name: onnx.helper.get_attribute_value(a) for a in ep.attribute}
+    attributes = {k: v.decode() if isinstance(v, bytes) else v for k, v in attributes.items()}
+    # The EP renames some binary tensors (EPContext I/O name -> QNN tensor name); the others keep the EPContext name
+    # (measured on FCB records: "features_QuantizeLinear_Output=features", but P-Net's "QuantizeLinear_token_62_out0"
+    # after a Transpose was pushed through its output DQ).
+    renamed = dict(item.split("=", 1) for item in str(attributes.get("io_name_overrides", "")).split(";") if "=" in item)
+    graph_inputs = {v.name: v for v in graph.input if v.name not in initializers}
+    graph_outputs = {v.name: v for v in graph.output}
+
+    # In the EPContext node's order, which is the binary's: a QNN C API app addresses tensors by position.
+    inputs = []
+    for ep_name in ep.input:
+        node = producers.get(ep_name)
+        if node is not None and node.op_type == "QuantizeLinear" and node.input[0] in graph_inputs:
+            value = graph_inputs[node.input[0]]
+            dtype, scale, offset = scale_offset(node, ep_name)
+        elif ep_name in graph_inputs:
+            value = graph_inputs[ep_name]
+            dtype, scale, offset = _plain(value, ctx_model), None, None
+        else:
+            raise DistError(f"{ctx_model}: EPContext input '{ep_name}' comes from "
+                            f"{node.op_type if node else 'nowhere'}; only a graph input or its QuantizeLinear may")
+        inputs.append({"name": value.name, "qnn_name": renamed.get(ep_name, ep_name), "shape": shape(value),
+                       "dtype": dtype, "scale": scale, "offset": offset, "layout": None})
+    outputs = []
+    for ep_name in ep.output:
+        dq = next((n for n in consumers.get(ep_name, []) if n.op_type == "DequantizeLinear"
+                   and n.output[0] in graph_outputs), None)
+        if dq is not None:
+            value = graph_outputs[dq.output[0]]
+            dtype, scale, offset = scale_offset(dq, ep_name)
+        elif ep_name in graph_outputs:
+            value = graph_outputs[ep_name]
+            dtype, scale, offset = _plain(value, ctx_model), None, None
+        else:
+            raise DistError(f"{ctx_model}: EPContext output '{ep_name}' reaches no graph output (only a "
+                            "DequantizeLinear may sit between them)")
+        outputs.append({"name": value.name, "qnn_name": renamed.get(ep_name, ep_name), "shape": shape(value),
+                        "dtype": dtype, "scale": scale, "offset": offset, "layout": None})
+    for side, found, declared in (("input", inputs, graph_inputs), ("output", outputs, graph_outputs)):
+        missing = set(declared) - {t["name"] for t in found}
+        if missing:
+            raise DistError(f"{ctx_model}: graph {side}(s) {sorted(missing)} do not reach the EPContext node")
+    return {"inputs": inputs, "outputs": outputs, "qnn_graph": attributes.get("partition_name", ep.name),
+            "ep_context": attributes, "ep_node": ep.name}
+
+
+def _plain(value, ctx_model: Path) -> str:
+    elem = value.type.tensor_type.elem_type
+    if elem not in PLAIN_DTYPES:
+        raise DistError(f"{ctx_model}: graph I/O '{value.name}' has ONNX element type {elem}, which has no QNN type")
+    return PLAIN_DTYPES[elem]
+
+
+def contract_from_manifest(manifest_path: str | os.PathLike, graph: str) -> dict:
+    """qairt: the package stage's manifest.json records the binary's I/O contract as graphs.<graph>.io."""
+    manifest = json.loads(Path(manifest_path).read_text())
+    io_contract = manifest.get("graphs", {}).get(graph, {}).get("io")
+    if not isinstance(io_contract, dict) or not {"inputs", "outputs"} <= set(io_contract):
+        raise DistError(f"{manifest_path}: no I/O contract for graph '{graph}' (field graphs.{graph}.io with "
+                        "inputs and outputs): this package stage does not record it; rebuild the package with a "
+                        "build_rules whose qairt package stage writes it")
+    for side in ("inputs", "outputs"):
+        for tensor in io_contract[side]:
+            missing = {"name", "shape", "dtype", "scale", "offset", "layout"} - set(tensor)
+            if missing:
+                raise DistError(f"{manifest_path}: graphs.{graph}.io.{side} entry {tensor.get('name')!r} lacks "
+                                f"{', '.join(sorted(missing))}")
+    return {"inputs": io_contract["inputs"], "outputs": io_contract["outputs"]}
+
+
+# --- Flexible Context Binary (multi-SoC) records -----------------------------------------------------------
+
+def multi_soc_records(binary: str | os.PathLike) -> list[dict]:
+    """The per-SoC records of a Flexible Context Binary (a DLC: a zip of stored members whose CRC fields are 0):
+    [{"record", "soc_model", "dsp_arch", "soc_type", "graphs": {qnn graph: {"inputs", "outputs"}}}] from its
+    dlc.metadata JSON (QnnSystemContext binary info per record) and each record's embedded HTP config."""
+    members = _stored_members(Path(binary))
+    metadata = [name for name in members if name.startswith("dlc.metadata")]
+    if not metadata:
+        raise DistError(f"{binary}: no dlc.metadata member; not a Flexible Context Binary")
+    info = json.loads(members[metadata[0]].decode("utf-8").rstrip("\0"))
+    records = []
+    for cache in info.get("cacheList", []):
+        name = cache.get("cacheName", "")
+        config = _htp_config(members.get(name, b""))
+        graphs = {}
+        for g in cache.get("graphs", []):
+            graphs[g.get("graphName")] = {side: [_record_tensor(t) for t in g.get(key, [])]
+                                          for side, key in (("inputs", "graphInputs"), ("outputs", "graphOutputs"))}
+        arch = (cache.get("contextMetadata") or {}).get("dspArch")
+        records.append({"record": name, "soc_model": cache.get("socModel"),
+                        "dsp_arch": f"v{arch}" if arch is not None else None,
+                        "soc_type": config.get("soc_type"), "bytes": len(members.get(name, b"")), "graphs": graphs})
+    return records
+
+
+def _record_tensor(t: dict) -> dict:
+    params = (t.get("quantizeParams") or {})
+    scale_offset = params.get("scaleOffset") if params.get("definition") == "QNN_DEFINITION_DEFINED" else None
+    return {"name": t.get("name"), "shape": t.get("dimensions"),
+            "dtype": str(t.get("dataType", "")).removeprefix("QNN_DATATYPE_"),
+            "scale": scale_offset["scale"] if scale_offset else None,
+            "offset": scale_offset["offset"] if scale_offset else None}
+
+
+def _stored_members(path: Path) -> dict[str, bytes]:
+    """Members of a zip with stored (uncompressed) entries, read from the local headers (Python's zipfile refuses
+    the DLC's zero CRCs)."""
+    import zipfile
+    try:
+        archive = zipfile.ZipFile(path)
+    except zipfile.BadZipFile as e:
+        raise DistError(f"{path}: not a Flexible Context Binary (not a zip/DLC container: {e})") from None
+    members = {}
+    with archive, open(path, "rb") as f:
+        for info in archive.infolist():
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise DistError(f"{path}: member {info.filename} is compressed; unknown DLC layout")
+            f.seek(info.header_offset)
+            header = f.read(30)
+            name_length, extra_length = struct.unpack("<HH", header[26:30])
+            f.seek(info.header_offset + 30 + name_length + extra_length)
+            members[info.filename] = f.read(info.compress_size)
+    return members
+
+
+def _htp_config(blob: bytes) -> dict:
+    at = blob.find(b"soc_type=")
+    if at < 0:
+        return {}
+    end = at
+    while end < len(blob) and 0x20 <= blob[end] < 0x7f:
+        end += 1
+    fields = {}
+    for item in blob[at:end].decode("ascii").split(";"):
+        key, sep, value = item.partition("=")
+        if sep:
+            fields.setdefault(key, value)
+    return fields
+
+
+def compare_record_io(record_io: dict, contract: dict) -> str | None:
+    """Where a multi-SoC record's graph I/O differs from the index's contract (names in order, dtype, shape,
+    scale and offset), or None."""
+    for side in ("inputs", "outputs"):
+        mine, theirs = record_io.get(side, []), contract[side]
+        if [t["name"] for t in mine] != [t.get("qnn_name", t["name"]) for t in theirs]:
+            return f"{side} {[t['name'] for t in mine]}, the index has {[t.get('qnn_name', t['name']) for t in theirs]}"
+        for a, b in zip(mine, theirs):
+            if a["dtype"] != b["dtype"] or list(a["shape"] or []) != list(b["shape"]):
+                return f"{side[:-1]} '{a['name']}' is {a['dtype']}{a['shape']}, the index has {b['dtype']}{b['shape']}"
+            if b["scale"] is not None and (a["scale"] is None or abs(a["scale"] - b["scale"]) > 1e-6 * abs(b["scale"])
+                                           or a["offset"] != b["offset"]):
+                return (f"{side[:-1]} '{a['name']}' has scale {a['scale']} offset {a['offset']}, the index has "
+                        f"scale {b['scale']} offset {b['offset']}")
+    return None
+
+
+# --- select ------------------------------------------------------------------------------------------------
+
+def read_index(bundle: Path) -> dict:
+    path = bundle / INDEX
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DistError(f"{path}: missing; is {bundle} a bundle (out/<model>/dist/<variant>/)?") from None
+    except ValueError as e:
+        raise DistError(f"{path}: not valid JSON: {e}") from None
+
+
+def select_chip(index: dict, soc: str) -> str | None:
+    """The chip whose binaries a phone with this SoC loads: `soc` is QNN's soc_model number ("69") or the
+    phone's ro.soc.model ("SM8750", any case). None when the bundle has no binary for it."""
+    wanted = soc.strip()
+    for chip, entry in index["chips"].items():
+        if wanted.isdigit() and int(wanted) == entry["soc_model"]:
+            return chip
+        if wanted.upper() == str(entry["ro.soc.model"]).upper():
+            return chip
+    return None
+
+
+def fallback_message(index: dict, soc: str, bundle: Path) -> str:
+    known = ", ".join(f"{c} (soc_model {e['soc_model']}, {e['dsp_arch']})" for c, e in index["chips"].items())
+    fallback = index.get("cpu_fallback", {})
+    graphs = fallback.get("graphs", {})
+    where = ", ".join(str(bundle / p) for p in graphs.values()) if fallback.get("shipped") else \
+        ", ".join(f"{p} (not in the bundle: [dist] cpu_fallback = false; that file of the build)" for p in graphs.values())
+    return (f"no binary in this bundle for SoC {soc!r} (bundle chips: {known}); a context binary runs only on the "
+            f"SoC it was built for. Fall back to the CPU: run the float ONNX graph(s) {where} with ONNX Runtime's "
+            "CPU execution provider")
+
+
+# --- verify ------------------------------------------------------------------------------------------------
+
+def verify(bundle: Path, evaluation: dict[str, Path] | None = None, samples: int | None = None,
+           say=print) -> dict:
+    """Check a bundle as a device integrator would before shipping it; raises DistError naming the first problem.
+
+    1. every file against SHA256SUMS (missing, altered, unlisted);
+    2. each binary's embedded soc_type/arch against the index (and each multi-SoC record's SoC and I/O);
+    3. the I/O contract on the x86 HTP emulator, per chip and graph (ort-qnn bundles): real evaluation inputs
+       quantized with the index's scale/offset run through the bare context binary (an EPContext model with
+       fixed-point I/O and no Q/DQ around it), its outputs dequantized with the index, against the bundle's
+       <graph>_ctx.onnx run on the float inputs: equal within one quantization step of each output.
+    `evaluation`: graph -> <graph>.evaluation.npz (default: out/<model>/float/ beside the bundle's dist folder).
+    Returns {"files": n, "binaries": n, "contract": {chip/graph: {...}}, "multi_soc": {...}}."""
+    bundle = Path(bundle)
+    problems = check_sums(bundle)
+    if problems:
+        raise DistError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+    index = read_index(bundle)
+    files = len(bundle_files(bundle))
+    say(f"{files} files match {SUMS}")
+    binaries = _check_targets(bundle, index, say)
+    result = {"files": files, "binaries": binaries, "contract": {}, "multi_soc": {}}
+    if samples == 0:
+        say("I/O contract: not run on the emulator (0 samples)")
+        return result
+    if index["toolchain"]["name"] != "ort-qnn":
+        say(f"I/O contract: not run on the emulator: a {index['toolchain']['name']} bundle has no <graph>_ctx.onnx "
+            "float path to compare with (its check stage ran the binaries with qnn-net-run where the SDK has it)")
+        return result
+    evaluation = dict(evaluation or {})
+    for graph in index["graphs"]:
+        if graph not in evaluation:
+            evaluation[graph] = bundle.resolve().parent.parent / "float" / f"{graph}.evaluation.npz"
+        if not Path(evaluation[graph]).is_file():
+            raise DistError(f"no evaluation inputs for graph '{graph}': {evaluation[graph]} not found; pass "
+                            "--evaluation DIR (a folder with <graph>.evaluation.npz, out/<model>/float/ of the "
+                            "build)")
+    for chip in index["chips"]:
+        for graph, entry in index["graphs"].items():
+            where = f"{chip}/{graph}"
+            measured = check_contract(bundle / chip, graph, entry["io"], Path(evaluation[graph]), samples, where)
+            result["contract"][where] = measured
+            say(f"{where}: I/O contract holds on the HTP emulator over {measured['samples']} samples "
+                f"(worst output: {measured['worst_steps']:.2f} of one quantization step)")
+    multi = index.get("multi_soc") or {}
+    for graph, entry in (multi.get("graphs") or {}).items():
+        result["multi_soc"][graph] = _try_multi_soc_on_emulator(bundle, graph, entry, index, evaluation, samples, say)
+    return result
+
+
+def _check_targets(bundle: Path, index: dict, say) -> int:
+    from .toolchains.ort_qnn import read_binary_target
+    count = 0
+    for chip, entry in index["chips"].items():
+        for graph in index["graphs"]:
+            binary = bundle / chip / f"{graph}.bin"
+            if not binary.is_file():
+                raise DistError(f"{binary}: missing (index.json lists chip {chip} and graph {graph})")
+            target = read_binary_target(binary)
+            if target["soc_type"] != entry["ro.soc.model"] or f"v{target['arch']}" != entry["dsp_arch"]:
+                raise DistError(f"{binary}: built for soc_type={target['soc_type']} arch=v{target['arch']}, but "
+                                f"index.json says {entry['ro.soc.model']} {entry['dsp_arch']}")
+            count += 1
+    say(f"{count} binaries: embedded SoC and arch match index.json")
+    multi = index.get("multi_soc") or {}
+    for graph, entry in (multi.get("graphs") or {}).items():
+        binary = bundle / entry["binary"]
+        records = multi_soc_records(binary)
+        by_soc = {r["soc_model"]: r for r in records}
+        for chip in multi["chips"]:
+            soc, arch = index["chips"][chip]["soc_model"], index["chips"][chip]["dsp_arch"]
+            record = by_soc.get(soc)
+            if record is None or record["dsp_arch"] != arch:
+                raise DistError(f"{binary}: no record for {chip} (soc_model {soc}, {arch}); it holds "
+                                f"{[(r['record'], r['soc_model'], r['dsp_arch']) for r in records]}")
+            record_io = record["graphs"].get(entry["qnn_graph"])
+            if record_io is None:
+                raise DistError(f"{binary}: record {record['record']} has no graph {entry['qnn_graph']}")
+            difference = compare_record_io(record_io, index["graphs"][graph]["io"])
+            if difference:
+                raise DistError(f"{binary}: record {record['record']} ({chip}): {difference}")
+        say(f"{binary.relative_to(bundle)}: one record per SoC ({', '.join(multi['chips'])}), each with the "
+            "index's I/O contract")
+    return count
+
+
+def _try_multi_soc_on_emulator(bundle: Path, graph: str, entry: dict, index: dict, evaluation: dict,
+                               samples: int | None, say) -> dict:
+    """onnxruntime-qnn 2.7 (QNN 2.51) on x86 selects no record of a Flexible Context Binary ("Compatible cache not
+    found"), so the emulator cannot run it: say so, and check the contract if some later version can."""
+    ctx = bundle / entry["ctx_model"]
+    try:
+        measured = check_contract(ctx.parent, graph, index["graphs"][graph]["io"], Path(evaluation[graph]), samples,
+                                  f"multi_soc/{graph}", ctx_name=ctx.name, binary_name=Path(entry["binary"]).name)
+    except _EmulatorRefused as e:
+        say(f"multi_soc/{graph}: not run: the x86 HTP emulator cannot load it ({e})")
+        return {"ran": False, "error": str(e)}
+    say(f"multi_soc/{graph}: I/O contract holds on the HTP emulator over {measured['samples']} samples")
+    return {"ran": True, **measured}
+
+
+class _EmulatorRefused(DistError):
+    """The emulator could not load a binary at all (not a contract mismatch)."""
+
+
+def check_contract(chip_dir: Path, graph: str, contract: dict, evaluation: Path, samples: int | None, where: str,
+                   ctx_name: str | None = None, binary_name: str | None = None) -> dict:
+    """Run `samples` evaluation inputs through the bare binary with the index's fixed-point I/O and through
+    <graph>_ctx.onnx on float inputs; raise DistError naming the first output more than one step apart."""
+    import numpy as np
+
+    from .stages.common import load_evaluation
+    from .toolchains import ort_qnn
+
+    ctx_path = chip_dir / (ctx_name or f"{graph}_ctx.onnx")
+    binary = chip_dir / (binary_name or f"{graph}.bin")
+    inputs, _ = load_evaluation(str(evaluation))
+    if samples is not None:
+        inputs = inputs[:samples]
+    for tensor in contract["inputs"]:
+        if inputs and tensor["name"] not in inputs[0]:
+            raise DistError(f"{where}: index input '{tensor['name']}' is not in {evaluation} "
+                            f"(it has {sorted(inputs[0])})")
+    with tempfile.TemporaryDirectory(prefix="dist-verify-") as tmp:
+        wrapper = _bare_binary_model(ctx_path, binary, contract, Path(tmp))
+        try:
+            run_bare = ort_qnn.open_context_binary(wrapper)
+            run_float = ort_qnn.open_context_binary(ctx_path)
+        except Exception as e:  # onnxruntime raises its own exception types
+            raise _EmulatorRefused(f"{type(e).__name__}: {str(e).strip()[:400]}") from None
+        worst = 0.0
+        for number, sample in enumerate(inputs):
+            feed = {t["name"]: quantize(np.asarray(sample[t["name"]]), t) for t in contract["inputs"]}
+            try:
+                raw = run_bare(feed)
+            except Exception as e:
+                raise DistError(f"{where}: the binary refused inputs typed as the index says "
+                                f"({', '.join(t['name'] + ' ' + t['dtype'] for t in contract['inputs'])}): "
+                                f"{str(e).strip()[:400]}") from None
+            reference = run_float({t["name"]: np.asarray(sample[t["name"]]) for t in contract["inputs"]})
+            for tensor in contract["outputs"]:
+                got = dequantize(raw[tensor["name"]], tensor)
+                want = np.asarray(reference[tensor["name"]], dtype=np.float64)
+                if got.shape != want.shape:
+                    raise DistError(f"{where}: output '{tensor['name']}' has shape {list(got.shape)} from the "
+                                    f"binary, {list(want.shape)} from {ctx_path.name}")
+                step = tensor["scale"] if tensor["scale"] is not None else 1e-6 * max(1.0, float(np.abs(want).max()))
+                error = float(np.abs(got - want).max()) if got.size else 0.0
+                steps = error / step
+                if steps > 1.0 + 1e-6:
+                    raise DistError(
+                        f"{where}: I/O contract mismatch on output '{tensor['name']}' (sample {number}): the bare "
+                        f"binary with the index's scale/offset differs from {ctx_path.name} by {error:.6g}, "
+                        f"{steps:.1f} quantization steps of {step:.6g} (index: "
+                        + ", ".join(f"{t['name']} {t['dtype']} scale {t['scale']} offset {t['offset']}"
+                                    for t in [*contract["inputs"], tensor]) + ")")
+                worst = max(worst, steps)
+    return {"samples": len(inputs), "worst_steps": worst}
+
+
+def quantize(value, tensor: dict):
+    """A float input as the binary takes it: QNN's q = round(real / scale) - offset, clamped (as ONNX
+    QuantizeLinear rounds: half to even, in float32); unquantized tensors in their own dtype."""
+    import numpy as np
+    dtype = np.dtype(NUMPY_DTYPES[tensor["dtype"]])
+    if tensor["scale"] is None:
+        return np.ascontiguousarray(value.astype(dtype))
+    info = np.iinfo(dtype)
+    scaled = np.rint(value.astype(np.float32) / np.float32(tensor["scale"])) - np.float32(tensor["offset"])
+    return np.ascontiguousarray(np.clip(scaled, info.min, info.max).astype(dtype))
+
+
+def dequantize(value, tensor: dict):
+    import numpy as np
+    if tensor["scale"] is None:
+        return np.asarray(value, dtype=np.float64)
+    real = np.float32(tensor["scale"]) * (value.astype(np.float32) + np.float32(tensor["offset"]))
+    return real.astype(np.float64)
+
+
+def _bare_binary_model(ctx_path: Path, binary: Path, contract: dict, folder: Path) -> Path:
+    """An EPContext model around the binary alone: its I/O typed by the index's contract, no Q/DQ nodes. It sits in
+    `folder` with a link to the binary (EPContext paths are relative to the model)."""
+    import onnx
+    from onnx import helper
+
+    source = contract_from_ctx(ctx_path)
+    attrs = source["ep_context"]
+    onnx_types = {"float32": onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16,
+                  "int32": onnx.TensorProto.INT32, "int64": onnx.TensorProto.INT64, "uint8": onnx.TensorProto.UINT8,
+                  "int8": onnx.TensorProto.INT8, "uint16": onnx.TensorProto.UINT16, "int16": onnx.TensorProto.INT16,
+                  "uint32": onnx.TensorProto.UINT32, "bool": onnx.TensorProto.BOOL}
+
+    def value(tensor):
+        return helper.make_tensor_value_info(tensor["name"], onnx_types[NUMPY_DTYPES[tensor["dtype"]]],
+                                             tensor["shape"])
+
+    link = folder / binary.name
+    try:
+        os.symlink(binary.resolve(), link)
+    except OSError:
+        link.write_bytes(binary.read_bytes())
+    # In the binary's order: the EP hands EPContext I/O to the binary by position (measured: P-Net's outputs,
+    # named otherwise in the binary, arrive right).
+    node = helper.make_node(
+        "EPContext", [t["name"] for t in contract["inputs"]], [t["name"] for t in contract["outputs"]],
+        name=source["ep_node"], domain="com.microsoft", main_context=1, embed_mode=0, ep_cache_context=binary.name,
+        source=attrs.get("source", "QNNExecutionProvider"), ep_sdk_version=attrs.get("ep_sdk_version", ""),
+        partition_name=attrs.get("partition_name", source["ep_node"]),
+        **({"is_multi_soc_ep_context": attrs["is_multi_soc_ep_context"]} if "is_multi_soc_ep_context" in attrs else {}))
+    graph = helper.make_graph([node], "bare_context_binary", [value(t) for t in contract["inputs"]],
+                              [value(t) for t in contract["outputs"]])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = onnx.load(str(ctx_path), load_external_data=False).ir_version
+    path = folder / "bare_ctx.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+# --- summary -----------------------------------------------------------------------------------------------
+
+def describe(index_path: str | os.PathLike) -> list[str]:
+    """Summary lines for one bundle (the build summary of `doit dist`)."""
+    try:
+        index = json.loads(Path(index_path).read_text())
+    except (OSError, ValueError):
+        return [f"{index_path}: unreadable"]
+    bundle = Path(index_path).parent
+    per_chip = {chip: sum(size for f, size in entry["files"].items() if f.endswith(".bin"))
+                for chip, entry in index["chips"].items()}
+    lines = [f"bundle {bundle} ({len(index['chips'])} chip(s): {', '.join(index['chips'])}) -> "
+             f"{bundle.parent / index['tarball']}"]
+    multi = index.get("multi_soc")
+    if multi:
+        if multi.get("error"):
+            lines.append(f"  multi-SoC: not made: {multi['error']}")
+        else:
+            total = sum(g["bytes"] for g in multi["graphs"].values())
+            chips_sum = sum(per_chip[c] for c in multi["chips"])
+            lines.append(f"  multi-SoC: {total / 1e6:.3f} MB for {', '.join(multi['chips'])} "
+                         f"(per-chip binaries: {chips_sum / 1e6:.3f} MB; {total / chips_sum:.2f} of it)")
+            refused = [g for g, entry in multi["graphs"].items() if entry.get("emulator", {}).get("error")]
+            if refused:  # QNN 2.51 on x86: "Compatible cache not found"
+                lines.append(f"  multi-SoC: the x86 HTP emulator cannot load it ({', '.join(refused)}: "
+                             f"{multi['graphs'][refused[0]]['emulator']['error'].rsplit('Error: ', 1)[-1]}); checked per SoC: record, "
+                             "arch and I/O contract")
+    return lines
+
+
+# --- command line ------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m build_rules.dist",
+                                     description="Use a device bundle made by `doit dist` (out/<model>/dist/<variant>/).")
+    commands = parser.add_subparsers(dest="command", required=True)
+    s = commands.add_parser("select", help="print the chip folder a phone with this SoC loads")
+    s.add_argument("bundle", type=Path)
+    s.add_argument("--soc-model", required=True,
+                   help="QNN's SoC model number (e.g. 69) or the phone's `getprop ro.soc.model` (e.g. SM8750)")
+    s.add_argument("--json", action="store_true", help="print the chip's index entry as JSON too")
+    v = commands.add_parser("verify", help="check files, binary targets and the I/O contract (HTP emulator)")
+    v.add_argument("bundle", type=Path)
+    v.add_argument("--evaluation", type=Path,
+                   help="folder with <graph>.evaluation.npz (default: out/<model>/float/ beside the bundle)")
+    v.add_argument("--samples", type=int, default=None, help="evaluation samples per graph and chip (default: all)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "select":
+            index = read_index(args.bundle)
+            chip = select_chip(index, args.soc_model)
+            if chip is None:
+                print(f"error: {fallback_message(index, args.soc_model, args.bundle)}", file=sys.stderr)
+                return 2
+            print(args.bundle / chip)
+            if args.json:
+                print(json.dumps({"chip": chip, **index["chips"][chip]}, indent=2, sort_keys=True))
+            return 0
+        evaluation = None
+        if args.evaluation is not None:
+            index = read_index(args.bundle)
+            evaluation = {g: args.evaluation / f"{g}.evaluation.npz" for g in index.get("graphs", {})}
+        verify(args.bundle, evaluation, args.samples)
+        print(f"ok: {args.bundle} is what its index says")
+        return 0
+    except DistError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Task generators of `doit dist` (not default tasks): multi_soc:<model>/<variant> and dist:<model>.
+
+dist:<model> turns every built variant of a model into a bundle (build_rules/stages/dist.py); it depends on the
+package tasks of that model's variants, so `doit dist` first brings the binaries up to date. multi_soc makes the
+optional Flexible Context Binaries ([dist] multi_soc = true; ort-qnn only). Loaded with the build file: stays
+light, like tasks.py.
+"""
+from __future__ import annotations
+
+from . import layout
+from .runner import run_stage
+
+
+def _tasks():
+    from . import tasks  # tasks.py imports this module inside its creators: no import cycle at load
+    return tasks
+
+
+def _multi_soc_chips(model, variant):
+    return [c for v, c in _tasks()._variant_builds(model) if v.name == variant.name]
+
+
+def multi_soc_tasks():
+    tasks = _tasks()
+    if tasks.project().toolchain["name"] != "ort-qnn":
+        return  # a Flexible Context Binary is onnxruntime-qnn's; the dist index says so for qairt
+    for model in tasks.project().models:
+        if not model.dist.multi_soc:
+            continue
+        for variant in model.variants.values():
+            chips = _multi_soc_chips(model, variant)
+            if len(chips) < 2:
+                continue  # e.g. fp16 on a model whose other chips have no fp16: the index says so
+            folder = layout.multi_soc_dir(model.name, variant.name)
+            graphs = {g.name: {"onnx": tasks._float_model(model, g, variant),
+                               "reference_ctx": layout.chip_file(model.name, variant.name, chips[0].name,
+                                                                 f"{g.name}_ctx.onnx")}
+                      for g in model.graphs.values()}
+            report = f"{folder}/multi_soc.json"
+            params = {"graphs": graphs, "chips": [tasks._chip_params(c) for c in chips], "fp16": variant.is_fp16,
+                      "outputs": {"dir": folder, "report": report}}
+            file_dep = [f for files in graphs.values() for f in files.values()]
+            task = tasks._stage_task("multi_soc", f"{model.name}/{variant.name}", params, file_dep, [report],
+                                     f"{layout.model_dir(model.name)}/{variant.name}/multi_soc.log")
+            # The folder is replaced as a whole: a graph whose file could not be made leaves no stale one behind.
+            task["actions"] = [(run_stage, task["actions"][0][1], {"publish_dirs": (folder,)})]
+            yield task
+
+
+def dist_tasks():
+    tasks = _tasks()
+    project = tasks.project()
+    ort = project.toolchain["name"] == "ort-qnn"
+    for model in project.models:
+        variants, file_dep, packages = {}, [], []
+        for variant in model.variants.values():
+            chips = {}
+            for v, chip in tasks._variant_builds(model):
+                if v.name != variant.name:
+                    continue
+                m, vn, c = model.name, variant.name, chip.name
+                built = {g: {"binary": layout.chip_file(m, vn, c, f"{g}.bin")} for g in model.graphs}
+                if ort:
+                    for g in model.graphs:
+                        built[g]["ctx_model"] = layout.chip_file(m, vn, c, f"{g}_ctx.onnx")
+                runtime = {}
+                if not ort:
+                    from .toolchains import qairt
+                    runtime = {name: f"{layout.runtime_dir(m, vn, c)}/{name}"
+                               for name in qairt.find_sdk().runtime_libs(chip.dsp_arch)}
+                manifest = layout.chip_file(m, vn, c, "manifest.json")
+                chips[c] = {"manifest": manifest, "graphs": built, "runtime": runtime,
+                            "chip": {**tasks._chip_params(chip), "marketing_name": chip.marketing_name}}
+                file_dep += [manifest, *runtime.values()] + [f for files in built.values() for f in files.values()]
+                packages.append(f"package:{m}/{vn}@{c}")
+            if not chips:
+                continue
+            spec = {"settings": variant.settings(), "chips": chips}
+            if model.dist.multi_soc and not ort:
+                spec["multi_soc"] = {"error": f"the {project.toolchain['name']} toolchain makes no multi-SoC "
+                                              "binaries (onnxruntime-qnn's Flexible Context Binary)"}
+            elif model.dist.multi_soc and len(chips) < 2:
+                spec["multi_soc"] = {"error": f"variant {variant.name} builds for one chip only ({', '.join(chips)})"}
+            elif model.dist.multi_soc:
+                spec["multi_soc"] = f"{layout.multi_soc_dir(model.name, variant.name)}/multi_soc.json"
+                file_dep.append(spec["multi_soc"])
+            variants[variant.name] = spec
+        graphs = {g: {"float": layout.float_file(model.name, g, ".sim.onnx"),
+                      "evaluation": layout.float_file(model.name, g, ".evaluation.npz")} for g in model.graphs}
+        file_dep += [f for files in graphs.values() for f in files.values()]
+        license_file = tasks._rel(model.dist.license_file) if model.dist.license_file else None
+        if license_file:
+            file_dep.append(license_file)
+        folder = layout.dist_dir(model.name)
+        outputs = {"dir": folder}
+        for name in variants:
+            outputs[f"{name}.index"] = f"{folder}/{name}/index.json"
+            outputs[f"{name}.tarball"] = f"{folder}/{model.name}-{name}.tar.gz"
+        params = {"model": {"name": model.name, "description": model.description, "license": model.license},
+                  "toolchain": project.toolchain, "variants": variants, "graphs": graphs,
+                  "dist": {"cpu_fallback": model.dist.cpu_fallback, "verify_samples": model.dist.verify_samples,
+                           "license_file": license_file, "multi_soc": model.dist.multi_soc},
+                  "outputs": outputs}
+        targets = [p for k, p in outputs.items() if k != "dir"]
+        task = tasks._stage_task("dist", model.name, params, file_dep, targets, f"{folder}.log")
+        task["actions"] = [(run_stage, task["actions"][0][1], {"publish_dirs": (folder,)})]
+        task["task_dep"] = packages
+        yield task
