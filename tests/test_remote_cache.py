@@ -346,6 +346,20 @@ def test_uploads_send_no_checksum_headers_and_a_412_race_counts_as_already_there
     manifest = fresh_remote().restore("k1", ["a.bin"], "a.log")
     assert manifest["values"] == {"x": 1}
     assert Path("a.bin").read_bytes() == data
+    assert faults.count("DELETE") == 0
+
+
+def test_with_the_local_tier_off_the_remote_tier_still_serves(moto, monkeypatch):
+    from build_rules import cache
+    monkeypatch.setenv("BUILD_RULES_CACHE", "off")
+    data = Path("a.bin").read_bytes()
+    store = cache.open_cache()
+    assert store.root is None and store.remote is not None
+    store.store("k1", ["a.bin"], {"x": 2}, "a.log", "compile")
+    Path("a.bin").unlink()
+    assert cache.open_cache().restore("k1", ["a.bin"], "a.log") == {"x": 2}
+    assert Path("a.bin").read_bytes() == data
+    assert not Path("out/.cache").exists()
 
 
 def test_a_bad_manifest_is_a_miss_naming_it(moto, capfd):
