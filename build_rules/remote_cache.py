@@ -142,6 +142,9 @@ class RemoteCache:
                 self.stats.add(misses=1)
                 return None
             manifest = self._parse_manifest(manifest_key, body)
+            if manifest is None:  # another build_rules' format: its entry, not ours to judge or rewrite
+                self.stats.add(misses=1)
+                return None
             stored = [f["path"] for f in manifest["targets"]]
             if relocatable:
                 if [Path(t).name for t in stored] != [Path(t).name for t in targets]:
@@ -185,13 +188,13 @@ class RemoteCache:
         self.stats.add(hits=1, bytes_downloaded=sum(f["size"] for f in manifest["targets"]), last_hit=time.time())
         return manifest
 
-    def _parse_manifest(self, name: str, body: bytes) -> dict:
+    def _parse_manifest(self, name: str, body: bytes) -> dict | None:
+        """The manifest; None if it has another format version; _BadObject if it is not a manifest."""
         try:
             manifest = json.loads(body)
             if manifest.get("format") != FORMAT:
-                raise _BadObject(f"{self._url(name)} has manifest format {manifest.get('format')!r}, this "
-                                 f"build_rules reads format {FORMAT}")
-            for f in manifest["targets"]:
+                return None
+            for f in manifest["targets"] + ([manifest["log"]] if manifest.get("log") else []):
                 if not (isinstance(f["path"], str) and re.fullmatch(r"[0-9a-f]{64}", f["sha256"])
                         and isinstance(f["size"], int)):
                     raise ValueError(f)
