@@ -34,8 +34,11 @@ def rclone_binary() -> str:
     return found
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: the child between fork and exec only makes one call
+
+
 def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 @contextlib.contextmanager
