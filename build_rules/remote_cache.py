@@ -70,10 +70,11 @@ def settings(environ=os.environ) -> Settings | None:
     value = environ.get(ENV, "").strip()
     if not value or value.lower() in _OFF:
         return None
-    match = re.fullmatch(r"s3://([A-Za-z0-9][A-Za-z0-9._-]{1,254})(?:/(.*))?", value)
+    match = re.fullmatch(r"s3://([A-Za-z0-9][A-Za-z0-9._-]{2,254})(?:/(.*))?", value)
     if not match:
-        raise ConfigError(f"{ENV}={value!r}: expected s3://<bucket>/<prefix>, e.g. s3://team-build-cache/qnn/ "
-                          "(endpoint and credentials come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)")
+        raise ConfigError(f"{ENV}={value!r}: expected s3://<bucket>/<prefix> with a bucket name of 3 or more "
+                          "letters, digits, '.', '_' or '-', e.g. s3://team-build-cache/qnn/ (endpoint and "
+                          "credentials come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)")
     prefix = (match.group(2) or "").strip("/")
     mode = environ.get(MODE_ENV, "readwrite").strip().lower() or "readwrite"
     if mode not in MODES:

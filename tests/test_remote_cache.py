@@ -238,8 +238,9 @@ def test_an_unreachable_store_warns_once_and_the_build_goes_on(built_tinynet, tm
 
 @pytest.mark.parametrize("variable, value, message", [
     ("BUILD_RULES_REMOTE_CACHE", "http://127.0.0.1:9000/cache",
-     "error: BUILD_RULES_REMOTE_CACHE='http://127.0.0.1:9000/cache': expected s3://<bucket>/<prefix>, e.g. "
-     "s3://team-build-cache/qnn/ (endpoint and credentials come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)"),
+     "error: BUILD_RULES_REMOTE_CACHE='http://127.0.0.1:9000/cache': expected s3://<bucket>/<prefix> with a bucket "
+     "name of 3 or more letters, digits, '.', '_' or '-', e.g. s3://team-build-cache/qnn/ (endpoint and credentials "
+     "come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)"),
     ("BUILD_RULES_REMOTE_CACHE_MODE", "readonly",
      "error: BUILD_RULES_REMOTE_CACHE_MODE='readonly': expected 'read' (download only: developers, pull-request "
      "jobs) or 'readwrite' (trusted CI)"),
