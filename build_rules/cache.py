@@ -15,7 +15,8 @@ A hit refreshes the entry's mtime: prune by last use with
     python -m build_rules.cache prune --max-size 5G --older-than 30d
     python -m build_rules.cache clear
 
-(or delete the folder: nothing else refers to it).
+(or delete the folder: nothing else refers to it). A shared second tier on S3 (BUILD_RULES_REMOTE_CACHE) is
+asked when this one misses and given what it stores: build_rules/remote_cache.py.
 """
 from __future__ import annotations
 
@@ -67,15 +68,32 @@ def entry_key(task_key: str, file_digests: list[str]) -> str:
 
 
 class Cache:
-    def __init__(self, root: Path):
-        self.root = Path(root)
+    def __init__(self, root: Path | None, remote=None):
+        self.root = Path(root) if root is not None else None  # None: the local tier is off
+        self.remote = remote  # remote_cache.RemoteCache or None
 
     def _entry(self, key: str) -> Path:
         return self.root / key[:2] / key
 
     def restore(self, key: str, targets: list[str], log: str | None = None, relocatable: bool = False):
         """Put the stored outputs onto `targets` and return the stored values, or None (not cached, or damaged).
-        relocatable: the entry may have been made for targets elsewhere with the same file names."""
+        relocatable: the entry may have been made for targets elsewhere with the same file names.
+        The local tier first, then the remote one, whose hit the local tier then keeps."""
+        values = self._restore_local(key, targets, log, relocatable) if self.root is not None else None
+        if values is None and self.remote is not None:
+            manifest = self.remote.restore(key, targets, log, relocatable)
+            if manifest is not None:
+                values = manifest.get("values", {})
+                self._store_local(key, targets, values, log, manifest.get("stage", ""))
+        return values
+
+    def store(self, key: str, targets: list[str], values, log: str | None = None, stage: str = "") -> None:
+        """Keep a finished stage's outputs in the local tier and upload them to the remote one (if writable)."""
+        self._store_local(key, targets, values, log, stage)
+        if self.remote is not None:
+            self.remote.store(key, targets, values, log, stage)
+
+    def _restore_local(self, key: str, targets: list[str], log: str | None, relocatable: bool):
         entry = self._entry(key)
         try:
             meta = json.loads((entry / "entry.json").read_text())
@@ -123,8 +141,10 @@ class Cache:
             pass
         return meta.get("values", {})
 
-    def store(self, key: str, targets: list[str], values, log: str | None = None, stage: str = "") -> None:
+    def _store_local(self, key: str, targets: list[str], values, log: str | None, stage: str) -> None:
         """Copy finished outputs into a new entry (best effort: a full or read-only cache only loses the entry)."""
+        if self.root is None:
+            return
         entry = self._entry(key)
         if entry.exists():
             return
@@ -192,8 +212,9 @@ class Cache:
 
 
 def open_cache() -> Cache | None:
-    root = cache_root()
-    return Cache(root) if root is not None else None
+    from .remote_cache import shared_remote  # light; boto3 only once a remote is set and first used
+    root, remote = cache_root(), shared_remote()
+    return Cache(root, remote) if root is not None or remote is not None else None
 
 
 def _copy(source: Path, dest: Path) -> str:
@@ -233,7 +254,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m build_rules.cache", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", help=f"cache folder (default: ${ENV}, else {DEFAULT})")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="entries and size")
+    sub.add_parser("info", help="entries and size; the remote tier's state and this repo's hits")
     prune = sub.add_parser("prune", help="drop old entries (by last use)")
     prune.add_argument("--max-size", type=_size, help="keep at most this much, e.g. 5G (least recently used go)")
     prune.add_argument("--older-than", type=_age, help="drop entries unused for this long, e.g. 30d, 12h")
@@ -242,11 +263,16 @@ def main(argv=None) -> int:
     root = Path(args.dir) if args.dir else cache_root()
     if root is None:
         print(f"the build cache is off ({ENV}={os.environ.get(ENV)})")
+        if args.command == "info":
+            from . import remote_cache
+            print("\n".join(remote_cache.info_lines()))
         return 0
     cache = Cache(root)
     if args.command == "info":
         entries = cache.entries()
         print(f"{root}: {len(entries)} entries, {sum(s for _, s, _ in entries) / 1e6:.1f} MB")
+        from . import remote_cache
+        print("\n".join(remote_cache.info_lines()))
     elif args.command == "prune":
         if args.max_size is None and args.older_than is None:
             parser.error("prune needs --max-size and/or --older-than")

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import dist_tasks, layout
+from . import dist_tasks, layout, remote_cache
 from .config import Chip, ChipTable, ConfigError, Graph, Model, Variant, load_chips, load_models
 from .hashing import ContentChecker, TaskKey, use_stat_cache
 from .runner import remove_stale_staging, run_stage
@@ -763,6 +763,7 @@ def doit_config() -> dict:
     from .summary import SummaryReporter
     try:
         models = project().models
+        remote_cache.settings()  # a malformed remote cache setting stops the build before any task runs
     except ConfigError as e:
         # A config mistake is the user's to fix: the message, not a traceback through doit's loader.
         print(f"error: {e}", file=sys.stderr)
