@@ -75,7 +75,8 @@ class SummaryReporter(ConsoleReporter):
             self.started[task.name] = now
             k, n = self.plan.start(task.name)
             left = self.plan.time_left(self.started, now)
-            self.write(f".  [{k}/{n}] {task.title()}" + (f"  ({_duration(left)} left)" if left else "") + "\n")
+            suffix = f"  ({_duration(left)} left)" if left is not None and left >= 1 else ""  # none: no build log yet
+            self.write(f".  [{k}/{n}] {task.title()}{suffix}\n")
 
     def add_success(self, task):
         if task.actions:
