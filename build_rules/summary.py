@@ -140,6 +140,9 @@ class SummaryReporter(ConsoleReporter):
             slowest = sorted(self.seconds.items(), key=lambda kv: -kv[1])[:3]
             self.write(f"  wall time {_duration(time.time() - self.began)}; slowest: "
                        + ", ".join(f"{name} {_duration(s)}" for name, s in slowest) + "\n")
+        if self.ran:
+            from .bytecode import compile_package
+            compile_package()  # the next load (a no-op build, `doit list`) need not compile build_rules again
 
 
 def _duration(seconds: float) -> str:
