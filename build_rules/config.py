@@ -9,10 +9,10 @@ import functools
 import importlib.util
 import re
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import BuildError
+from .records import factory, record
 
 # Names become folder and task names: keep them to one safe path component.
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -31,7 +31,7 @@ class ConfigError(BuildError):
     """A config file is wrong; the message names the file and the key."""
 
 
-@dataclass(frozen=True)
+@record
 class Chip:
     name: str
     marketing_name: str
@@ -41,7 +41,7 @@ class Chip:
     fp16: bool
 
 
-@dataclass(frozen=True)
+@record
 class ChipTable:
     path: Path
     chips: dict[str, Chip]
@@ -55,14 +55,14 @@ class ChipTable:
         return self.chips[name]
 
 
-@dataclass(frozen=True)
+@record
 class TensorSpec:
     shape: tuple[int, ...]
     dtype: str
     layout: str | None = None  # QNN --input_layout (qairt only), e.g. "NTF": keep the ONNX order of a rank-3 input
 
 
-@dataclass(frozen=True)
+@record
 class Threshold:
     """A metric with a bound: `min` for higher-is-better metrics, `max` for lower-is-better; or, with
     relative=True, the most the metric may lose against the float model (`max_decrease`/`max_increase`)."""
@@ -77,7 +77,7 @@ class Threshold:
         return {"metric": self.metric, ("min" if self.higher_is_better else "max"): self.bound}
 
 
-@dataclass(frozen=True)
+@record
 class Graph:
     name: str
     checkpoints: tuple[str, ...]
@@ -88,7 +88,7 @@ class Graph:
     gate: Threshold | None
 
 
-@dataclass(frozen=True)
+@record
 class Variant:
     name: str
     precision: str  # "fp16" or "quantized"
@@ -97,10 +97,10 @@ class Variant:
     per_channel: bool = True
     calibration_method: str = "minmax"
     calibration_samples: int = 0
-    overrides: dict[str, str] = field(default_factory=dict)  # tensor -> activation type
-    node_overrides: dict[str, str] = field(default_factory=dict)  # node -> activation type of its outputs
+    overrides: dict[str, str] = factory(dict)  # tensor -> activation type
+    node_overrides: dict[str, str] = factory(dict)  # node -> activation type of its outputs
     # graph -> {"overrides": {...}, "node_overrides": {...}}: only that graph's quantize sees them
-    graph_overrides: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+    graph_overrides: dict[str, dict[str, dict[str, str]]] = factory(dict)
 
     @property
     def is_fp16(self) -> bool:
@@ -128,15 +128,15 @@ class Variant:
                 **({"graphs": self.graph_overrides} if self.graph_overrides else {})}
 
 
-@dataclass(frozen=True)
+@record
 class Tuning:
     """[tuning] of model.toml: where and how the sensitivity and tune tasks measure (HTP emulator)."""
     chip: str | None = None  # default: the model's first chip
     samples: int = 32  # evaluation samples per candidate during the search (evenly spaced); the final check uses all
-    targets: dict[str, Threshold] = field(default_factory=dict)  # graph -> target; default: the graph's gate
+    targets: dict[str, Threshold] = factory(dict)  # graph -> target; default: the graph's gate
 
 
-@dataclass(frozen=True)
+@record
 class Model:
     name: str
     folder: Path

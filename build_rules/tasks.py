@@ -9,12 +9,12 @@ import functools
 import importlib.metadata
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import layout
 from .config import Chip, ChipTable, ConfigError, Graph, Model, Variant, load_chips, load_models, package_folder
 from .hashing import ContentChecker, TaskKey, use_stat_cache
+from .records import record
 from .runner import remove_stale_staging, run_stage
 
 # Bump a stage's number when its output for the same inputs changes: it re-runs that stage everywhere.
@@ -65,7 +65,7 @@ def tool_version(package: str) -> str | None:
     return dist.version
 
 
-@dataclass(frozen=True)
+@record
 class Project:
     root: Path
     chips: ChipTable
