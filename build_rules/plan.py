@@ -1,13 +1,15 @@
 """What this run will execute (the N of `[k/N]`) and how long that took last time (the time left).
 
 doit decides whether a task is up to date only when it reaches it, because the tasks before it may rebuild its
-inputs. So N is worked out once, when the first task starts (a no-op starts none and pays nothing): for every
-task of the selection that doit has not decided yet, in dependency order, it runs if doit's own status check
-(dep_manager.get_status, the judgement doit itself makes next) says so, or if a task that makes one of its
-file_dep runs. That is an upper bound: an input rebuilt with the same bytes leaves its consumers up to date, and
-when doit then skips one of them, N goes down by one; k counts the tasks started, so the last line says [N/N].
-The check is safe to make early: no task has started its work yet when it runs (the reporter holds every other
-task's start until it is done), so it sees the files doit's own check will see.
+inputs. So N is worked out once, when the first task starts (a no-op starts none and pays nothing): for every task
+of the selection that doit has not decided yet, in dependency order, it runs if doit's own status check
+(dep_manager.get_status, the judgement doit itself makes next) says so, or if a task that makes one of its file_dep
+runs. That is an upper bound: an input rebuilt with the same bytes leaves its consumers up to date, and when doit
+then skips one of them, N goes down by one (k counts the tasks started; a task skipped after the last start leaves
+that line one short of N). The check is safe to make early: it changes nothing doit keeps, and no task has begun
+its work when it runs (the reporter holds every other task's start until it is done; under `-P process` a worker
+may have, but the tasks reading that task's outputs are counted anyway), so it sees the files doit's own check will
+see.
 
 The time left is the sum over the tasks still to run of their seconds in out/.build-state/build.log (the last
 time each ran; a task never seen counts as the median of its stage, else of all), minus what the running ones
