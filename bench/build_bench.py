@@ -1,11 +1,16 @@
 """Build-system benchmark on the example model (not a test): prints Markdown tables.
 
-    python bench/build_bench.py [--model mtcnn] [--runs 5] [--quick]
+    python bench/build_bench.py [--model mtcnn] [--runs 5] [--quick | --load-only]
 
 Everything runs in a scratch copy of the repo (dodo.py, chips.toml, models/<model>), with the
 model's checkpoints copied in so the benchmark can change their bytes. Machines are noisy: each
 timing is a median of --runs runs where cheap, and every comparison is a ratio measured in the
 same run. Full builds are serial (`doit -n 1`) unless the row says otherwise.
+
+Commands run as a user runs them: the `doit` console script and the `python` found on PATH, in the
+caller's environment (this machine sets PYTHONDONTWRITEBYTECODE=1; nothing is precompiled here), with
+PYTHONPATH pointing at this checkout so its build_rules is the one that loads, whichever checkout the
+editable install points at.
 """
 from __future__ import annotations
 
@@ -27,13 +32,29 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+# What a user types: the console script and the interpreter on PATH (here pyenv shims), this checkout's package.
+DOIT = [shutil.which("doit") or "doit"]
+PYTHON = shutil.which("python") or sys.executable
+USER_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+
+
 def timed(cmd, cwd, env=None) -> float:
+    return timed_with_cpu(cmd, cwd, env)[0]
+
+
+def timed_with_cpu(cmd, cwd, env=None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds: user + system of the process and what it waited for). On a machine shared
+    with other work the CPU time moves far less than the wall time."""
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - start
-    if proc.returncode not in (0, None):
-        raise SystemExit(f"{' '.join(cmd)} failed in {cwd}:\n{proc.stdout[-3000:]}")
-    return elapsed
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc.stdout.close()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed in {cwd}:\n{output.decode(errors='replace')[-3000:]}")
+    return elapsed, usage.ru_utime + usage.ru_stime
 
 
 def median_time(cmd, cwd, runs, env=None) -> float:
@@ -41,26 +62,26 @@ def median_time(cmd, cwd, runs, env=None) -> float:
     return statistics.median(timed(cmd, cwd, env) for _ in range(runs))
 
 
-def interleaved_medians(commands, cwd, runs) -> list[float]:
-    """Median wall time of each command, run in turns (a load change hits all of them alike)."""
+def interleaved_medians(commands, cwd, runs, env=None) -> list[tuple[float, float]]:
+    """(median wall time, median CPU time) of each command, run in turns (a load change hits all of them alike)."""
     for cmd in commands:
-        timed(cmd, cwd)  # warm-up
+        timed(cmd, cwd, env)  # warm-up
     times = [[] for _ in commands]
     for _ in range(runs):
         for cmd, t in zip(commands, times):
-            t.append(timed(cmd, cwd))
-    return [statistics.median(t) for t in times]
+            t.append(timed_with_cpu(cmd, cwd, env))
+    return [(statistics.median(w for w, _ in t), statistics.median(c for _, c in t)) for t in times]
 
 
 def ran_count(cwd, *args, cache: bool = True) -> tuple[float, int]:
     """(seconds, tasks run) of one real `doit` command. cache=False turns the build cache off, for rows
     that must measure the stages themselves rather than restoring outputs made before."""
-    env = dict(os.environ)
+    env = dict(USER_ENV)
     env.pop("BUILD_RULES_CACHE", None)  # the scratch repo's own out/.cache
     if not cache:
         env["BUILD_RULES_CACHE"] = "off"
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.run([*DOIT, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
@@ -186,24 +207,37 @@ def ninja_noop(edges: int, runs: int) -> float | None:
     return result
 
 
+def print_load_rows(tasks: int, import_doit, noop, listing, ninja, runs: int, load: float) -> None:
+    """import_doit, noop, listing: (wall, CPU) medians."""
+    no_bytecode = os.environ.get("PYTHONDONTWRITEBYTECODE", "")
+    print(f"`doit` = {DOIT[0]}, `python` = {PYTHON}, PYTHONDONTWRITEBYTECODE={no_bytecode!r}, "
+          f"medians of {runs} interleaved runs; load average when they started: {load:.1f}\n")
+    print("| command | wall | ratio | CPU (user + sys) | ratio |\n|---|---|---|---|---|")
+    rows = (("`python -c 'import doit'`", import_doit), (f"no-op `doit` ({tasks} tasks)", noop),
+            ("`doit list --all`", listing))
+    for what, (wall, cpu) in rows:
+        print(f"| {what} | {wall * 1000:.0f} ms | {wall / import_doit[0]:.2f} x | {cpu * 1000:.0f} ms | "
+              f"{cpu / import_doit[1]:.2f} x |")
+    if ninja is not None:
+        print(f"\nninja no-op, {tasks} edges: {ninja * 1000:.1f} ms (no-op doit = {noop[0] / ninja:.0f} x ninja)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="mtcnn")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "build-bench"))
     parser.add_argument("--quick", action="store_true", help="skip the sherpa-style comparison and hashing")
+    parser.add_argument("--load-only", action="store_true", help="the first build, then only the no-op and list rows")
     parser.add_argument("--variant-change", choices=("weights", "samples"), default="weights",
                         help="the one-variant change: weights uint8 -> int8, or calibration samples x 3/4 "
                              "(Whisper: QNN HTP refuses LayerNormalization with int8 weights)")
     args = parser.parse_args()
     work = Path(args.workdir)
-    doit = [sys.executable, "-m", "doit"]
+    doit = DOIT
     rows = []
 
     repo, checkpoints = make_repo(work / "ours", args.model)
-    # This machine sets PYTHONDONTWRITEBYTECODE=1: without .pyc files every doit load would compile
-    # build_rules from source (~25 ms). A user's first run writes them; compile them once here.
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "build_rules")], check=True)
     full, full_tasks = ran_count(repo, "-n", "1")
     from build_rules.summary import read_build_log, seconds_per_stage
     first_build_stages = seconds_per_stage(read_build_log(str(repo / "out/.build-state/build.log"), last_build=True))
@@ -213,9 +247,14 @@ def main() -> None:
     rows.append((f"full build, {chip_count} chip(s) (serial)", f"{full:.1f} s", f"{full_tasks} tasks", "1.00"))
     progress(rows[-1])
 
+    # After the first build, as a user has it (that build compiled build_rules' .pyc files: bytecode.py).
+    load_runs, load = max(15, 3 * args.runs), os.getloadavg()[0]
     noop, import_doit, listing = interleaved_medians(
-        [doit, [sys.executable, "-c", "import doit"], doit + ["list", "--all"]], repo, 3 * args.runs)
+        [doit, [PYTHON, "-c", "import doit"], doit + ["list", "--all"]], repo, load_runs, USER_ENV)
     ninja = ninja_noop(full_tasks, args.runs)
+    if args.load_only:
+        print_load_rows(full_tasks, import_doit, noop, listing, ninja, load_runs, load)
+        return
 
     folder = repo / "models" / args.model
     incremental = []
@@ -254,9 +293,9 @@ def main() -> None:
     progress(incremental[-1])
 
     # Compiles only, both runs with the build cache off (else the outputs are restored, not compiled).
-    subprocess.run(doit + ["forget", "compile"], cwd=repo, capture_output=True)
+    subprocess.run(doit + ["forget", "compile"], cwd=repo, capture_output=True, env=USER_ENV)
     serial_compile, serial_n = ran_count(repo, "-n", "1", "compile", cache=False)
-    subprocess.run(doit + ["forget", "compile"], cwd=repo, capture_output=True)
+    subprocess.run(doit + ["forget", "compile"], cwd=repo, capture_output=True, env=USER_ENV)
     parallel_compile, parallel_n = ran_count(repo, "-n", "2", "-P", "thread", "compile", cache=False)
 
     print(f"## Build benchmark: {args.model}, {os.cpu_count()} cores, medians of {args.runs} runs\n")
@@ -266,13 +305,7 @@ def main() -> None:
     for what, t, n in incremental:
         print(f"| {what} | {t:.1f} s | {n} | {t / full:.3f} |")
     print(f"\nPeak RSS of the heaviest stage process: {peak_mb:.0f} MB\n")
-    print("| command | median | ratio |\n|---|---|---|")
-    print(f"| `python -c 'import doit'` | {import_doit * 1000:.0f} ms | 1.00 |")
-    print(f"| no-op `doit` ({full_tasks} tasks) | {noop * 1000:.0f} ms | {noop / import_doit:.2f} x import doit |")
-    print(f"| `doit list --all` | {listing * 1000:.0f} ms | {listing / import_doit:.2f} x import doit, "
-          f"{listing / noop:.2f} x no-op |")
-    if ninja is not None:
-        print(f"| ninja no-op, {full_tasks} edges | {ninja * 1000:.1f} ms | no-op doit = {noop / ninja:.0f} x ninja |")
+    print_load_rows(full_tasks, import_doit, noop, listing, ninja, load_runs, load)
     print(f"\n| per-chip compiles ({args.model}) | time | speed-up |\n|---|---|---|")
     print(f"| `doit -n 1 compile` ({serial_n} compiles) | {serial_compile:.1f} s | 1.00 |")
     print(f"| `doit -n 2 -P thread compile` ({parallel_n} compiles) | {parallel_compile:.1f} s | "

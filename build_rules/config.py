@@ -5,13 +5,14 @@ Only the standard library is used: this runs every time doit loads the build fil
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import BuildError
+from .records import factory, record
 
 # Names become folder and task names: keep them to one safe path component.
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -37,7 +38,7 @@ class ConfigError(BuildError):
     """A config file is wrong; the message names the file and the key."""
 
 
-@dataclass(frozen=True)
+@record
 class Chip:
     name: str
     marketing_name: str
@@ -47,7 +48,7 @@ class Chip:
     fp16: bool
 
 
-@dataclass(frozen=True)
+@record
 class ChipTable:
     path: Path
     chips: dict[str, Chip]
@@ -62,14 +63,14 @@ class ChipTable:
         return self.chips[name]
 
 
-@dataclass(frozen=True)
+@record
 class TensorSpec:
     shape: tuple[int, ...]
     dtype: str
     layout: str | None = None  # QNN --input_layout (qairt only), e.g. "NTF": keep the ONNX order of a rank-3 input
 
 
-@dataclass(frozen=True)
+@record
 class Threshold:
     """A metric with a bound: `min` for higher-is-better metrics, `max` for lower-is-better; or, with
     relative=True, the most the metric may lose against the float model (`max_decrease`/`max_increase`)."""
@@ -84,7 +85,7 @@ class Threshold:
         return {"metric": self.metric, ("min" if self.higher_is_better else "max"): self.bound}
 
 
-@dataclass(frozen=True)
+@record
 class ExportSettings:
     """How the build hook's module becomes ONNX: torch.onnx.export with the torch.export-based exporter
     ("dynamo", torch's default and recommendation) or the TorchScript tracer ("torchscript")."""
@@ -95,7 +96,7 @@ class ExportSettings:
         return {"exporter": self.exporter, "opset": self.opset}
 
 
-@dataclass(frozen=True)
+@record
 class Graph:
     name: str
     checkpoints: tuple[str, ...]
@@ -107,7 +108,7 @@ class Graph:
     export: ExportSettings = ExportSettings()
 
 
-@dataclass(frozen=True)
+@record
 class Variant:
     name: str
     precision: str  # "fp16" or "quantized"
@@ -116,10 +117,10 @@ class Variant:
     per_channel: bool = True
     calibration_method: str = "minmax"
     calibration_samples: int = 0
-    overrides: dict[str, str] = field(default_factory=dict)  # tensor -> activation type
-    node_overrides: dict[str, str] = field(default_factory=dict)  # node -> activation type of its outputs
+    overrides: dict[str, str] = factory(dict)  # tensor -> activation type
+    node_overrides: dict[str, str] = factory(dict)  # node -> activation type of its outputs
     # graph -> {"overrides": {...}, "node_overrides": {...}}: only that graph's quantize sees them
-    graph_overrides: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+    graph_overrides: dict[str, dict[str, dict[str, str]]] = factory(dict)
 
     @property
     def is_fp16(self) -> bool:
@@ -147,15 +148,15 @@ class Variant:
                 **({"graphs": self.graph_overrides} if self.graph_overrides else {})}
 
 
-@dataclass(frozen=True)
+@record
 class Tuning:
     """[tuning] of model.toml: where and how the sensitivity and tune tasks measure (HTP emulator)."""
     chip: str | None = None  # default: the model's first chip
     samples: int = 32  # evaluation samples per candidate during the search (evenly spaced); the final check uses all
-    targets: dict[str, Threshold] = field(default_factory=dict)  # graph -> target; default: the graph's gate
+    targets: dict[str, Threshold] = factory(dict)  # graph -> target; default: the graph's gate
 
 
-@dataclass(frozen=True)
+@record
 class Dist:
     """[dist] of model.toml: what `doit dist` puts in the model's device bundles."""
     multi_soc: bool = False  # also one Flexible Context Binary per graph for all the model's chips (ort-qnn)
@@ -164,7 +165,7 @@ class Dist:
     license_file: Path | None = None  # the model's licence text, copied to LICENSES/
 
 
-@dataclass(frozen=True)
+@record
 class Model:
     name: str
     folder: Path
@@ -254,15 +255,25 @@ def resolve_file(ref: str, folder: Path, where: str, what: str = "checkpoint") -
     """A path relative to the model folder, or pkg:<module>/<path> inside an installed package."""
     if ref.startswith("pkg:"):
         module, _, inner = ref[4:].partition("/")
-        spec = importlib.util.find_spec(module) if module else None  # finds without importing the package
-        if spec is None or not spec.submodule_search_locations:
+        package = package_folder(module) if module else None
+        if package is None:
             raise ConfigError(f"{where}: {ref}: package '{module}' is not installed")
-        path = Path(list(spec.submodule_search_locations)[0]) / inner
+        path = package / inner
     else:
         path = folder / ref
     if not path.is_file():
         raise ConfigError(f"{where}: {what} {ref} not found (looked for {path})")
     return path
+
+
+@functools.cache
+def package_folder(module: str) -> Path | None:
+    """Where an installed package is, found without importing it; once per load (each task asks for its
+    checkpoints: find_spec walks sys.path every time, ~0.1 ms)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
 
 
 # --- chips.toml ------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ Logs sit beside the outputs, one per stage: <graph>.<stage>.log.
 """
 from __future__ import annotations
 
+import functools
+
 OUT = "out"
 RESERVED_VARIANT_NAMES = ("float", "calibration", "data", "tuning", "dist")
 
@@ -36,8 +38,12 @@ def calibration_dir(model: str, graph: str) -> str:
 
 
 def raw_name(index: int, input_name: str) -> str:
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in input_name)
-    return f"{index:04d}.{safe}.raw"
+    return f"{index:04d}.{_file_safe(input_name)}.raw"
+
+
+@functools.cache  # every load names each calibration file (hundreds): the name is made safe once per input
+def _file_safe(input_name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in input_name)
 
 
 def data_dir(model: str) -> str:

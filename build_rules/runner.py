@@ -60,9 +60,11 @@ def run_stage(stage: str, params: dict, targets: list[str], log: str, publish_di
         Path(log).parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p))
+        from . import progress
         with open(log, "wb") as log_file:
-            code = subprocess.call([sys.executable, "-m", "build_rules.stage_main", stage, str(staging)],
-                                   stdout=log_file, stderr=subprocess.STDOUT, env=env)
+            proc = subprocess.Popen([sys.executable, "-m", "build_rules.stage_main", stage, str(staging)],
+                                    stdout=log_file, stderr=subprocess.STDOUT, env=env)
+            code = progress.follow(proc, log, params.get("name", stage))  # its progress lines on the console
         try:
             result = json.loads((staging / "result.json").read_text())
         except (OSError, ValueError):

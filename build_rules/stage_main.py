@@ -10,12 +10,14 @@ import json
 import sys
 from pathlib import Path
 
+from . import progress
 from .errors import BuildError
 
 
 def main(stage: str, staging: str) -> int:
     folder = Path(staging)
     params = json.loads((folder / "params.json").read_text())
+    progress.start()  # a line in the log (and on the console) every ~20 s while the stage runs
     module = importlib.import_module(f"build_rules.stages.{stage}")
     try:
         values = module.run(params) or {}

@@ -1,15 +1,20 @@
-"""doit's console output plus a short summary at the end: what ran, what was built, what was skipped.
+"""doit's console output: `[k/N]` and the time left on each started task, the progress lines of long stages,
+one line for a no-op, and a short summary at the end: what ran, what was built, what was skipped, how long.
+
+Up-to-date tasks are listed one per line (`-- name`) only with `doit -v 1` (or 2); a no-op prints one line,
+as ninja's "no work to do". Output is plain lines, one per started task, on a terminal or not (CI logs).
 
 Every task that runs also gets a line in out/.build-state/build.log (like ninja's .ninja_log): start
 time, seconds, how it ended and its name, tab-separated, appended build after build. It says where a
 build's time went: `python -m build_rules.summary` prints the seconds per stage of the last build that ran
-something.
+something; the next build estimates its time left from it (build_rules/plan.py).
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -20,21 +25,59 @@ from . import layout
 
 
 class SummaryReporter(ConsoleReporter):
-    desc = "console output with a build summary"
+    desc = "console output with [k/N], the time left and a build summary"
 
     def __init__(self, outstream, options):
         super().__init__(outstream, options)
+        self.began = time.time()
         self.ran: list = []
         self.up_to_date = 0
         from .runner import CACHE_HITS
         self.hits_before = len(CACHE_HITS)  # tests run several builds in one process
         self.started: dict[str, float] = {}
+        self.seconds: dict[str, float] = {}  # this run's tasks
         self.logged = False
         self.warnings: list[str] = []
+        self.verbose = False  # doit -v 1 or 2: list the up-to-date tasks too
+        # doit -n N -P thread calls execute_task from its worker threads, everything else from the main thread.
+        self.lock = threading.RLock()
+        self.decided: dict[str, bool] = {}  # what doit decided so far: True started, False up to date
+        self.plan = None
+        self.tasks, self.selected, self.runner = {}, [], None
+
+    def write(self, text):
+        with self.lock:
+            self.outstream.write(text)
+            self.outstream.flush()  # a line as it happens, also into a pipe (CI logs)
+
+    def initialize(self, tasks, selected_tasks):
+        # doit hands reporters the tasks, not its runner; the runner (dep_manager for the status check that
+        # counts N, always_execute, num_process for the time left) is the caller: Runner.run_all (doit 0.37).
+        caller = sys._getframe(1).f_locals.get("self")
+        self.runner = caller if hasattr(caller, "dep_manager") else None
+        self.tasks, self.selected = tasks, list(selected_tasks)
+        from . import progress
+        progress.console = self.write  # before doit -P process forks its workers
 
     def execute_task(self, task):
-        super().execute_task(task)
-        self.started[task.name] = time.time()
+        from .plan import Plan, counted
+        with self.lock:  # holds other tasks' starts while the plan is made: it must see no work begun
+            now = time.time()
+            if not counted(task):  # a group, or a hidden task: doit prints no line for it either
+                if task.actions:
+                    self.started[task.name] = now
+                return
+            self.decided[task.name] = True
+            if self.plan is None:
+                self.plan = Plan(self.tasks, self.selected, self.runner, self.decided, read_build_log())
+                left = self.plan.time_left(self.started, now)
+                self.write(f"{len(self.plan.to_run)} task(s) to run"
+                           + (f", about {_duration(left)} by {BUILD_LOG}" if left is not None else "") + "\n")
+            self.started[task.name] = now
+            k, n = self.plan.start(task.name)
+            left = self.plan.time_left(self.started, now)
+            suffix = f"  ({_duration(left)} left)" if left is not None and left >= 1 else ""  # none: no build log yet
+            self.write(f".  [{k}/{n}] {task.title()}{suffix}\n")
 
     def add_success(self, task):
         if task.actions:
@@ -48,22 +91,31 @@ class SummaryReporter(ConsoleReporter):
         self._log(task, "failed")
 
     def _log(self, task, how: str) -> None:
-        start = self.started.pop(task.name, None)
+        with self.lock:
+            start = self.started.pop(task.name, None)
         if start is None:
             return
+        seconds = time.time() - start
+        self.seconds[task.name] = seconds
         try:
             with open(BUILD_LOG, "a", encoding="utf-8") as f:
                 if not self.logged:  # one header line per build that ran something: "the last build" starts there
                     f.write(f"# build {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}\n")
                     self.logged = True
-                f.write(f"{start:.3f}\t{time.time() - start:.3f}\t{how}\t{task.name}\n")
+                f.write(f"{start:.3f}\t{seconds:.3f}\t{how}\t{task.name}\n")
         except OSError:
             pass  # the log is for people; a full disk fails the build elsewhere, with its own message
 
     def skip_uptodate(self, task):
-        super().skip_uptodate(task)
-        if task.actions:
-            self.up_to_date += 1
+        with self.lock:
+            self.decided[task.name] = False
+            if self.plan is not None:
+                self.plan.skip(task.name)
+            if task.actions:
+                self.up_to_date += 1
+        if (task.verbosity or 0) >= 1:
+            self.verbose = True
+            super().skip_uptodate(task)
 
     def complete_run(self):
         # Failures were written when they happened (add_failure); the stage's own output is in its log,
@@ -73,9 +125,13 @@ class SummaryReporter(ConsoleReporter):
         failed = len(self.failures)
         from .runner import CACHE_HITS
         restored = len(CACHE_HITS) - self.hits_before
+        no_work = not (self.ran or failed or self.runtime_errors)
         self.write(f"summary: {len(self.ran)} task(s) ran"
                    + (f" ({restored} restored from the build cache)" if restored else "")
-                   + f", {self.up_to_date} up to date" + (f", {failed} failed" if failed else "") + "\n")
+                   + f", {self.up_to_date} up to date" + (f", {failed} failed" if failed else "")
+                   + ("; no work to do" if no_work else "") + "\n")
+        if no_work and not self.verbose:
+            return  # one line, as ninja's "no work to do" (the notes were shown when the build ran)
         for task in self.ran:
             if task.name.startswith("package:"):
                 self.write(f"  built {_describe(task.targets[0])}\n")
@@ -87,6 +143,18 @@ class SummaryReporter(ConsoleReporter):
         from .tasks import skipped_builds
         for note in skipped_builds():
             self.write(f"  note: {note}\n")
+        if self.seconds:
+            slowest = sorted(self.seconds.items(), key=lambda kv: -kv[1])[:3]
+            self.write(f"  wall time {_duration(time.time() - self.began)}; slowest: "
+                       + ", ".join(f"{name} {_duration(s)}" for name, s in slowest) + "\n")
+        if self.ran:
+            from .bytecode import compile_package
+            compile_package()  # the next load (a no-op build, `doit list`) need not compile build_rules again
+
+
+def _duration(seconds: float) -> str:
+    from .progress import format_seconds
+    return format_seconds(seconds)
 
 
 BUILD_LOG = f"{layout.OUT}/.build-state/build.log"

@@ -20,8 +20,8 @@ TEST_MODELS = Path(__file__).resolve().parent / "models"
 class DoitRun:
     code: int
     output: str
-    ran: set[str]         # tasks whose actions executed (".  name" lines)
-    up_to_date: set[str]  # tasks doit skipped ("-- name" lines)
+    ran: set[str]         # tasks whose actions executed (".  [k/N] name" lines)
+    up_to_date: set[str]  # tasks doit skipped ("-- name" lines: listed at verbosity 1, which run_doit sets)
 
     def ran_stage(self, stage: str) -> set[str]:
         return {t for t in self.ran if t.startswith(stage + ":")}
@@ -46,15 +46,16 @@ def run_doit(repo: Path, *args: str) -> DoitRun:
             except SystemExit as e:  # the build file refused to load (config error)
                 code = e.code
             else:
-                # doit binds sys.stdout as the reporter's default stream at import: hand it ours.
-                namespace["DOIT_CONFIG"] = dict(namespace["DOIT_CONFIG"], outfile=out)
+                # doit binds sys.stdout as the reporter's default stream at import: hand it ours. Verbosity 1
+                # lists the up-to-date tasks (`doit -v 1`); a test passing "-v", "0" sees what a user sees.
+                namespace["DOIT_CONFIG"] = dict(namespace["DOIT_CONFIG"], outfile=out, verbosity=1)
                 code = DoitMain(ModuleTaskLoader(namespace), config_filenames=()).run(list(args))
         stat_cache().save()
     finally:
         os.chdir(old_cwd)
         tasks.project.cache_clear()
     text = out.getvalue()
-    ran = set(re.findall(r"^\.  (\S+)$", text, re.M))
+    ran = set(re.findall(r"^\.  \[\d+/\d+\] (\S+)", text, re.M))
     skipped = set(re.findall(r"^-- (\S+)$", text, re.M))
     return DoitRun(code, text, ran, skipped)
 

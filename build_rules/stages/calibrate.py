@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import progress
 from ..errors import BuildError
 from ..layout import raw_name
 from .common import check_sample, load_hooks
@@ -19,7 +20,7 @@ def run(params: dict) -> dict:
     graph, count, specs = params["graph"], params["count"], params["inputs"]
     if not hasattr(hooks, "calibration_inputs"):
         raise BuildError(f"{params['hooks']}: no calibration_inputs(graph, count) hook")
-    samples = list(hooks.calibration_inputs(graph, count))
+    samples = list(progress.track(hooks.calibration_inputs(graph, count), "samples", total=count))
     where = f"{params['hooks']}: calibration_inputs({graph!r}, {count})"
     if not samples:
         raise BuildError(f"{where} returned no samples: calibration needs real inputs")

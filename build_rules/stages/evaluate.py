@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from .. import gates
+from .. import gates, progress
 from ..errors import BuildError
 from ..files import atomic_write_json
 from .common import load_hooks
@@ -34,8 +34,10 @@ def run(params: dict) -> dict:
             raise BuildError(f"{params['hooks']}: evaluate asked for graph {graph!r}; graphs: {', '.join(runners)}")
         return runners[graph](feed)
 
+    run_graph = progress.count_graph_runs(run_graph, params.get("float_report"))
     metrics = {k: float(v) for k, v in hooks.evaluate(run_graph).items()}
     report = {"on": params["on"], "metrics": metrics, "gate": params.get("gate")}
+    report["graph_runs"] = run_graph.runs  # the totals of the emulator runs' progress lines
     gate = params.get("gate")
     if gate:
         reference = json.loads(open(params["float_report"]).read())["metrics"] if gates.is_relative(gate) else None

@@ -19,6 +19,7 @@ import math
 import time
 from pathlib import Path
 
+from .. import progress
 from ..files import atomic_write_json, atomic_write_text
 from .precision import Candidates, clean
 
@@ -30,6 +31,7 @@ def run(params: dict) -> dict:
     c = Candidates(params["graph"], params["chip"], params["samples"], params["hooks"], params.get("data_dir"))
     tensors = c.candidates
     producers = c.producers()
+    progress.watch(lambda: c.evaluations, "emulator measurements", 2 + 2 * len(tensors))  # base, top, 2 a tensor
     print(f"{len(tensors)} candidate tensors, {len(c.subset)} evaluation samples, chip {params['chip']['name']}",
           flush=True)
     base = c.measure(set())

@@ -18,6 +18,7 @@ import json
 import re
 import time
 
+from .. import progress
 from ..errors import BuildError
 from ..files import atomic_write_json, atomic_write_text
 from .precision import Candidates, clean, describe, meets
@@ -46,6 +47,7 @@ def _tune_graph(graph: dict, params: dict) -> dict:
         print(f"{name}: no target (no gate and no [tuning] target): left as it is", flush=True)
         return {"target": None, "sixteen_bit": [], "note": "no target"}
     c = Candidates(graph, params["chip"], params["samples"], params["hooks"], params.get("data_dir"))
+    progress.watch(lambda: c.evaluations, f"{name}: emulator measurements")  # a search: no total known ahead
     base = c.measure(set(), full=True)
     result = {"target": target, "candidates": len(c.candidates), "base": clean(base),
               "float_score": base.get("_float_score", {})}

@@ -363,7 +363,10 @@ def calibration_ranges(float_model: Path, output: Path, calibration: list[dict[s
                                        calibrate_method=getattr(CalibrationMethod, method_name),
                                        use_external_data_format=config.use_external_data_format,
                                        providers=config.calibration_providers)
-        calibrator.collect_data(CalibrationReader(calibration))
+        reader = CalibrationReader(calibration)
+        from .. import progress
+        progress.watch(lambda: reader._next, "calibration samples", len(calibration))
+        calibrator.collect_data(reader)
         tensors = calibrator.compute_data()
         del calibrator
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -796,5 +799,6 @@ def run_context_binary(ctx_model: Path, inputs: list[dict[str, "np.ndarray"]]) -
     Returns one dict per input, mapping output names to arrays. The emulator is 30-110x slower than the CPU EP,
     so keep input lists small.
     """
+    from .. import progress
     run = open_context_binary(ctx_model)
-    return [run(feed) for feed in inputs]
+    return [run(feed) for feed in progress.track(inputs, "samples")]

@@ -1,0 +1,114 @@
+"""What this run will execute (the N of `[k/N]`) and how long that took last time (the time left).
+
+doit decides whether a task is up to date only when it reaches it, because the tasks before it may rebuild its
+inputs. So N is worked out once, when the first task starts (a no-op starts none and pays nothing): for every task
+of the selection that doit has not decided yet, in dependency order, it runs if doit's own status check
+(dep_manager.get_status, the judgement doit itself makes next) says so, or if a task that makes one of its file_dep
+runs. That is an upper bound: an input rebuilt with the same bytes leaves its consumers up to date, and when doit
+then skips one of them, N goes down by one (k counts the tasks started; a task skipped after the last start leaves
+that line one short of N). The check is safe to make early: it changes nothing doit keeps, and no task has begun
+its work when it runs (the reporter holds every other task's start until it is done; under `-P process` a worker
+may have, but the tasks reading that task's outputs are counted anyway), so it sees the files doit's own check will
+see.
+
+The time left is the sum over the tasks still to run of their seconds in out/.build-state/build.log (the last
+time each ran; a task never seen counts as the median of its stage, else of all), minus what the running ones
+have done, divided by the number of jobs.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+
+class Plan:
+    def __init__(self, tasks: dict, selected: list[str], runner, decided: dict[str, bool], log_rows):
+        self.tasks = tasks
+        self.jobs = max(getattr(runner, "num_process", 1) or 1, 1)
+        self.to_run = predict(tasks, selected, _status_check(runner, tasks), decided)
+        self.started: set[str] = set()
+        self.seconds = last_seconds(log_rows)
+
+    def start(self, name: str) -> tuple[int, int]:
+        """[k/N] of a task that starts now."""
+        self.started.add(name)
+        self.to_run.add(name)  # a task the plan thought up to date (doit -a, an uptodate that changed)
+        return len(self.started), len(self.to_run)
+
+    def skip(self, name: str) -> None:
+        """doit found a task up to date after all (an input rebuilt with the same bytes)."""
+        if name not in self.started:
+            self.to_run.discard(name)
+
+    def time_left(self, running: dict[str, float], now: float | None = None) -> float | None:
+        """Seconds until the planned tasks are done (None: no build recorded yet). running: name -> start time."""
+        if not self.seconds:
+            return None
+        now = time.time() if now is None else now
+        left = [self.estimate(n) for n in self.to_run if n not in self.started]
+        left += [max(self.estimate(n) - (now - t0), 0.0) for n, t0 in running.items() if n in self.to_run]
+        if not left:
+            return 0.0
+        return max(sum(left) / min(self.jobs, len(left)), max(left))
+
+    def estimate(self, name: str) -> float:
+        if name in self.seconds:
+            return self.seconds[name]
+        stage = name.split(":", 1)[0]
+        same_stage = [s for n, s in self.seconds.items() if n.split(":", 1)[0] == stage]
+        return statistics.median(same_stage or self.seconds.values())
+
+
+def last_seconds(rows) -> dict[str, float]:
+    """task -> seconds of the last time it ran; a task only ever restored from the cache or failed: that time."""
+    ran, other = {}, {}
+    for _, seconds, how, task in rows:
+        (ran if how == "ran" else other)[task] = seconds
+    return {**other, **ran}
+
+
+def counted(task) -> bool:
+    """The tasks doit prints a line for when they start: with actions, not hidden."""
+    return bool(task.actions) and not task.name.startswith("_")
+
+
+def predict(tasks: dict, selected: list[str], runs_by_itself, decided: dict[str, bool]) -> set[str]:
+    """Names of the counted tasks that will run: decided ones as doit decided, the rest as above."""
+    producer = {target: task.name for task in tasks.values() for target in task.targets}
+    runs: dict[str, bool] = {}
+    expanded = set()
+    stack = [(name, False) for name in reversed(selected)]
+    while stack:  # depth-first, each task after the tasks it depends on
+        name, ready = stack.pop()
+        if name in runs or name not in tasks or (not ready and name in expanded):  # done, unknown, or a cycle
+            continue
+        task = tasks[name]
+        deps = list(task.task_dep) + list(task.setup_tasks)
+        if not ready:
+            expanded.add(name)
+            stack.append((name, True))
+            stack.extend((d, False) for d in reversed(deps) if d not in runs)
+            continue
+        if name in decided:
+            runs[name] = decided[name]
+        elif any(runs.get(producer.get(f), False) for f in task.file_dep):
+            runs[name] = True
+        else:
+            runs[name] = counted(task) and runs_by_itself(task)
+    return {name for name, run in runs.items() if run and counted(tasks[name])}
+
+
+def _status_check(runner, tasks: dict):
+    dep_manager = getattr(runner, "dep_manager", None)
+    always = getattr(runner, "always_execute", False)
+
+    def runs_by_itself(task) -> bool:
+        if dep_manager is None:
+            return False  # no runner found: N counts the tasks as they start
+        try:
+            if dep_manager.status_is_ignore(task):
+                return False
+            return always or dep_manager.get_status(task, tasks).status != "up-to-date"
+        except Exception:  # doit reports the error itself when it checks the task
+            return True
+    return runs_by_itself

@@ -1,0 +1,152 @@
+"""Long builds say where they are (issue 14): `[k/N]` on every started task, the time left from the build log,
+progress lines from inside long stages, one line for a no-op, and the wall time and slowest tasks at the end."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+from conftest import ROOT, TEST_MODELS, make_repo, run_doit, write_tinynet_checkpoints
+
+MARK = re.compile(r"^\.  \[(\d+)/(\d+)\] (\S+)(?:  \((.+) left\))?$", re.M)
+
+
+def markers(output: str) -> list[tuple[int, int, str, str]]:
+    return [(int(k), int(n), name, left) for k, n, name, left in MARK.findall(output)]
+
+
+def change_head_checkpoint(repo) -> None:
+    import torch
+    checkpoint = repo / "models/tinynet/head.pt"
+    state = torch.load(checkpoint, weights_only=True)
+    name = next(iter(state))
+    state[name] = state[name] + 0.01
+    torch.save(state, checkpoint)
+
+
+def write_build_log(repo, seconds_of) -> None:
+    """A build log with made-up seconds for every task the fixture's build ran (seconds_of(name) -> s or None)."""
+    log = repo / "out/.build-state/build.log"
+    names = [line.split("\t")[3].strip() for line in log.read_text().splitlines() if not line.startswith("#")]
+    rows = ["# build 2026-01-01 00:00:00 pid 1", "1.0\t99.000\tran\texport:tinynet/head"]  # an older run: superseded
+    rows += [f"2.0\t{seconds_of(n):.3f}\tran\t{n}" for n in names if seconds_of(n) is not None]
+    rows.append("3.0\t0.100\trestored\texport:tinynet/head")  # a cache restore does not say how long the work takes
+    log.write_text("\n".join(rows) + "\n")
+
+
+def test_each_started_task_says_k_of_n_and_the_time_left(tinynet_repo):
+    from build_rules.progress import format_seconds
+    from build_rules.summary import read_build_log
+    # Last seconds: 10 s per task, packages 2 s; package:tinynet/w8a16@SM8750 never ran: the median of its stage.
+    write_build_log(tinynet_repo, lambda n: None if n == "package:tinynet/w8a16@SM8750"
+                    else 2.0 if n.startswith("package:") else 10.0)
+    change_head_checkpoint(tinynet_repo)
+    result = run_doit(tinynet_repo)
+    assert result.code == 0, result.output
+    marks = markers(result.output)
+    assert len(result.ran) == 18  # the head graph: export ... check, and every package
+    assert [k for k, *_ in marks] == list(range(1, 19))
+    assert {n for _, n, _, _ in marks} == {18}  # N = the tasks this run executed, known from the first line on
+    assert {name for _, _, name, _ in marks} == result.ran
+
+    total = 14 * 10.0 + 4 * 2.0  # 14 stage tasks of 10 s, 4 packages of 2 s (one of them the stage's median)
+    assert f"18 task(s) to run, about {format_seconds(total)} by out/.build-state/build.log\n" in result.output
+    assert marks[0][2:] == ("export:tinynet/head", format_seconds(total))
+    assert marks[1][2:] == ("simplify:tinynet/head", format_seconds(total - 10))  # export is done
+    assert marks[2][3] == format_seconds(total - 20)
+
+    slowest = re.search(r"^  wall time (.+); slowest: (\S+) .+, (\S+) .+, (\S+) .+$", result.output, re.M)
+    assert slowest, result.output
+    rows = sorted(read_build_log(str(tinynet_repo / "out/.build-state/build.log"), last_build=True),
+                  key=lambda row: -row[1])
+    assert list(slowest.groups()[1:]) == [task for _, _, _, task in rows[:3]]
+
+
+def test_k_of_n_with_two_threads(tinynet_repo):
+    change_head_checkpoint(tinynet_repo)
+    result = run_doit(tinynet_repo, "-n", "2", "-P", "thread")
+    assert result.code == 0, result.output
+    marks = markers(result.output)
+    assert len(result.ran) == 18
+    assert [k for k, *_ in marks] == list(range(1, 19))
+    assert {n for _, n, _, _ in marks} == {18}
+    assert len(re.findall(r"^summary: ", result.output, re.M)) == 1
+
+
+def test_a_no_op_prints_one_line(tinynet_repo):
+    quiet = run_doit(tinynet_repo, "-v", "0")  # what `doit` prints
+    assert quiet.code == 0, quiet.output
+    assert quiet.output.splitlines() == ["summary: 0 task(s) ran, 32 up to date; no work to do"]
+    listed = run_doit(tinynet_repo)  # verbosity 1: every up-to-date task, as doit lists them
+    assert "package:tinynet/w8a16@SM8750" in listed.up_to_date and len(listed.up_to_date) > 32
+    assert listed.output.endswith("summary: 0 task(s) ran, 32 up to date; no work to do\n")
+
+
+def test_n_is_an_upper_bound_that_follows_what_doit_decides():
+    from build_rules.plan import predict
+
+    class Task:
+        def __init__(self, name, file_dep=(), task_dep=(), actions=True):
+            self.name, self.file_dep, self.task_dep = name, set(file_dep), list(task_dep)
+            self.targets, self.setup_tasks, self.actions = [f"{name}.out"], [], ["run"] if actions else []
+
+    tasks = {t.name: t for t in (
+        Task("a"), Task("b", ["a.out"], ["a"]), Task("c", ["b.out"], ["b"]),
+        Task("d"), Task("e", task_dep=["a"]),  # e waits for a but reads nothing of it
+        Task("all", task_dep=["c", "d", "e"], actions=False))}
+    stale_by_itself = {"a"}
+    assert predict(tasks, ["all"], lambda t: t.name in stale_by_itself, {}) == {"a", "b", "c"}
+    # doit found b up to date after a ran (same bytes): c depends on b only, so it is not counted either
+    assert predict(tasks, ["all"], lambda t: t.name in stale_by_itself, {"a": True, "b": False}) == {"a"}
+    assert predict(tasks, ["c"], lambda t: False, {}) == set()
+
+
+def test_a_long_stage_reports_progress_in_its_log_and_on_the_console(tmp_path, monkeypatch):
+    monkeypatch.setenv("BUILD_RULES_PROGRESS_SECONDS", "0.1")
+    repo = make_repo(tmp_path / "repo", {"tinynet": TEST_MODELS / "tinynet"})
+    folder = repo / "models/tinynet"
+    write_tinynet_checkpoints(folder)
+    (folder / "hooks.py").write_text((folder / "hooks.py").read_text() + '''
+
+def evaluate(run_graph):
+    import time
+    for sample in _samples("encoder", 3, seed=5):
+        time.sleep(0.5)  # a slow model: the stage reports between runs
+        features = run_graph("encoder", sample)["features"]
+        run_graph("head", {"features": features})
+    return {"accuracy": 1.0}
+''')
+    toml = folder / "model.toml"
+    toml.write_text(toml.read_text() + '\n[evaluate]\ngate = { metric = "accuracy", min = 0.5 }\n')
+    result = run_doit(repo, "evaluate:tinynet/float")
+    assert result.code == 0, result.output
+
+    log = (repo / "out/tinynet/float/model.evaluate.log").read_text()
+    lines = re.findall(r"^progress: graph runs: (.*), [\d.]+ s elapsed$", log, re.M)
+    assert "encoder 1, head 1" in lines and "encoder 2, head 2" in lines, log  # between the runs, as they happen
+    console = re.findall(r"^   evaluate:tinynet/float: graph runs: (.*), [\d.]+ s elapsed$", result.output, re.M)
+    assert "encoder 1, head 1" in console, result.output
+    report = json.loads((repo / "out/tinynet/float/model.evaluate.json").read_text())
+    assert report["graph_runs"] == {"encoder": 3, "head": 3}  # the emulator runs' totals
+
+
+def test_progress_lines_count_samples_and_time():
+    code = ("import time\nfrom build_rules import progress\nprogress.start()\n"
+            "for _ in progress.track(range(3), 'samples'):\n    time.sleep(0.4)\n")
+    env = dict(os.environ, BUILD_RULES_PROGRESS_SECONDS="0.1", PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    counts = re.findall(r"^progress: (\d)/3 samples, [\d.]+ s elapsed$", out, re.M)
+    assert {"0", "1", "2"} <= set(counts), out
+
+
+def test_emulator_evaluate_progress_has_the_float_runs_as_totals(tmp_path):
+    from build_rules import progress
+    report = tmp_path / "model.evaluate.json"
+    report.write_text(json.dumps({"metrics": {}, "graph_runs": {"encoder": 4, "decoder": 90}}))
+    run_graph = progress.count_graph_runs(lambda graph, feed: {"out": graph}, str(report))
+    for graph in ("encoder", "decoder", "decoder"):
+        assert run_graph(graph, {}) == {"out": graph}
+    assert run_graph.runs == {"encoder": 1, "decoder": 2}
+    assert progress.line().startswith("progress: graph runs: encoder 1/4, decoder 2/90, ")
