@@ -461,8 +461,9 @@ def test_loading_dist_tasks_stays_light(dist_built):
 def test_qairt_bundle_ships_the_sdk_runtime_and_reads_the_contract_from_the_manifest(built_tinynet, tmp_path,
                                                                                       monkeypatch):
     """With the stand-in SDK: the contract comes from manifest.json graphs.<graph>.io (written by the qairt package
-    stage); without that field dist fails naming manifest and field."""
+    stage from <graph>_net.json); without that field dist fails naming manifest and field."""
     from fake_qairt.make_sdk import make_sdk
+    from test_qairt_toolchain import use_sdk
 
     from build_rules.stages import qairt_package
 
@@ -471,36 +472,26 @@ def test_qairt_bundle_ships_the_sdk_runtime_and_reads_the_contract_from_the_mani
     shutil.copytree(built_tinynet, repo, symlinks=True)
     toml = repo / "models" / "tinynet" / "model.toml"
     toml.write_text(toml.read_text().replace("[variants.fp16]\nprecision = \"fp16\"\n", "") + "\n[dist]\nmulti_soc = true\n")
-    monkeypatch.setenv("QNN_SDK_ROOT", str(sdk))
-    monkeypatch.setenv("FAKE_QAIRT_LOG", str(tmp_path / "calls.jsonl"))
-    monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
-                                               if p and not (Path(p) / "ndk-build").exists()))
-    monkeypatch.delenv("BUILD_RULES_TOOLCHAIN", raising=False)
+    use_sdk(monkeypatch, sdk, tmp_path / "calls.jsonl")
+
+    original = qairt_package.run
+
+    def package_without_io(params):  # a manifest as an older build_rules wrote it
+        values = original(params)
+        manifest = Path(params["outputs"]["manifest"])
+        data = json.loads(manifest.read_text())
+        for graph in data["graphs"].values():
+            graph.pop("io", None)
+        manifest.write_text(json.dumps(data))
+        return values
+    monkeypatch.setattr(qairt_package, "run", package_without_io)
     result = run_doit(repo, "dist")
     assert result.code != 0
     assert (f"dist:tinynet: w8a16: out/tinynet/w8a16/SM8550/manifest.json: no I/O contract for graph 'encoder' "
             "(field graphs.encoder.io with inputs and outputs)") in result.output
     assert not (repo / "out" / "tinynet" / "dist").exists()
 
-    io = {"encoder": {"inputs": [{"name": "image", "shape": [1, 16, 16, 3], "dtype": "UFIXED_POINT_16",
-                                  "scale": 0.0001, "offset": -31000, "layout": "NHWC"}],
-                      "outputs": [{"name": "features", "shape": [1, 64], "dtype": "UFIXED_POINT_16",
-                                   "scale": 1.2e-05, "offset": 0, "layout": None}]},
-          "head": {"inputs": [{"name": "features", "shape": [1, 64], "dtype": "UFIXED_POINT_16", "scale": 8.9e-05,
-                               "offset": -30575, "layout": None}],
-                   "outputs": [{"name": "logits", "shape": [1, 10], "dtype": "FLOAT_32", "scale": None, "offset": None,
-                                "layout": None}]}}
-    original = qairt_package.run
-
-    def package_with_io(params):  # what the qairt package stage records (issue 11), stand-in values
-        values = original(params)
-        manifest = Path(params["outputs"]["manifest"])
-        data = json.loads(manifest.read_text())
-        for graph, contract in io.items():
-            data["graphs"][graph]["io"] = contract
-        manifest.write_text(json.dumps(data))
-        return values
-    monkeypatch.setattr(qairt_package, "run", package_with_io)
+    monkeypatch.setattr(qairt_package, "run", original)
     for manifest in (repo / "out" / "tinynet" / "w8a16").glob("*/manifest.json"):
         manifest.unlink()
     result = run_doit(repo, "dist")
@@ -518,7 +509,9 @@ def test_qairt_bundle_ships_the_sdk_runtime_and_reads_the_contract_from_the_mani
         source = next(sdk.rglob(name)) if "Skel" in name or "Stub" in name else sdk / "lib" / "aarch64-android" / name
         assert (bundle / rel).read_bytes() == source.read_bytes()
     index = json.loads((bundle / "index.json").read_text())
-    assert {g: index["graphs"][g]["io"] for g in GRAPHS} == io
+    manifest = json.loads((repo / "out/tinynet/w8a16/SM8550/manifest.json").read_text())
+    assert {g: index["graphs"][g]["io"] for g in GRAPHS} == {g: manifest["graphs"][g]["io"] for g in GRAPHS}
+    assert index["graphs"]["encoder"]["io"]["inputs"][0]["dtype"] == "UFIXED_POINT_16"
     assert index["toolchain"]["oldest_device_runtime"]["qairt"] == "2.40.0"
     assert index["chips"]["SM8750"]["runtime"]["shipped"] is True
     assert index["chips"]["SM8750"]["runtime"]["libraries"] == {

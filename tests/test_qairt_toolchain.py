@@ -439,10 +439,10 @@ def test_a_converter_log_with_an_unsupported_op_fails_naming_it(qairt_copy, monk
     result = run_doit(repo)
     assert result.code != 0
     assert "convert:tinynet/head/w8a16: qnn-onnx-converter on out/tinynet/float/head.sim.onnx: QNN rejected node " \
-           "'/fc/Gemm' (Gemm): No translation registered for op type onnx_gemm. Fix: qnn-onnx-converter has no " \
+           "'node_linear' (Gemm): No translation registered for op type onnx_gemm. Fix: qnn-onnx-converter has no " \
            "translation for Gemm: change the export so that the model has no Gemm node" in result.output
     assert not (repo / "out/tinynet/w8a16/head.cpp").exists()
-    assert "ERROR - Node /fc/Gemm: 'No translation registered for op type onnx_gemm.'" in \
+    assert "ERROR - Node node_linear: 'No translation registered for op type onnx_gemm.'" in \
         (repo / "out/tinynet/w8a16/head.convert.log").read_text()
 
 
@@ -478,10 +478,10 @@ def test_a_node_htp_rejects_fails_compile_naming_node_op_and_fix(qairt_copy, mon
     (repo / "out/tinynet/w8a16/SM8550/head.bin").unlink()
     result = run_doit(repo)
     assert result.code != 0
-    assert "compile:tinynet/head/w8a16@SM8550: qnn-context-binary-generator: QNN rejected node '/fc/Gemm' (Gemm): " \
+    assert "compile:tinynet/head/w8a16@SM8550: qnn-context-binary-generator: QNN rejected node 'node_linear' (Gemm): " \
            "None of the combinations match the provided case (error 0xc26). Fix: HTP has no kernel for this op with " \
            "these input/output data types" in result.output
-    assert "Failed to validate op _fc_Gemm with error 0xc26" in (repo / "out/tinynet/w8a16/SM8550/head.compile.log").read_text()
+    assert "Failed to validate op node_linear with error 0xc26" in (repo / "out/tinynet/w8a16/SM8550/head.compile.log").read_text()
     assert not (repo / "out/tinynet/w8a16/SM8550/head.bin").exists()
 
 

@@ -54,7 +54,7 @@ def _make(graph: str, model: Path, reference_ctx: Path, chips: list[dict], fp16:
     try:
         work_ctx = work / "model_ctx.onnx"
         try:
-            seconds = ort_qnn._compile_in_child(model, work_ctx, options)
+            seconds, _ = ort_qnn._compile_in_child(model, work_ctx, options)
         except ort_qnn._CompileFailed as failure:
             raise RuntimeError(f"onnxruntime-qnn could not make a multi-SoC binary of {model} for soc_model "
                                f"{options['soc_model']}: {failure}") from None

@@ -35,7 +35,7 @@ import shutil
 import sys
 from pathlib import Path
 
-SOC_NAMES = {35: "SM8350", 36: "SM8450", 39: "SA8295", 42: "SM8475", 43: "SM8550", 52: "SA8255", 57: "SM8650",
+SOC_NAMES = {30: "SM8350", 35: "SM7325", 36: "SM8450", 39: "SA8295", 42: "SM8475", 43: "SM8550", 52: "SA8255", 57: "SM8650",
              69: "SM8750", 77: "QCS9100", 87: "SM8850"}
 LAYOUTS = ("NCDHW", "NDHWC", "NCHW", "NHWC", "NFC", "NCF", "NTF", "TNF", "NF", "NC", "F", "NONTRIVIAL")
 CHANNEL_LAST = {"NCF": (0, 2, 1), "NCHW": (0, 2, 3, 1), "NCDHW": (0, 2, 3, 4, 1)}
