@@ -76,8 +76,19 @@ def without_seconds(data: bytes) -> dict:
     return {k: v for k, v in json.loads(data).items() if k != "seconds"}
 
 
-def no_stage_process(*args, **kwargs):
-    raise AssertionError(f"a stage process was started: {args}")
+def stage_processes(monkeypatch, started: list | None = None) -> None:
+    """Watch the runner's Popen (stages start there; other programs such as git may run): record each stage
+    process's stage in `started`, or fail on the first one when started is None."""
+    from build_rules import runner
+    real_popen = runner.subprocess.Popen
+
+    def popen(cmd, *args, **kwargs):
+        if "build_rules.stage_main" in cmd:
+            if started is None:
+                raise AssertionError(f"a stage process was started: {cmd}")
+            started.append(cmd[3])
+        return real_popen(cmd, *args, **kwargs)
+    monkeypatch.setattr(runner.subprocess, "Popen", popen)
 
 
 def bucket_files(root: Path) -> dict[str, tuple[int, int]]:
@@ -122,7 +133,7 @@ def test_a_second_clone_restores_every_stage_from_the_remote_and_runs_no_stage_p
 
     second = clone(built_tinynet, tmp_path / "second")
     s3_env(monkeypatch, uploaded["endpoint"])
-    monkeypatch.setattr(runner.subprocess, "call", no_stage_process)
+    stage_processes(monkeypatch)
     result, restored = build(second)
     assert result.code == 0, result.output
     assert result.ran == uploaded["ran"]
@@ -146,7 +157,6 @@ def test_a_second_clone_restores_every_stage_from_the_remote_and_runs_no_stage_p
 
 def test_a_corrupt_or_missing_object_is_a_miss_and_the_stage_runs_again(
         uploaded, built_tinynet, tmp_path, monkeypatch, capfd):
-    from build_rules import runner
     store = tmp_path / "store"
     shutil.copytree(uploaded["store"], store)  # this test's own copy of the bucket
     bucket = store / BUCKET
@@ -162,8 +172,7 @@ def test_a_corrupt_or_missing_object_is_a_miss_and_the_stage_runs_again(
     missing.unlink()
 
     started = []
-    real_call = runner.subprocess.call
-    monkeypatch.setattr(runner.subprocess, "call", lambda cmd, **kw: started.append(cmd[3]) or real_call(cmd, **kw))
+    stage_processes(monkeypatch, started)
     third = clone(built_tinynet, tmp_path / "third")
     with rclone_s3(store) as endpoint:
         s3_env(monkeypatch, endpoint)
