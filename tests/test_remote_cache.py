@@ -123,7 +123,7 @@ def uploaded(built_tinynet, tmp_path_factory):
 
 def test_a_second_clone_restores_every_stage_from_the_remote_and_runs_no_stage_process(
         uploaded, built_tinynet, tmp_path, monkeypatch, capfd):
-    from build_rules import cache, runner
+    from build_rules import cache
     bucket = uploaded["store"] / BUCKET
     cacheable = stage_tasks(uploaded["ran"])
     assert len(cacheable) == 28 and len(list((bucket / "tinynet/ac").iterdir())) == 28
