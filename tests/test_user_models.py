@@ -416,10 +416,10 @@ def layer_norm_graph(axis: int):
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
     rng = np.random.default_rng(0)
-    size = 16 if axis == -1 else 8
+    normalised = (16,) if axis == -1 else (8, 16)  # X.shape[axis:]
     initializers = [numpy_helper.from_array((rng.standard_normal((16, 16)) * 0.3).astype(np.float32), "w"),
-                    numpy_helper.from_array(rng.uniform(0.5, 1.5, size).astype(np.float32), "gamma"),
-                    numpy_helper.from_array((rng.standard_normal(size) * 0.1).astype(np.float32), "beta")]
+                    numpy_helper.from_array(rng.uniform(0.5, 1.5, normalised).astype(np.float32), "gamma"),
+                    numpy_helper.from_array((rng.standard_normal(normalised) * 0.1).astype(np.float32), "beta")]
     nodes = [helper.make_node("MatMul", ["x", "w"], ["proj"], name="proj"),
              helper.make_node("LayerNormalization", ["proj", "gamma", "beta"], ["y"], name="norm", axis=axis)]
     graph = helper.make_graph(nodes, "ln", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
