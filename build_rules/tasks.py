@@ -327,7 +327,8 @@ def _simplify_tasks():
         source = _source_onnx(model, graph)
         outputs = {"onnx": layout.float_file(model.name, graph.name, ".sim.onnx"),
                    "io": layout.float_file(model.name, graph.name, ".io.json")}
-        params = {"onnx": source, "inputs": _inputs(graph), "output_names": list(graph.outputs), "outputs": outputs}
+        params = {"onnx": source, "inputs": _inputs(graph), "output_names": list(graph.outputs), "outputs": outputs,
+                  "where": f"{_rel(model.toml_path)} [graphs.{graph.name}]"}
         yield _stage_task("simplify", f"{model.name}/{graph.name}", params, [source], list(outputs.values()),
                           layout.float_file(model.name, graph.name, ".simplify.log"))
 

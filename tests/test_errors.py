@@ -6,6 +6,7 @@ model.toml, an unknown chip.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -79,7 +80,8 @@ def test_dynamic_input_names_the_tensor(tmp_path):
     result = run_doit(repo)
     assert result.code != 0
     assert "model.onnx: input 'x' has a dynamic shape ['N', 3, 8, 8]" in result.output
-    assert "declare fixed shapes under [graphs.<name>.inputs]" in result.output
+    assert ('or pin the inputs in models/bad/model.toml [graphs.net]: '
+            'inputs = { x = { shape = [1, 3, 8, 8], dtype = "float32" } }') in result.output
     assert targets_left(repo) == []
 
 
@@ -88,6 +90,23 @@ def test_declared_shape_pins_a_dynamic_input(tmp_path):
     result = run_doit(repo, "simplify")
     assert result.code == 0, result.output
     assert "simplify:bad/net" in result.ran
+
+
+def paddle_style_graph():
+    """As paddle2onnx writes a dynamic batch: dim_value -1 on the I/O and on an intermediate's value_info."""
+    from onnx import TensorProto, helper
+    model = conv_graph(batch=-1)
+    model.graph.value_info.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, [-1, 4, 8, 8]))
+    return model
+
+
+def test_declared_input_shape_also_pins_outputs_written_as_minus_one(tmp_path):
+    repo = onnx_model_repo(tmp_path, paddle_style_graph, 'inputs = { x = { shape = [1, 3, 8, 8], dtype = "float32" } }')
+    result = run_doit(repo, "simplify")
+    assert result.code == 0, result.output
+    io = json.loads((repo / "out/bad/float/net.io.json").read_text())
+    assert io["outputs"] == [{"name": "y", "shape": [1, 4, 8, 8], "dtype": "float32"}]
+    assert "1 output shape(s) inferred from the inputs' shapes" in (repo / "out/bad/float/net.simplify.log").read_text()
 
 
 def test_int64_input_names_the_tensor(tmp_path):

@@ -52,6 +52,9 @@ def run(params: dict) -> dict:
     folded = fold_constants(simplified)
     if constants or folded:
         print(f"{constants} Constant node(s) made initializers, {folded} node(s) of constants folded", flush=True)
+    inferred = infer_output_shapes(simplified)
+    if inferred:
+        print(f"{inferred} output shape(s) inferred from the inputs' shapes", flush=True)
     moved = reduce_before_unsqueeze(simplified)
     if moved:
         print(f"{moved} reduction(s) moved before the Unsqueeze that fed them", flush=True)
@@ -69,8 +72,7 @@ def run(params: dict) -> dict:
             if t["dtype"] == "int64":
                 problems.append(f"{kind} '{t['name']}' is int64 (QNN HTP has no int64: use int32)")
     if problems:
-        hint = "fix the export (static shapes, int32), or declare fixed shapes under [graphs.<name>.inputs]"
-        raise BuildError(f"{source}: " + "; ".join(problems) + f" -- {hint}")
+        raise BuildError(f"{source}: " + "; ".join(problems) + f" -- {_io_fix(params['where'], inputs)}")
     expected_outputs = params["output_names"]
     if expected_outputs and [o["name"] for o in outputs] != expected_outputs:
         raise BuildError(f"{source}: outputs are {[o['name'] for o in outputs]}, model.toml says {expected_outputs}")
@@ -85,6 +87,48 @@ def run(params: dict) -> dict:
         "parameters": int(sum(int(np.prod(i.dims)) for i in simplified.graph.initializer)),
     })
     return {"nodes": len(simplified.graph.node)}
+
+
+def _io_fix(where: str, inputs: list[dict]) -> str:
+    """The fix for dynamic or int64 graph I/O, with the model.toml line that pins the inputs."""
+    def dims(shape):
+        return ", ".join(str(d) if isinstance(d, int) and d > 0 else ("1" if i == 0 else "<n>")
+                         for i, d in enumerate(shape))
+    entries = ", ".join(f'{t["name"]} = {{ shape = [{dims(t["shape"])}], dtype = '
+                        f'"{"int32" if t["dtype"] == "int64" else t["dtype"]}" }}' for t in inputs)
+    return (f"fix the export (static shapes, int32), or pin the inputs in {where}: inputs = {{ {entries} }} "
+            "(outputs follow from the inputs)")
+
+
+def _static(value) -> bool:
+    dims = value.type.tensor_type.shape.dim
+    return bool(dims) and all(d.HasField("dim_value") and d.dim_value > 0 for d in dims)
+
+
+def infer_output_shapes(model) -> int:
+    """Graph outputs whose declared shape is dynamic (exporters write -1 or a name there, and onnxsim leaves the
+    declaration as it was after pinning the inputs) get the shape ONNX infers from the inputs, when static."""
+    from onnx import shape_inference
+
+    dynamic = [o for o in model.graph.output if not _static(o)]
+    if not dynamic:
+        return 0
+    probe = type(model)()
+    probe.CopyFrom(model)
+    del probe.graph.value_info[:]  # stale intermediate shapes (-1 dims) would flow into the outputs again
+    for o in probe.graph.output:
+        if not _static(o):
+            o.type.tensor_type.ClearField("shape")
+    try:
+        inferred = {o.name: o for o in shape_inference.infer_shapes(probe).graph.output}
+    except Exception:
+        return 0  # the check below names the outputs that stay dynamic
+    count = 0
+    for o in dynamic:
+        if o.name in inferred and _static(inferred[o.name]):
+            o.type.tensor_type.shape.CopyFrom(inferred[o.name].type.tensor_type.shape)
+            count += 1
+    return count
 
 
 def constants_to_initializers(model) -> int:
