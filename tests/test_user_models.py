@@ -289,6 +289,10 @@ def test_a_user_metric_gates_by_its_bound_and_an_unmeasured_one_lists_what_was(b
     assert result.code != 0
     assert ("check:recurrent/cell/w8a16@SM8750: gate metric 'pitch_agreement' was not measured (measured: cosine, "
             "sqnr, max_abs, frame_cosine, state_cosine)") in result.output
+    edit(toml, 'metric = "pitch_agreement"', 'metric = "state_cosin"')
+    result = run_doit(repo, "check:recurrent/cell/w8a16@SM8750")
+    assert result.code != 0
+    assert "frame_cosine, state_cosine); did you mean 'state_cosine'?; a task metric needs" in result.output
 
 
 # --- 4 + 5. ONNX-only models ----------------------------------------------------------------------------------
