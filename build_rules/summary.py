@@ -87,6 +87,12 @@ class SummaryReporter(ConsoleReporter):
             self._log(task, "restored" if task.name in CACHE_HITS[self.hits_before:] else "ran")
 
     def add_failure(self, task, fail):
+        from doit.exceptions import UnmetDependency
+        if isinstance(fail, UnmetDependency):  # doit --continue: a task that needs a failed one (one line, no block)
+            self.failures.append({"task": task, "exception": fail})
+            if task.actions:
+                self.write(f"   not run: {task.name} (it needs {', '.join(fail.message.split())}, which failed)\n")
+            return
         super().add_failure(task, fail)
         self._log(task, "failed")
 
@@ -122,17 +128,25 @@ class SummaryReporter(ConsoleReporter):
         # so doit's empty "<stderr>/<stdout>" blocks are left out.
         if self.runtime_errors:
             self.write("Execution aborted.\n" + "\n".join(self.runtime_errors) + "\n")
-        failed = len(self.failures)
+        from doit.exceptions import UnmetDependency
+        failed = sum(not isinstance(f["exception"], UnmetDependency) for f in self.failures)
+        # doit --continue: the tasks that need a failed one end as UnmetDependency (groups too: not counted)
+        blocked = sum(isinstance(f["exception"], UnmetDependency) and bool(f["task"].actions) for f in self.failures)
         from .runner import CACHE_HITS
         restored = len(CACHE_HITS) - self.hits_before
-        no_work = not (self.ran or failed or self.runtime_errors)
+        no_work = not (self.ran or self.failures or self.runtime_errors)
         self.write(f"summary: {len(self.ran)} task(s) ran"
                    + (f" ({restored} restored from the build cache)" if restored else "")
                    + f", {self.up_to_date} up to date" + (f", {failed} failed" if failed else "")
+                   + (f", {blocked} not run (they need a failed task)" if blocked else "")
                    + ("; no work to do" if no_work else "") + "\n")
         if no_work and not self.verbose:
             return  # one line, as ninja's "no work to do" (the notes were shown when the build ran)
-        for task in self.ran:
+        not_run = self._not_run() if failed else 0
+        if not_run:
+            self.write(f"  stopped at the first failure: {not_run} planned task(s) not run; `doit --continue` "
+                       "builds everything that does not need the failed task\n")
+        for task in sorted(self.ran, key=lambda t: t.name):  # by model, variant and chip, not finish order
             if task.name.startswith("package:"):
                 self.write(f"  built {_describe(task.targets[0])}\n")
             elif task.name.startswith("dist:"):  # bundles; with [dist] multi_soc its size beside the per-chip sum
@@ -150,6 +164,13 @@ class SummaryReporter(ConsoleReporter):
         if self.ran:
             from .bytecode import compile_package
             compile_package()  # the next load (a no-op build, `doit list`) need not compile build_rules again
+
+
+    def _not_run(self) -> int:
+        """Planned tasks that never started because doit stopped at a failure (0 under --continue)."""
+        if self.plan is None or getattr(self.runner, "continue_", False):
+            return 0
+        return len(self.plan.to_run - self.plan.started)
 
 
 def _duration(seconds: float) -> str:

@@ -150,3 +150,27 @@ def test_emulator_evaluate_progress_has_the_float_runs_as_totals(tmp_path):
         assert run_graph(graph, {}) == {"out": graph}
     assert run_graph.runs == {"encoder": 1, "decoder": 2}
     assert progress.line().startswith("progress: graph runs: encoder 1/4, decoder 2/90, ")
+
+
+def test_a_failure_says_what_was_not_built_and_continue_builds_the_rest(tinynet_repo):
+    toml = tinynet_repo / "models/tinynet/model.toml"
+    text = toml.read_text()
+    toml.write_text(text.replace('gate = { metric = "cosine", min = 0.98 }', 'gate = { metric = "sqnr", min = 500 }'))
+    stopped = run_doit(tinynet_repo, "-v", "0")
+    assert stopped.code != 0
+    assert "gate failed: sqnr = " in stopped.output
+    summary = stopped.output[stopped.output.index("summary:"):]
+    assert ", 1 failed\n" in summary, summary
+    not_run = int(re.search(r"stopped at the first failure: (\d+) planned task\(s\) not run; `doit --continue` "
+                            r"builds everything that does not need the failed task", summary).group(1))
+    assert not_run >= 1
+    # The gate is judged on the head's checks only: --continue builds the encoder's and skips what needs the head.
+    kept_going = run_doit(tinynet_repo, "-v", "0", "--continue")
+    assert kept_going.code != 0
+    summary = kept_going.output[kept_going.output.index("summary:"):]
+    assert "stopped at the first failure" not in summary
+    # 4 head checks fail; their 4 packages are not run (the model and chip groups are not counted)
+    assert ", 4 failed, 4 not run (they need a failed task)" in summary, summary
+    assert ("   not run: package:tinynet/w8a16@SM8550 (it needs check:tinynet/head/w8a16@SM8550, which failed)\n"
+            in kept_going.output)
+    assert kept_going.ran == {f"check:tinynet/head/{v}@{c}" for v in ("fp16", "w8a16") for c in ("SM8550", "SM8750")}
