@@ -115,8 +115,16 @@ precision = "fp16"
     assert "export:branchy/net: the dynamo exporter failed on graph 'net' (hooks.py:6 in forward: if x.sum() > 0:)" \
         in result.output
     assert 'try the other exporter: export = { exporter = "torchscript" }' in result.output
+    assert "(a Python branch on tensor values: torchscript traces the branch all-zero inputs take)" in result.output
+    assert "is_causal" not in result.output  # the attention hint is for modules with a mask
     edit(repo / "models/branchy/model.toml", "[graphs.net]\n", '[graphs.net]\nexport = { exporter = "torchscript" }\n')
-    assert run_doit(repo, "export").code == 0  # TorchScript traces the branch it takes
+    traced = run_doit(repo, "-v", "0", "export")
+    assert traced.code == 0  # TorchScript traces the branch it takes, and says so in the summary
+    assert ("warning: export:branchy/net: the torchscript exporter traced a Python branch on a tensor value "
+            "(hooks.py:6) with all-zero inputs: the ONNX graph always takes the branch zeros took") in traced.output
+    checked = run_doit(repo, "verify")  # the evaluation input (ones) takes the other branch: verify catches it
+    assert checked.code != 0
+    assert "verify:branchy/net: ONNX Runtime vs source max_abs = 2, allowed <= " in checked.output
 
 
 def hooks_model_repo(tmp_path: Path, name: str, hooks: str, toml: str) -> Path:

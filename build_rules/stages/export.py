@@ -40,12 +40,30 @@ def run(params: dict) -> dict:
         options.update(dynamo=False, opset_version=settings["opset"] or TORCHSCRIPT_OPSET)
     print(f"exporting {params['graph']} with the {exporter} exporter, opset {options['opset_version'] or 'default'}",
           flush=True)
+    import warnings
     try:
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", torch.jit.TracerWarning)
             torch.onnx.export(module, example, str(target), **options)
     except Exception as e:
         raise BuildError(export_failure(params, exporter, e)) from e
-    return {"exporter": exporter}
+    values = {"exporter": exporter}
+    branches = traced_branches(caught)
+    if branches:  # the trace kept one side of a Python `if` on a tensor: say which input chose it
+        values["warnings"] = [f"{params['name']}: the torchscript exporter traced a Python branch on a tensor value "
+                              f"({', '.join(branches)}) with all-zero inputs: the ONNX graph always takes the branch "
+                              "zeros took; verify compares it with the module on your evaluation inputs, which should "
+                              "include inputs that take the other branch"]
+        print(f"warning: {values['warnings'][0]}", flush=True)
+    for w in caught:
+        print(f"{w.category.__name__}: {w.filename}:{w.lineno}: {w.message}", flush=True)  # into the stage log
+    return values
+
+
+def traced_branches(caught) -> list[str]:
+    """file:line of each TracerWarning about a tensor turned into a Python bool (an `if` on a tensor value)."""
+    return sorted({f"{Path(w.filename).name}:{w.lineno}" for w in caught
+                   if "Python boolean" in str(w.message)})
 
 
 def _need_onnxscript(params: dict) -> None:
@@ -69,8 +87,10 @@ def export_failure(params: dict, exporter: str, error: Exception) -> str:
     summary = _first_lines(text)
     hint = ""
     if "data-dependent" in text:  # torch.export cannot branch on tensor values
-        hint = (" (a Python branch on tensor values: nn.TransformerEncoder and nn.MultiheadAttention inspect "
-                "the mask unless you pass is_causal=False)")
+        hint = " (a Python branch on tensor values: torchscript traces the branch all-zero inputs take"
+        if re.search(r"mask|attention|transformer", text, re.I):
+            hint += "; nn.TransformerEncoder and nn.MultiheadAttention inspect the mask unless you pass is_causal=False"
+        hint += ")"
     return (f"{params['name']}: the {exporter} exporter failed on graph '{params['graph']}'{culprit}: "
             f"{type(error).__name__}: {summary} -- try the other exporter: export = {{ exporter = \"{other}\" }} under "
             f"[graphs.{params['graph']}] in {params['model_toml']}, or rewrite that part of the module{hint}")
