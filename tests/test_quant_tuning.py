@@ -108,6 +108,10 @@ def test_node_and_per_graph_overrides_reach_only_their_graph(tinynet_repo):
     result = run_doit(tinynet_repo, "quantize")
     assert result.code != 0
     assert "quantization override names unknown node 'node_conv9'" in result.output
+    assert "(fix overrides / node_overrides of [variants.mixed] in models/tinynet/model.toml)" in result.output
+    edit(toml, '"node_conv9" = "uint16"', '"node_conv2d_l" = "uint16"')  # a typo: the closest node is offered
+    result = run_doit(tinynet_repo, "quantize")
+    assert "has no node of that name; did you mean 'node_conv2d_1'? (fix overrides" in result.output
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -31,7 +31,11 @@ def run(params: dict) -> dict:
                          overrides=v["overrides"], node_overrides=v.get("node_overrides"),
                          ranges=params.get("ranges"))
     except ValueError as e:  # e.g. an override naming a tensor the model does not have
-        raise BuildError(f"{params['name']}: {e}") from e
+        where = ""
+        if "override" in str(e):  # name the key to fix: quantize:<model>/<graph>/<variant>
+            model, _, variant = params["name"].split(":", 1)[1].split("/")
+            where = f" (fix overrides / node_overrides of [variants.{variant}] in models/{model}/model.toml)"
+        raise BuildError(f"{params['name']}: {e}{where}") from e
     values = {"calibration": "reused" if params.get("ranges") else "ran"}
     warnings = [f"{params['name']}: {w}" for w in narrowed_outputs(params["outputs"]["onnx"], params.get("ranges"))]
     for warning in warnings:

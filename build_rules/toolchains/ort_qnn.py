@@ -284,7 +284,7 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
         for node, qtype in node_override_names.items():
             if node not in producers:
                 raise ValueError(f"quantization override names unknown node {node!r}: {float_model} (after "
-                                 "qnn_preprocess_model) has no node of that name")
+                                 f"qnn_preprocess_model) has no node of that name{_closest(node, producers)}")
             for tensor in producers[node]:
                 override_names.setdefault(tensor, qtype)
         for tensor in override_names:
@@ -296,7 +296,8 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
             if tensor in original_tensors[0]:
                 raise ValueError(f"quantization override names tensor {tensor!r}, which qnn_preprocess_model removed "
                                  f"from {float_model} (it was fused away); override a neighbouring tensor instead")
-            raise ValueError(f"quantization override names unknown tensor {tensor!r}: {float_model} has no such tensor")
+            raise ValueError(f"quantization override names unknown tensor {tensor!r}: {float_model} has no such "
+                             f"tensor{_closest(tensor, activations_known)}")
         if extra_outputs:
             _expose(model, [t for t in extra_outputs if t in activations_known])
 
@@ -401,6 +402,12 @@ def _qnn_config(model_path: str, reader, method_name: str, **kwargs):
     from onnxruntime.quantization import CalibrationMethod
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
     return get_qnn_qdq_config(model_path, reader, calibrate_method=getattr(CalibrationMethod, method_name), **kwargs)
+
+
+def _closest(name: str, known) -> str:
+    import difflib
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _preprocessed(float_model: Path, tmp: Path):
