@@ -1,7 +1,9 @@
-"""Task generators of `doit dist` (not default tasks): multi_soc:<model>/<variant> and dist:<model>.
+"""Task generators of `doit dist` (not default tasks): multi_soc:<model>/<variant>, dist:<model>/<variant> and the
+group dist:<model>.
 
-dist:<model> turns every built variant of a model into a bundle (build_rules/stages/dist.py); it depends on the
-package tasks of that model's variants, so `doit dist` first brings the binaries up to date. multi_soc makes the
+dist:<model>/<variant> turns one built variant into a bundle (build_rules/stages/dist.py); it depends on that
+variant's package tasks, so `doit dist` first brings the binaries up to date, a change to one variant re-makes
+only its bundle, and a variant failing its gate does not hold back the others' (`doit --continue dist`). multi_soc makes the
 optional Flexible Context Binaries ([dist] multi_soc = true; ort-qnn only). Loaded with the build file: stays
 light, like tasks.py.
 """
@@ -52,9 +54,9 @@ def dist_tasks():
     project = tasks.project()
     ort = project.toolchain["name"] == "ort-qnn"
     for model in project.models:
-        variants, file_dep, packages = {}, [], []
+        variants, file_dep, packages = {}, {}, {}
         for variant in model.variants.values():
-            chips = {}
+            chips, deps, needs = {}, [], []
             for v, chip in tasks._variant_builds(model):
                 if v.name != variant.name:
                     continue
@@ -71,8 +73,8 @@ def dist_tasks():
                 manifest = layout.chip_file(m, vn, c, "manifest.json")
                 chips[c] = {"manifest": manifest, "graphs": built, "runtime": runtime,
                             "chip": {**tasks._chip_params(chip), "marketing_name": chip.marketing_name}}
-                file_dep += [manifest, *runtime.values()] + [f for files in built.values() for f in files.values()]
-                packages.append(f"package:{m}/{vn}@{c}")
+                deps += [manifest, *runtime.values()] + [f for files in built.values() for f in files.values()]
+                needs.append(f"package:{m}/{vn}@{c}")
             if not chips:
                 continue
             spec = {"settings": variant.settings(), "chips": chips}
@@ -83,26 +85,34 @@ def dist_tasks():
                 spec["multi_soc"] = {"error": f"variant {variant.name} builds for one chip only ({', '.join(chips)})"}
             elif model.dist.multi_soc:
                 spec["multi_soc"] = f"{layout.multi_soc_dir(model.name, variant.name)}/multi_soc.json"
-                file_dep.append(spec["multi_soc"])
-            variants[variant.name] = spec
+                deps.append(spec["multi_soc"])
+            variants[variant.name], file_dep[variant.name], packages[variant.name] = spec, deps, needs
         graphs = {g: {"float": layout.float_file(model.name, g, ".sim.onnx"),
                       "evaluation": layout.float_file(model.name, g, ".evaluation.npz")} for g in model.graphs}
-        file_dep += [f for files in graphs.values() for f in files.values()]
+        shared = [f for files in graphs.values() for f in files.values()]
         license_file = tasks._rel(model.dist.license_file) if model.dist.license_file else None
         if license_file:
-            file_dep.append(license_file)
+            shared.append(license_file)
         folder = layout.dist_dir(model.name)
-        outputs = {"dir": folder}
-        for name in variants:
-            outputs[f"{name}.index"] = f"{folder}/{name}/index.json"
-            outputs[f"{name}.tarball"] = f"{folder}/{model.name}-{name}.tar.gz"
-        params = {"model": {"name": model.name, "description": model.description, "license": model.license},
-                  "toolchain": project.toolchain, "variants": variants, "graphs": graphs,
-                  "dist": {"cpu_fallback": model.dist.cpu_fallback, "verify_samples": model.dist.verify_samples,
-                           "license_file": license_file, "multi_soc": model.dist.multi_soc},
-                  "outputs": outputs}
-        targets = [p for k, p in outputs.items() if k != "dir"]
-        task = tasks._stage_task("dist", model.name, params, file_dep, targets, f"{folder}.log")
-        task["actions"] = [(run_stage, task["actions"][0][1], {"publish_dirs": (folder,)})]
-        task["task_dep"] = packages
-        yield task
+        names = []
+        for name, spec in variants.items():
+            bundle = f"{folder}/{name}"
+            outputs = {"dir": bundle, "index": f"{bundle}/index.json",
+                       "tarball": f"{folder}/{model.name}-{name}.tar.gz"}
+            params = {"model": {"name": model.name, "description": model.description, "license": model.license},
+                      "toolchain": project.toolchain, "variant": name, "spec": spec, "variants": sorted(variants),
+                      "graphs": graphs,
+                      "dist": {"cpu_fallback": model.dist.cpu_fallback, "verify_samples": model.dist.verify_samples,
+                               "license_file": license_file, "multi_soc": model.dist.multi_soc},
+                      "outputs": outputs}
+            task = tasks._stage_task("dist", f"{model.name}/{name}", params, file_dep[name] + shared,
+                                     [outputs["index"], outputs["tarball"]],
+                                     f"{layout.model_dir(model.name)}/{name}/dist.log")  # dist/ holds only bundles
+            # The bundle folder is replaced as a whole: a file the new bundle does not have is not left behind.
+            task["actions"] = [(run_stage, task["actions"][0][1], {"publish_dirs": (bundle,)})]
+            task["task_dep"] = packages[name]
+            names.append(f"dist:{task['name']}")
+            yield task
+        if names:  # `doit dist:<model>`: every variant's bundle
+            yield {"name": model.name, "actions": None, "task_dep": names,
+                   "doc": f"device bundles of {model.name}'s variants (out/{model.name}/dist/)"}

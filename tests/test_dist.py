@@ -55,7 +55,7 @@ def dist_built(built_tinynet, tmp_path_factory) -> Path:
     result = run_doit(repo, "dist")
     assert result.code == 0, result.output
     # Only the bundle task: the binaries were up to date, the multi-SoC stage is off by default.
-    assert result.ran == {"dist:tinynet"}, result.output
+    assert result.ran == {"dist:tinynet/fp16", "dist:tinynet/w8a16"}, result.output
     for variant in ("fp16", "w8a16"):
         assert (f"bundle out/tinynet/dist/{variant} (2 chip(s): SM8550, SM8750) -> "
                 f"out/tinynet/dist/tinynet-{variant}.tar.gz") in result.output
@@ -149,7 +149,7 @@ def test_the_archive_has_the_bundle_and_is_byte_identical_when_rebuilt(dist_buil
 
     shutil.rmtree(repo / "out" / "tinynet" / "dist")
     again = run_doit(repo, "dist")
-    assert again.code == 0 and again.ran == {"dist:tinynet"}, again.output
+    assert again.code == 0 and again.ran == {"dist:tinynet/fp16", "dist:tinynet/w8a16"}, again.output
     assert tarball.read_bytes() == before
     assert run_doit(repo, "dist").ran == set()  # and then it is up to date
 
@@ -321,7 +321,8 @@ def test_multi_soc_binary_for_all_chips(dist_built, tmp_path):
     toml.write_text(toml.read_text() + "\n[dist]\nmulti_soc = true\n")
     result = run_doit(repo, "dist")
     assert result.code == 0, result.output
-    assert result.ran == {"multi_soc:tinynet/fp16", "multi_soc:tinynet/w8a16", "dist:tinynet"}, result.output
+    assert result.ran == {"multi_soc:tinynet/fp16", "multi_soc:tinynet/w8a16", "dist:tinynet/fp16",
+                          "dist:tinynet/w8a16"}, result.output
     bundle = bundle_of(repo, "w8a16")
     assert dist.bundle_files(bundle) == expected_files(extra=[f"multi_soc/{g}{s}" for g in GRAPHS
                                                               for s in (".bin", "_ctx.onnx")])
@@ -356,7 +357,7 @@ def test_multi_soc_binary_for_all_chips(dist_built, tmp_path):
     before = tarball.read_bytes()
     shutil.rmtree(repo / "out" / "tinynet" / "dist")
     again = run_doit(repo, "dist")
-    assert again.ran == {"dist:tinynet"}, again.output
+    assert again.ran == {"dist:tinynet/fp16", "dist:tinynet/w8a16"}, again.output
     assert tarball.read_bytes() == before
 
     # A record whose I/O differs from the index is named.
@@ -374,7 +375,7 @@ def test_multi_soc_with_one_chip_makes_nothing_and_says_so(dist_built, tmp_path)
     toml.write_text(toml.read_text().replace('chips = ["SM8550", "SM8750"]', 'chips = ["SM8750"]')
                     + "\n[dist]\nmulti_soc = true\n")
     result = run_doit(repo, "dist")
-    assert result.code == 0 and result.ran == {"dist:tinynet"}, result.output
+    assert result.code == 0 and result.ran == {"dist:tinynet/fp16", "dist:tinynet/w8a16"}, result.output
     index = json.loads((bundle_of(repo, "w8a16") / "index.json").read_text())
     assert list(index["chips"]) == ["SM8750"]
     assert index["multi_soc"] == {"chips": [], "error": "variant w8a16 builds for one chip only (SM8750)", "graphs": {}}
@@ -453,7 +454,7 @@ def test_loading_dist_tasks_stays_light(dist_built):
     proc = subprocess.run([sys.executable, "-c", code], cwd=dist_built, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [["tinynet"], []]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [["tinynet/fp16", "tinynet/w8a16", "tinynet"], []]
 
 
 # ---------------------------------------------------------------------------------------------- qairt
@@ -487,7 +488,7 @@ def test_qairt_bundle_ships_the_sdk_runtime_and_reads_the_contract_from_the_mani
     monkeypatch.setattr(qairt_package, "run", package_without_io)
     result = run_doit(repo, "dist")
     assert result.code != 0
-    assert (f"dist:tinynet: w8a16: out/tinynet/w8a16/SM8550/manifest.json: no I/O contract for graph 'encoder' "
+    assert (f"dist:tinynet/w8a16: out/tinynet/w8a16/SM8550/manifest.json: no I/O contract for graph 'encoder' "
             "(field graphs.encoder.io with inputs and outputs)") in result.output
     assert not (repo / "out" / "tinynet" / "dist").exists()
 
@@ -496,7 +497,7 @@ def test_qairt_bundle_ships_the_sdk_runtime_and_reads_the_contract_from_the_mani
         manifest.unlink()
     result = run_doit(repo, "dist")
     assert result.code == 0, result.output
-    assert result.ran == {"package:tinynet/w8a16@SM8550", "package:tinynet/w8a16@SM8750", "dist:tinynet"}
+    assert result.ran == {"package:tinynet/w8a16@SM8550", "package:tinynet/w8a16@SM8750", "dist:tinynet/w8a16"}
     bundle = bundle_of(repo, "w8a16")
     runtime = ["runtime/aarch64-android/libQnnHtp.so", "runtime/aarch64-android/libQnnHtpV73Stub.so",
                "runtime/aarch64-android/libQnnHtpV79Stub.so", "runtime/aarch64-android/libQnnSystem.so",
@@ -525,3 +526,38 @@ def test_qairt_bundle_ships_the_sdk_runtime_and_reads_the_contract_from_the_mani
     assert lines[-1].startswith("I/O contract: not run on the emulator: a qairt bundle has no <graph>_ctx.onnx")
     proc = subprocess.run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=bundle, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
+
+
+def test_one_task_per_variant_so_a_change_or_a_failed_gate_touches_only_that_variant(dist_built, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(dist_built, repo, symlinks=True)
+    toml = repo / "models" / "tinynet" / "model.toml"
+    fp16_tarball = repo / "out/tinynet/dist/tinynet-fp16.tar.gz"
+    fp16_before = fp16_tarball.read_bytes()
+    toml.write_text(toml.read_text().replace('weights = "uint8"', 'weights = "int8"'))  # w8a16 only
+    result = run_doit(repo, "dist")
+    assert result.code == 0, result.output
+    assert "dist:tinynet/w8a16" in result.ran and "dist:tinynet/fp16" not in result.ran, result.output
+    assert fp16_tarball.read_bytes() == fp16_before
+
+    # A gate only w8a16 misses (the head's SQNR: fp16 ~70 dB, w8a16 ~18 dB): --continue still makes the fp16 bundle.
+    toml.write_text(toml.read_text().replace('gate = { metric = "cosine", min = 0.98 }', 'gate = { metric = "sqnr", min = 40 }'))
+    shutil.rmtree(repo / "out/tinynet/dist")
+    result = run_doit(repo, "--continue", "dist")
+    assert result.code != 0
+    assert "dist:tinynet/fp16" in result.ran
+    assert "   not run: dist:tinynet/w8a16 (it needs " in result.output
+    assert (repo / "out/tinynet/dist/fp16/index.json").is_file() and fp16_tarball.is_file()
+    assert not (repo / "out/tinynet/dist/w8a16").exists()
+    assert sorted(p.name for p in (repo / "out/tinynet/dist").iterdir()) == ["fp16", "tinynet-fp16.tar.gz"]
+
+
+def test_a_variant_taken_out_of_model_toml_leaves_no_bundle(dist_built, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(dist_built, repo, symlinks=True)
+    toml = repo / "models" / "tinynet" / "model.toml"
+    toml.write_text(toml.read_text().replace('[variants.fp16]\nprecision = "fp16"\n', ""))
+    result = run_doit(repo, "dist")
+    assert result.code == 0, result.output
+    assert result.ran == {"dist:tinynet/w8a16"}, result.output  # its key names the model's variants
+    assert sorted(p.name for p in (repo / "out/tinynet/dist").iterdir()) == ["tinynet-w8a16.tar.gz", "w8a16"]

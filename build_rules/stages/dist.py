@@ -19,21 +19,33 @@ VERSION = 1
 
 
 def run(params: dict) -> dict:
-    out = Path(params["outputs"]["dir"])
-    values = {}
-    for variant, spec in params["variants"].items():
-        bundle = out / variant
-        try:
-            index = _bundle(params, variant, spec, bundle)
-            dist.write_sums(bundle)
-            samples = params["dist"]["verify_samples"]
-            evaluation = {g: Path(files["evaluation"]) for g, files in params["graphs"].items()}
-            dist.verify(bundle, evaluation, samples, say=lambda line: print(f"{variant}: {line}", flush=True))
-        except dist.DistError as e:
-            raise BuildError(f"{params['name']}: {variant}: {e}") from None
-        dist.write_tarball(bundle, out / index["tarball"], f"{params['model']['name']}-{variant}")
-        values[variant] = {"chips": len(index["chips"]), "files": len(dist.bundle_files(bundle))}
-    return values
+    variant, spec = params["variant"], params["spec"]
+    bundle = Path(params["outputs"]["dir"])
+    try:
+        index = _bundle(params, variant, spec, bundle)
+        dist.write_sums(bundle)
+        samples = params["dist"]["verify_samples"]
+        evaluation = {g: Path(files["evaluation"]) for g, files in params["graphs"].items()}
+        dist.verify(bundle, evaluation, samples, say=lambda line: print(line, flush=True))
+    except dist.DistError as e:
+        raise BuildError(f"{params['name']}: {e}") from None
+    dist.write_tarball(bundle, Path(params["outputs"]["tarball"]), f"{params['model']['name']}-{variant}")
+    _drop_removed_variants(params)
+    return {variant: {"chips": len(index["chips"]), "files": len(dist.bundle_files(bundle))}}
+
+
+def _drop_removed_variants(params: dict) -> None:
+    """A variant taken out of model.toml must not leave a bundle behind that looks current: remove the bundles
+    and tarballs of variants the model no longer has (the names of its variants are in every dist task's key)."""
+    folder = Path(params["final_outputs"]["dir"]).parent
+    model = params["model"]["name"]
+    keep = set(params["variants"])
+    for path in folder.glob("*"):
+        name = path.name
+        if path.is_dir() and (path / "index.json").is_file() and name not in keep:
+            shutil.rmtree(path, ignore_errors=True)
+        elif name.startswith(f"{model}-") and name.endswith(".tar.gz") and name[len(model) + 1:-7] not in keep:
+            path.unlink(missing_ok=True)
 
 
 def _copy(source: str | Path, target: Path) -> int:
