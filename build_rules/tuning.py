@@ -27,7 +27,9 @@ def apply(tuned_toml: Path, model_toml: Path | None = None, name: str | None = N
     text = tuned_toml.read_text()
     found = re.search(r"^\[variants\.(\"[^\"]+\"|[A-Za-z0-9_.-]+?)\]\s*$", text, re.M)
     if not found:
-        raise ConfigError(f"{tuned_toml}: no [variants.<name>] section")
+        nothing = "Nothing to add:" in text  # the tune found the variant good as it is
+        raise ConfigError(f"{tuned_toml}: no [variants.<name>] section"
+                          + (": the tuned variant meets its targets as it is, nothing to apply" if nothing else ""))
     old = found.group(1)
     old_name = json.loads(old) if old.startswith('"') else old
     if model_toml is None:

@@ -299,3 +299,20 @@ def test_automatic_mixed_precision_finds_a_variant_that_passes_its_gate(tmp_path
     assert check["summary"]["cosine"] == pytest.approx(rnet["tuned"]["cosine"], abs=1e-9)  # same chip, same numbers
     # P-Net quantizes to the same bytes as w8a8's: its compile and check come from the build cache
     assert "restored from the build cache" in (repo / "out/mtcnn/w8a8_tuned/SM8750/pnet.compile.log").read_text()
+
+
+def test_tuning_a_variant_that_already_meets_its_targets_at_8_bit_proposes_nothing(tinynet_repo):
+    from build_rules import tuning
+    from build_rules.config import ConfigError
+    toml = tinynet_repo / "models/tinynet/model.toml"
+    toml.write_text(toml.read_text().replace("min = 0.99", "min = 0.9").replace("min = 0.98", "min = 0.9")
+                    + '\n[variants.w8a8]\ninherits = "w8a16"\nactivations = "uint8"\n')
+    result = run_doit(tinynet_repo, "tune:tinynet/w8a8")
+    assert result.code == 0, result.output
+    tuned = tinynet_repo / "out/tinynet/tuning/w8a8.tuned.toml"
+    text = tuned.read_text()
+    assert "# Nothing to add: w8a8 already meets every target with its 8-bit activations." in text
+    assert "[variants." not in text
+    with pytest.raises(ConfigError, match="no \\[variants.<name>\\] section: the tuned variant meets its targets as "
+                                          "it is, nothing to apply"):
+        tuning.apply(tuned, model_toml=toml, chips_toml=tinynet_repo / "chips.toml")

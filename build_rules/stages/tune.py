@@ -126,6 +126,11 @@ def toml_section(tuned: dict, params: dict) -> str:
         else:
             line += " (already meets it)"
         lines.append(line)
+    already_8_bit = all(g["variant"].get("activations") == "uint8" for g in params["graphs"])
+    if already_8_bit and not any(r["sixteen_bit"] for r in tuned["graphs"].values()):
+        # The tuned variant would be the variant itself: write no section, so `apply` adds no duplicate.
+        lines += [f"# Nothing to add: {base} already meets every target with its 8-bit activations."]
+        return "\n".join(lines) + "\n"
     lines += [f"# Keep it: python -m build_rules.tuning apply {params['final_outputs']['toml']}", "",
               f"[variants.{_key(name)}]", f"inherits = {_toml_string(base)}", 'activations = "uint8"', ""]
     for graph, r in tuned["graphs"].items():
