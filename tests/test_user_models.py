@@ -125,6 +125,8 @@ precision = "fp16"
     checked = run_doit(repo, "verify")  # the evaluation input (ones) takes the other branch: verify catches it
     assert checked.code != 0
     assert "verify:branchy/net: ONNX Runtime vs source max_abs = 2, allowed <= " in checked.output
+    assert ("; largest difference in evaluation sample 0 of 1 (max abs 2); the export says: export:branchy/net: the "
+            "torchscript exporter traced a Python branch on a tensor value (hooks.py:6)") in checked.output
 
 
 def hooks_model_repo(tmp_path: Path, name: str, hooks: str, toml: str) -> Path:

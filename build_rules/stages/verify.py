@@ -6,6 +6,8 @@ compares the compiled binary against these, without importing torch again.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 
 from .. import gates
 from ..errors import BuildError
@@ -61,6 +63,25 @@ def _run_torch(hooks, params, samples, names: list[str]):
     return results
 
 
+def _worst_sample(reference: list[dict], actual: list[dict]) -> str:
+    """Which evaluation sample differs most: where to look for a branch the exporter traced one way."""
+    import numpy as np
+    errors = [max(float(np.max(np.abs(r[k].astype(np.float64) - a[k]))) if r[k].size else 0.0 for k in r)
+              for r, a in zip(reference, actual)]
+    i = int(np.argmax(errors))
+    return f"largest difference in evaluation sample {i} of {len(errors)} (max abs {errors[i]:.3g})"
+
+
+def _export_warnings(params: dict) -> str:
+    """The export log's traced-branch warning, if any: the likely cause of a mismatch on some samples only."""
+    log = Path(params["onnx"]).with_name(f"{params['graph']}.export.log")
+    try:
+        lines = [line for line in log.read_text().splitlines() if "traced a Python branch" in line]
+    except OSError:
+        return ""
+    return f"; the export says: {lines[0].removeprefix('warning: ')}" if lines else ""
+
+
 def run(params: dict) -> dict:
     import numpy as np
 
@@ -78,7 +99,8 @@ def run(params: dict) -> dict:
     if not gates.passes(threshold, value):
         bound, relation = gates.bound(threshold)
         raise BuildError(f"{params['name']}: ONNX Runtime vs source {threshold['metric']} = {value:.3g}, "
-                         f"allowed {relation} {bound:g} (per output: {metrics})")
+                         f"allowed {relation} {bound:g} (per output: {metrics}); "
+                         f"{_worst_sample(source_outputs, onnx_outputs)}{_export_warnings(params)}")
     atomic_write_json(params["outputs"]["report"], report)
     arrays = {}
     for i, (sample, reference) in enumerate(zip(samples, onnx_outputs)):
