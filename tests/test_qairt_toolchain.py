@@ -446,6 +446,21 @@ def test_a_converter_log_with_an_unsupported_op_fails_naming_it(qairt_copy, monk
         (repo / "out/tinynet/w8a16/head.convert.log").read_text()
 
 
+def test_node_and_per_graph_overrides_reach_the_converter_by_tensor(qairt_copy):
+    repo, sdk, calls = qairt_copy
+    toml = repo / "models/tinynet/model.toml"
+    toml.write_text(toml.read_text() + '\n[variants.w8a16.graphs.head]\nnode_overrides = { "node_linear" = "uint8" }\n')
+    result = run_doit(repo, "convert")
+    assert result.ran == {"convert:tinynet/head/w8a16"}, result.output  # the encoder's settings did not change
+    overrides = json.loads((repo / "out/tinynet/w8a16/head.quantization_overrides.json").read_text())
+    assert overrides["activation_encodings"] == {"logits": [{"bitwidth": 8, "dtype": "int"}]}  # node_linear's output
+    toml.write_text(toml.read_text().replace('"node_linear"', '"node_lineer"'))
+    result = run_doit(repo, "convert")
+    assert result.code != 0
+    assert ("convert:tinynet/head/w8a16: quantization override names unknown node 'node_lineer': "
+            "out/tinynet/float/head.sim.onnx has no such node; did you mean 'node_linear'?") in result.output
+
+
 def test_quantization_warnings_are_listed_in_the_manifest(qairt_copy, monkeypatch):
     repo, sdk, calls = qairt_copy
     monkeypatch.setenv("FAKE_QAIRT_WARNING", "1")

@@ -73,7 +73,8 @@ def run(params: dict) -> dict:
         input_list = qnn_input_list(params, cpp.parent / f".{params['graph']}.qnn_inputs")
         if "overrides" in outputs:
             overrides = outputs["overrides"]
-            atomic_write_json(overrides, qairt.overrides_json(variant["overrides"]))
+            atomic_write_json(overrides, qairt.overrides_json(qairt.tensor_overrides(params["onnx"], variant,
+                                                                                     params["name"])))
     cmd = qairt.converter_command(sdk, params["onnx"], short(cpp), params["inputs"], variant,
                                   input_list and short(input_list), overrides and short(overrides), params["per_row"])
     code, text = run_tool(cmd, sdk)

@@ -27,7 +27,8 @@ def run(params: dict) -> dict:
     overrides = None
     if "overrides" in outputs:
         overrides = outputs["overrides"]
-        atomic_write_json(overrides, qairt.overrides_json(params["variant"]["overrides"]))
+        atomic_write_json(overrides, qairt.overrides_json(qairt.tensor_overrides(params["onnx"], params["variant"],
+                                                                                 params["name"])))
     cmd = qairt.dlc_converter_command(sdk, params["onnx"], short(dlc), params["inputs"], params["variant"],
                                       overrides and short(overrides))
     code, text = run_tool(cmd, sdk)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import QAIRT_FLOWS, ConfigError
+from ..errors import BuildError
 from .qnn_probe import probe_build_id
 
 NAME = "qairt"
@@ -386,6 +387,33 @@ def dlc_quantizer_command(sdk: Sdk, input_dlc: str, output_dlc: str, input_list:
     """qairt-quantizer: calibrates the float DLC with the shared calibration samples (native raw files)."""
     return [str(sdk.tool("qairt-quantizer")), "--input_dlc", input_dlc, "--input_list", input_list,
             "--output_dlc", output_dlc, *quantization_flags(variant, per_row), "--use_native_input_files"]
+
+
+def tensor_overrides(onnx_path: str, variant: dict, where: str) -> dict[str, str]:
+    """One graph's activation overrides by tensor: `overrides` as they are, each `node_overrides` node's outputs
+    (QAIRT's override file names tensors only); a name the float model does not have fails with the closest one."""
+    import difflib
+
+    import onnx
+    model = onnx.load(onnx_path, load_external_data=False)
+    tensors = {t for n in model.graph.node for t in n.output} | {i.name for i in model.graph.input}
+    producers = {n.name: [t for t in n.output if t] for n in model.graph.node if n.name}
+    result = {}
+
+    def unknown(kind: str, name: str, known) -> BuildError:
+        close = difflib.get_close_matches(name, list(known), n=1)
+        return BuildError(f"{where}: quantization override names unknown {kind} {name!r}: {onnx_path} has no such "
+                          f"{kind}" + (f"; did you mean {close[0]!r}?" if close else ""))
+    for node, qtype in (variant.get("node_overrides") or {}).items():
+        if node not in producers:
+            raise unknown("node", node, producers)
+        for tensor in producers[node]:
+            result[tensor] = qtype
+    for tensor, qtype in (variant.get("overrides") or {}).items():
+        if tensor not in tensors:
+            raise unknown("tensor", tensor, tensors)
+        result[tensor] = qtype  # a tensor's own entry wins over its node's
+    return result
 
 
 def overrides_json(overrides: dict[str, str]) -> dict:

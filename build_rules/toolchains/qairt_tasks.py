@@ -141,10 +141,11 @@ def convert():
             if not dlc:  # qnn-onnx-converter calibrates; in the DLC flow the quantizer does
                 input_list = f"{layout.calibration_dir(m, g)}/input_list.txt"
                 file_dep += [input_list, *tasks._calibration_files(model, graph, variant.calibration_samples)]
-            if variant.overrides:
-                outputs["overrides"] = layout.variant_file(m, v, g, ".quantization_overrides.json")
+        settings = variant.settings_for(g)  # the graph's own overrides and node_overrides too
+        if settings.get("overrides") or settings.get("node_overrides"):
+            outputs["overrides"] = layout.variant_file(m, v, g, ".quantization_overrides.json")
         params = {"sdk": str(sdk.root), "onnx": sim, "graph": g, "inputs": _inputs(graph),
-                  "variant": variant.settings(), "input_list": input_list, "outputs": outputs,
+                  "variant": settings, "input_list": input_list, "outputs": outputs,
                   "per_row": False if dlc else _per_row(model, variant)}
         yield _stage_task("convert", f"{m}/{g}/{v}", params, file_dep, list(outputs.values()),
                           layout.variant_file(m, v, g, ".convert.log"))
