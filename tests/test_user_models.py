@@ -8,6 +8,7 @@ way Paddle's exporter writes them (p2o.helper.constant.* Constant nodes).
 from __future__ import annotations
 
 import json
+import re
 import runpy
 import shutil
 from pathlib import Path
@@ -505,3 +506,61 @@ def test_every_known_rejection_is_in_the_cookbook():
     for known in KNOWN_REJECTIONS:
         op = "GroupNormalization" if known.op_type == "*" else known.op_type
         assert f"| {op}" in table, f"docs/models.md has no row for {op}"
+
+
+PPOCR_HOOKS = '''"""Text-line crops of scikit-image's scanned page, normalised as PP-OCR's classifier expects."""
+def _crops(count, seed):
+    import numpy as np
+    import skimage.data
+    from skimage.transform import resize
+    page = skimage.data.page() / 255.0
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        top, left = int(rng.integers(0, page.shape[0] - 24)), int(rng.integers(0, page.shape[1] - 96))
+        crop = resize(page[top:top + 24, left:left + 96], (48, 192), anti_aliasing=True)
+        out.append({"x": ((np.stack([crop] * 3)[None] - 0.5) / 0.5).astype(np.float32)})
+    return out
+def calibration_inputs(graph, count):
+    return _crops(count, 0)
+def evaluation_inputs(graph):
+    return _crops(6, 1)
+'''
+
+
+def test_a_paddle_exported_classifier_from_a_wheel_builds_once_its_input_is_pinned(tmp_path):
+    """PP-OCR's text direction classifier as the rapidocr_onnxruntime wheel ships it: paddle2onnx, opset 11,
+    hundreds of Constant nodes, a dynamic input and an output declared [-1, 2]."""
+    folder = tmp_path / "src/ppocr_cls"
+    folder.mkdir(parents=True)
+    (folder / "hooks.py").write_text(PPOCR_HOOKS)
+    (folder / "model.toml").write_text('''[model]
+onnx = "pkg:rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"
+hooks = "hooks.py"
+chips = ["SM8750"]
+[graphs.cls]
+gate = { metric = "cosine", min = 0.99 }
+[variants.w8a8]
+activations = "uint8"
+weights = "uint8"
+per_channel = true
+''')
+    repo = make_repo(tmp_path / "repo", {"ppocr_cls": folder})
+    result = run_doit(repo)
+    assert result.code != 0
+    assert ("ch_ppocr_mobile_v2.0_cls_infer.onnx: input 'x' has a dynamic shape [-1, 3, '?', '?']; output "
+            "'save_infer_model/scale_0.tmp_1' has a dynamic shape [-1, 2] -- fix the export (static shapes, int32), "
+            "or pin the inputs in models/ppocr_cls/model.toml [graphs.cls]: inputs = { x = { shape = [1, 3, <n>, <n>], "
+            'dtype = "float32" } }') in result.output
+    toml = repo / "models/ppocr_cls/model.toml"
+    edit(toml, "[graphs.cls]\n", '[graphs.cls]\ninputs = { x = { shape = [1, 3, 48, 192], dtype = "float32" } }\n')
+    result = run_doit(repo)
+    assert result.code == 0, result.output
+    log = (repo / "out/ppocr_cls/float/cls.simplify.log").read_text()
+    assert "converting opset 11 -> 13" in log
+    assert re.search(r"\b3\d\d Constant node\(s\) made initializers", log), log
+    assert "1 output shape(s) inferred from the inputs' shapes" in log
+    io = json.loads((repo / "out/ppocr_cls/float/cls.io.json").read_text())
+    assert io["outputs"] == [{"name": "save_infer_model/scale_0.tmp_1", "shape": [1, 2], "dtype": "float32"}]
+    check = json.loads((repo / "out/ppocr_cls/w8a8/SM8750/cls.check.json").read_text())
+    assert check["summary"]["cosine"] >= 0.99
