@@ -211,3 +211,32 @@ def test_verify_gate_on_frame_cosine_names_the_metric(tinynet_repo):
     assert result.code != 0
     assert "verify:tinynet/head: ONNX Runtime vs source frame_cosine = 1, allowed >= 1.01" in result.output
     assert not (tinynet_repo / "out/tinynet/float/head.verify.json").exists()
+
+
+def if_graph():
+    """y = x * 2 if flag else x - 1: an If on an input value, as exporters write a Python branch they cannot fold."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    two = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["a"], name="mul_1")], "then",
+                            [], [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 4])],
+                            [numpy_helper.from_array(np.array(2, np.float32), "two")])
+    one = helper.make_graph([helper.make_node("Sub", ["x", "one"], ["b"], name="sub_1")], "else",
+                            [], [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 4])],
+                            [numpy_helper.from_array(np.array(1, np.float32), "one")])
+    cond = helper.make_node("Greater", ["s", "zero"], ["c"], name="greater_1")
+    branch = helper.make_node("If", ["c"], ["y"], name="branch_1", then_branch=two, else_branch=one)
+    graph = helper.make_graph([cond, branch], "net",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+                               helper.make_tensor_value_info("s", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                              [numpy_helper.from_array(np.zeros(1, np.float32), "zero")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_control_flow_left_after_simplify_names_the_node(tmp_path):
+    repo = onnx_model_repo(tmp_path, if_graph, 'outputs = ["y"]')
+    result = run_doit(repo, "simplify")
+    assert result.code != 0
+    assert ("model.onnx: the graph has control flow, which QNN HTP cannot run: 'branch_1' (If) -- fix: export the "
+            "branch the device needs as its own graph") in result.output
+    assert targets_left(repo) == []

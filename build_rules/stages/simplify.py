@@ -45,13 +45,16 @@ def run(params: dict) -> dict:
         simplified, ok = onnxsim.simplify(
             model, overwrite_input_shapes={n: s["shape"] for n, s in declared.items()} or None)
     except Exception as e:
-        raise BuildError(f"{source}: onnxsim failed: {e}") from e
+        raise BuildError(f"{source}: onnxsim failed: {str(e).strip().splitlines()[0]}{_control_flow(model)}") from e
     if not ok:
         raise BuildError(f"{source}: onnxsim could not validate the simplified model")
     constants += constants_to_initializers(simplified)
     folded = fold_constants(simplified)
     if constants or folded:
         print(f"{constants} Constant node(s) made initializers, {folded} node(s) of constants folded", flush=True)
+    flow = _control_flow(simplified)
+    if flow:  # onnxsim folds an If whose condition is constant; one left over would fail every compile
+        raise BuildError(f"{source}: {flow.removeprefix('; ')}")
     inferred = infer_output_shapes(simplified)
     if inferred:
         print(f"{inferred} output shape(s) inferred from the inputs' shapes", flush=True)
@@ -87,6 +90,20 @@ def run(params: dict) -> dict:
         "parameters": int(sum(int(np.prod(i.dims)) for i in simplified.graph.initializer)),
     })
     return {"nodes": len(simplified.graph.node)}
+
+
+CONTROL_FLOW = ("If", "Loop", "Scan")
+
+
+def _control_flow(model) -> str:
+    """'; ...' naming the graph's control-flow nodes and the fix, or '' when it has none."""
+    nodes = [f"'{n.name or n.output[0]}' ({n.op_type})" for n in model.graph.node if n.op_type in CONTROL_FLOW]
+    if not nodes:
+        return ""
+    return (f"; the graph has control flow, which QNN HTP cannot run: {', '.join(nodes[:5])}"
+            + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")
+            + " -- fix: export the branch the device needs as its own graph (an If whose condition comes from a "
+              "fixed input shape or a constant is folded here; one that tests an input value is not)")
 
 
 def _io_fix(where: str, inputs: list[dict]) -> str:
