@@ -3,3 +3,10 @@
 
 class BuildError(Exception):
     """A stage failed for a reason the user must fix: the message names file, tensor, op or metric."""
+
+
+def did_you_mean(name: str, known) -> str:
+    """'; did you mean 'x'?' for the closest known name to a mistyped one (a metric, tensor or node), or ''."""
+    import difflib
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""

@@ -9,9 +9,7 @@ Standard library only: the report and the tuning stages import this too.
 """
 from __future__ import annotations
 
-import difflib
-
-from .errors import BuildError
+from .errors import BuildError, did_you_mean
 
 BOUND_KEYS = ("min", "max", "max_decrease", "max_increase")
 RELATIVE_KEYS = ("max_decrease", "max_increase")
@@ -63,11 +61,9 @@ def judge(where: str, gate: dict, measured: dict, reference: dict | None = None)
     measured: every metric the stage measured; reference: the float model's task metrics (relative gates)."""
     metric = gate["metric"]
     if metric not in measured:
-        close = difflib.get_close_matches(metric, list(measured), n=1)
-        typo = f"; did you mean '{close[0]}'?" if close else ""
         raise BuildError(f"{where}: gate metric '{metric}' was not measured (measured: {', '.join(measured) or 'none'})"
-                         f"{typo}; a task metric needs a score() hook (per graph) or evaluate() (per model) that "
-                         "returns it")
+                         f"{did_you_mean(metric, measured)}; a task metric needs a score() hook (per graph) or "
+                         "evaluate() (per model) that returns it")
     value = float(measured[metric])
     ref = None
     if is_relative(gate):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from .. import gates
 from ..errors import BuildError
 from ..files import atomic_write_json

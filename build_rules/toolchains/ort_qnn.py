@@ -276,6 +276,8 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
     import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantType, quantize_static
 
+    from ..errors import did_you_mean  # here, not at the top: this file also runs as the compile child's script
+
     float_model, output = Path(float_model), Path(output)
     with tempfile.TemporaryDirectory(prefix="ort-qnn-quant-") as tmp:
         model, original_tensors = _preprocessed(float_model, Path(tmp))
@@ -284,7 +286,7 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
         for node, qtype in node_override_names.items():
             if node not in producers:
                 raise ValueError(f"quantization override names unknown node {node!r}: {float_model} (after "
-                                 f"qnn_preprocess_model) has no node of that name{_closest(node, producers)}")
+                                 f"qnn_preprocess_model) has no node of that name{did_you_mean(node, producers)}")
             for tensor in producers[node]:
                 override_names.setdefault(tensor, qtype)
         for tensor in override_names:
@@ -297,7 +299,7 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
                 raise ValueError(f"quantization override names tensor {tensor!r}, which qnn_preprocess_model removed "
                                  f"from {float_model} (it was fused away); override a neighbouring tensor instead")
             raise ValueError(f"quantization override names unknown tensor {tensor!r}: {float_model} has no such "
-                             f"tensor{_closest(tensor, activations_known)}")
+                             f"tensor{did_you_mean(tensor, activations_known)}")
         if extra_outputs:
             _expose(model, [t for t in extra_outputs if t in activations_known])
 
@@ -402,12 +404,6 @@ def _qnn_config(model_path: str, reader, method_name: str, **kwargs):
     from onnxruntime.quantization import CalibrationMethod
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
     return get_qnn_qdq_config(model_path, reader, calibrate_method=getattr(CalibrationMethod, method_name), **kwargs)
-
-
-def _closest(name: str, known) -> str:
-    import difflib
-    close = difflib.get_close_matches(name, list(known), n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _preprocessed(float_model: Path, tmp: Path):

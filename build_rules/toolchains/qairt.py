@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import QAIRT_FLOWS, ConfigError
-from ..errors import BuildError
+from ..errors import BuildError, did_you_mean
 from .qnn_probe import probe_build_id
 
 NAME = "qairt"
@@ -392,8 +392,6 @@ def dlc_quantizer_command(sdk: Sdk, input_dlc: str, output_dlc: str, input_list:
 def tensor_overrides(onnx_path: str, variant: dict, where: str) -> dict[str, str]:
     """One graph's activation overrides by tensor: `overrides` as they are, each `node_overrides` node's outputs
     (QAIRT's override file names tensors only); a name the float model does not have fails with the closest one."""
-    import difflib
-
     import onnx
     model = onnx.load(onnx_path, load_external_data=False)
     tensors = {t for n in model.graph.node for t in n.output} | {i.name for i in model.graph.input}
@@ -401,9 +399,8 @@ def tensor_overrides(onnx_path: str, variant: dict, where: str) -> dict[str, str
     result = {}
 
     def unknown(kind: str, name: str, known) -> BuildError:
-        close = difflib.get_close_matches(name, list(known), n=1)
         return BuildError(f"{where}: quantization override names unknown {kind} {name!r}: {onnx_path} has no such "
-                          f"{kind}" + (f"; did you mean {close[0]!r}?" if close else ""))
+                          f"{kind}{did_you_mean(name, known)}")
     for node, qtype in (variant.get("node_overrides") or {}).items():
         if node not in producers:
             raise unknown("node", node, producers)
