@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import BuildError
 from ..files import atomic_write_json
-from .sdk_tool import check_converter_output, run_tool, short
+from .sdk_tool import check_converter_output, overrides_file, run_tool, short
 
 VERSION = 2
 
@@ -71,12 +71,9 @@ def run(params: dict) -> dict:
     input_list = overrides = None
     if variant["precision"] != "fp16":
         input_list = qnn_input_list(params, cpp.parent / f".{params['graph']}.qnn_inputs")
-        if "overrides" in outputs:
-            overrides = outputs["overrides"]
-            atomic_write_json(overrides, qairt.overrides_json(qairt.tensor_overrides(params["onnx"], variant,
-                                                                                     params["name"])))
+        overrides = overrides_file(params)
     cmd = qairt.converter_command(sdk, params["onnx"], short(cpp), params["inputs"], variant,
-                                  input_list and short(input_list), overrides and short(overrides), params["per_row"])
+                                  input_list and short(input_list), overrides, params["per_row"])
     code, text = run_tool(cmd, sdk)
     where = f"{params['name']}: qnn-onnx-converter on {params['onnx']}"
     found = check_converter_output(where, "qnn-onnx-converter", code, text, params["onnx"])

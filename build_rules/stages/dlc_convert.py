@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import BuildError
 from ..files import atomic_write_json
-from .sdk_tool import check_converter_output, run_tool, short
+from .sdk_tool import check_converter_output, overrides_file, run_tool, short
 
 VERSION = 1
 
@@ -24,13 +24,8 @@ def run(params: dict) -> dict:
     outputs = params["outputs"]
     dlc = Path(outputs["dlc"])
     dlc.parent.mkdir(parents=True, exist_ok=True)
-    overrides = None
-    if "overrides" in outputs:
-        overrides = outputs["overrides"]
-        atomic_write_json(overrides, qairt.overrides_json(qairt.tensor_overrides(params["onnx"], params["variant"],
-                                                                                 params["name"])))
     cmd = qairt.dlc_converter_command(sdk, params["onnx"], short(dlc), params["inputs"], params["variant"],
-                                      overrides and short(overrides))
+                                      overrides_file(params))
     code, text = run_tool(cmd, sdk)
     where = f"{params['name']}: qairt-converter on {params['onnx']}"
     found = check_converter_output(where, "qairt-converter", code, text, params["onnx"])

@@ -72,3 +72,16 @@ def check_converter_output(where: str, tool: str, code: int, text: str, onnx_pat
     if code != 0:
         raise BuildError(f"{where} failed with exit code {code}:\n{tail(text)}")
     return found
+
+
+def overrides_file(params: dict) -> str | None:
+    """Write the graph's --quantization_overrides file (tensor and node overrides, resolved against its ONNX model)
+    when the task has one; its path for the command line, else None. Both converters take the same file."""
+    path = params["outputs"].get("overrides")
+    if not path:
+        return None
+    from ..files import atomic_write_json
+    from ..toolchains import qairt
+    atomic_write_json(path, qairt.overrides_json(qairt.tensor_overrides(params["onnx"], params["variant"],
+                                                                        params["name"])))
+    return short(path)
