@@ -10,23 +10,18 @@ light, like tasks.py.
 from __future__ import annotations
 
 from . import layout
+from .project import chip_params, compile_input, project, rel, stage_task, variant_builds
 from .runner import run_stage
 
 
-def _tasks():
-    from . import tasks  # tasks.py imports this module inside its creators: no import cycle at load
-    return tasks
-
-
 def _multi_soc_chips(model, variant):
-    return [c for v, c in _tasks()._variant_builds(model) if v.name == variant.name]
+    return [c for v, c in variant_builds(model) if v.name == variant.name]
 
 
 def multi_soc_tasks():
-    tasks = _tasks()
-    if tasks.project().toolchain["name"] != "ort-qnn":
+    if project().toolchain["name"] != "ort-qnn":
         return  # a Flexible Context Binary is onnxruntime-qnn's; the dist index says so for qairt
-    for model in tasks.project().models:
+    for model in project().models:
         if not model.dist.multi_soc:
             continue
         for variant in model.variants.values():
@@ -34,15 +29,15 @@ def multi_soc_tasks():
             if len(chips) < 2:
                 continue  # e.g. fp16 on a model whose other chips have no fp16: the index says so
             folder = layout.multi_soc_dir(model.name, variant.name)
-            graphs = {g.name: {"onnx": tasks._float_model(model, g, variant),
+            graphs = {g.name: {"onnx": compile_input(model, g, variant),
                                "reference_ctx": layout.chip_file(model.name, variant.name, chips[0].name,
                                                                  f"{g.name}_ctx.onnx")}
                       for g in model.graphs.values()}
             report = f"{folder}/multi_soc.json"
-            params = {"graphs": graphs, "chips": [tasks._chip_params(c) for c in chips], "fp16": variant.is_fp16,
+            params = {"graphs": graphs, "chips": [chip_params(c) for c in chips], "fp16": variant.is_fp16,
                       "outputs": {"dir": folder, "report": report}}
             file_dep = [f for files in graphs.values() for f in files.values()]
-            task = tasks._stage_task("multi_soc", f"{model.name}/{variant.name}", params, file_dep, [report],
+            task = stage_task("multi_soc", f"{model.name}/{variant.name}", params, file_dep, [report],
                                      f"{layout.model_dir(model.name)}/{variant.name}/multi_soc.log")
             # The folder is replaced as a whole: a graph whose file could not be made leaves no stale one behind.
             task["actions"] = [(run_stage, task["actions"][0][1], {"publish_dirs": (folder,)})]
@@ -50,14 +45,13 @@ def multi_soc_tasks():
 
 
 def dist_tasks():
-    tasks = _tasks()
-    project = tasks.project()
-    ort = project.toolchain["name"] == "ort-qnn"
-    for model in project.models:
+    loaded = project()
+    ort = loaded.toolchain["name"] == "ort-qnn"
+    for model in loaded.models:
         variants, file_dep, packages = {}, {}, {}
         for variant in model.variants.values():
             chips, deps, needs = {}, [], []
-            for v, chip in tasks._variant_builds(model):
+            for v, chip in variant_builds(model):
                 if v.name != variant.name:
                     continue
                 m, vn, c = model.name, variant.name, chip.name
@@ -72,14 +66,14 @@ def dist_tasks():
                                for name in qairt.find_sdk().runtime_libs(chip.dsp_arch)}
                 manifest = layout.chip_file(m, vn, c, "manifest.json")
                 chips[c] = {"manifest": manifest, "graphs": built, "runtime": runtime,
-                            "chip": {**tasks._chip_params(chip), "marketing_name": chip.marketing_name}}
+                            "chip": {**chip_params(chip), "marketing_name": chip.marketing_name}}
                 deps += [manifest, *runtime.values()] + [f for files in built.values() for f in files.values()]
                 needs.append(f"package:{m}/{vn}@{c}")
             if not chips:
                 continue
             spec = {"settings": variant.settings(), "chips": chips}
             if model.dist.multi_soc and not ort:
-                spec["multi_soc"] = {"error": f"the {project.toolchain['name']} toolchain makes no multi-SoC "
+                spec["multi_soc"] = {"error": f"the {loaded.toolchain['name']} toolchain makes no multi-SoC "
                                               "binaries (onnxruntime-qnn's Flexible Context Binary)"}
             elif model.dist.multi_soc and len(chips) < 2:
                 spec["multi_soc"] = {"error": f"variant {variant.name} builds for one chip only ({', '.join(chips)})"}
@@ -90,7 +84,7 @@ def dist_tasks():
         graphs = {g: {"float": layout.float_file(model.name, g, ".sim.onnx"),
                       "evaluation": layout.float_file(model.name, g, ".evaluation.npz")} for g in model.graphs}
         shared = [f for files in graphs.values() for f in files.values()]
-        license_file = tasks._rel(model.dist.license_file) if model.dist.license_file else None
+        license_file = rel(model.dist.license_file) if model.dist.license_file else None
         if license_file:
             shared.append(license_file)
         folder = layout.dist_dir(model.name)
@@ -100,12 +94,12 @@ def dist_tasks():
             outputs = {"dir": bundle, "index": f"{bundle}/index.json",
                        "tarball": f"{folder}/{model.name}-{name}.tar.gz"}
             params = {"model": {"name": model.name, "description": model.description, "license": model.license},
-                      "toolchain": project.toolchain, "variant": name, "spec": spec, "variants": sorted(variants),
+                      "toolchain": loaded.toolchain, "variant": name, "spec": spec, "variants": sorted(variants),
                       "graphs": graphs,
                       "dist": {"cpu_fallback": model.dist.cpu_fallback, "verify_samples": model.dist.verify_samples,
                                "license_file": license_file, "multi_soc": model.dist.multi_soc},
                       "outputs": outputs}
-            task = tasks._stage_task("dist", f"{model.name}/{name}", params, file_dep[name] + shared,
+            task = stage_task("dist", f"{model.name}/{name}", params, file_dep[name] + shared,
                                      [outputs["index"], outputs["tarball"]],
                                      f"{layout.model_dir(model.name)}/{name}/dist.log")  # dist/ holds only bundles
             # The bundle folder is replaced as a whole: a file the new bundle does not have is not left behind.

@@ -22,6 +22,7 @@ from pathlib import Path
 from doit.reporter import ConsoleReporter
 
 from . import layout
+from .project import skipped_builds
 
 
 class SummaryReporter(ConsoleReporter):
@@ -154,7 +155,6 @@ class SummaryReporter(ConsoleReporter):
                 self.write("".join(f"  {line}\n" for t in task.targets if t.endswith("index.json") for line in describe(t)))
         for warning in self.warnings:
             self.write(f"  warning: {warning}\n")
-        from .tasks import skipped_builds
         for note in skipped_builds():
             self.write(f"  note: {note}\n")
         if self.seconds:

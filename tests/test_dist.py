@@ -2,7 +2,6 @@
 select, verify on the HTP emulator, the multi-SoC binary, and the qairt side (stand-in SDK)."""
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import shutil
@@ -441,7 +440,7 @@ def test_a_variant_named_dist_is_refused(tmp_path):
     toml.write_text(toml.read_text().replace("[variants.fp16]", "[variants.dist]"))
     result = run_doit(repo, "list")
     assert result.code == 3
-    assert (f"error: models/tinynet/model.toml: [variants.dist]: 'dist' is reserved (it is a folder of out/<model>/); "
+    assert ("error: models/tinynet/model.toml: [variants.dist]: 'dist' is reserved (it is a folder of out/<model>/); "
             "choose another variant name") in result.output
 
 
@@ -488,7 +487,7 @@ def test_qairt_bundle_ships_the_sdk_runtime_and_reads_the_contract_from_the_mani
     monkeypatch.setattr(qairt_package, "run", package_without_io)
     result = run_doit(repo, "dist")
     assert result.code != 0
-    assert (f"dist:tinynet/w8a16: out/tinynet/w8a16/SM8550/manifest.json: no I/O contract for graph 'encoder' "
+    assert ("dist:tinynet/w8a16: out/tinynet/w8a16/SM8550/manifest.json: no I/O contract for graph 'encoder' "
             "(field graphs.encoder.io with inputs and outputs)") in result.output
     assert not (repo / "out" / "tinynet" / "dist").exists()
 

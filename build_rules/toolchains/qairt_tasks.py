@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from .. import layout
+from ..project import calibration_files, chip_params, project, rel, tool_version, variant_builds
 from ..hashing import TaskKey
 from ..runner import run_stage
 from . import qairt
@@ -33,13 +34,10 @@ STAGE_MODULES = {"convert": {"model-lib": "convert", "dlc": "dlc_convert"}, "qua
 STAGE_TOOLS = {"convert": ("numpy", "onnx"), "quantize": ("numpy",), "check": ("numpy", "onnxruntime")}
 
 
-def _tasks():
-    from .. import tasks  # tasks.py imports this module lazily, so this is no import cycle
-    return tasks
 
 
 def flow() -> str:
-    return _tasks().project().toolchain["flow"]
+    return project().toolchain["flow"]
 
 
 # Where the SDK is does not shape these outputs (its identity, in every key, does): a moved SDK re-runs nothing
@@ -48,12 +46,11 @@ LOCATION_PARAMS = ("sdk", "runtime_libs")
 
 
 def _key(stage: str, params: dict) -> TaskKey:
-    tasks = _tasks()
     if stage != "htp_config":
         params = {k: v for k, v in params.items() if k not in LOCATION_PARAMS}
     return TaskKey({"stage": f"qairt-{stage}", "version": STAGE_VERSIONS[stage], "params": params,
-                    "tools": {t: tasks.tool_version(t) for t in STAGE_TOOLS.get(stage, ())},
-                    "toolchain": tasks.project().toolchain})
+                    "tools": {t: tool_version(t) for t in STAGE_TOOLS.get(stage, ())},
+                    "toolchain": project().toolchain})
 
 
 def _stage_task(stage: str, name: str, params: dict, file_dep: list[str], targets: list[str], log: str) -> dict:
@@ -66,7 +63,7 @@ def _stage_task(stage: str, name: str, params: dict, file_dep: list[str], target
 
 def _group(doc: str) -> dict:
     """The stage's line in `doit list`, naming the SDK and flow in use."""
-    ident = _tasks().project().toolchain
+    ident = project().toolchain
     return {"name": None, "doc": f"{doc} [qairt {qairt.release_name(ident)}, {ident['flow']} flow]"}
 
 
@@ -75,16 +72,15 @@ def _inputs(graph) -> dict:
 
 
 def _variants():
-    for model in _tasks().project().models:
+    for model in project().models:
         for graph in model.graphs.values():
             for variant in model.variants.values():
                 yield model, graph, variant
 
 
 def _chip_builds():
-    tasks = _tasks()
-    for model in tasks.project().models:
-        for variant, chip in tasks._variant_builds(model):
+    for model in project().models:
+        for variant, chip in variant_builds(model):
             for graph in model.graphs.values():
                 yield model, graph, variant, chip
 
@@ -99,7 +95,7 @@ def _config_files(model, graph, variant, chip) -> tuple[str, str]:
 
 
 def _per_row(model, variant) -> bool:
-    archs = {chip.dsp_arch for v, chip in _tasks()._variant_builds(model) if v.name == variant.name}
+    archs = {chip.dsp_arch for v, chip in variant_builds(model) if v.name == variant.name}
     return qairt.needs_per_row(variant.settings(), archs)
 
 
@@ -126,7 +122,7 @@ def convert():
     tool = "qairt-converter per graph and variant -> <graph>.dlc" if dlc else \
         "qnn-onnx-converter per graph and variant -> <graph>.cpp, .bin, _net.json"
     yield _group(f"5 convert: {tool}")
-    tasks, sdk = _tasks(), qairt.find_sdk()
+    sdk = qairt.find_sdk()
     for model, graph, variant in _variants():
         m, g, v = model.name, graph.name, variant.name
         sim = layout.float_file(m, g, ".sim.onnx")
@@ -140,7 +136,7 @@ def convert():
         if not variant.is_fp16:
             if not dlc:  # qnn-onnx-converter calibrates; in the DLC flow the quantizer does
                 input_list = f"{layout.calibration_dir(m, g)}/input_list.txt"
-                file_dep += [input_list, *tasks._calibration_files(model, graph, variant.calibration_samples)]
+                file_dep += [input_list, *calibration_files(model, graph, variant.calibration_samples)]
         settings = variant.settings_for(g)  # the graph's own overrides and node_overrides too
         if settings.get("overrides") or settings.get("node_overrides"):
             outputs["overrides"] = layout.variant_file(m, v, g, ".quantization_overrides.json")
@@ -158,7 +154,7 @@ def quantize():
 
 def _quantize_tasks():
     yield _group("5b quantize: qairt-quantizer per graph and quantized variant -> <graph>.dlc")
-    tasks, sdk = _tasks(), qairt.find_sdk()
+    sdk = qairt.find_sdk()
     for model, graph, variant in _variants():
         if variant.is_fp16:
             continue
@@ -168,7 +164,7 @@ def _quantize_tasks():
         params = {"sdk": str(sdk.root), "float_dlc": _float_dlc(m, v, g), "graph": g, "inputs": _inputs(graph),
                   "variant": variant.settings(), "input_list": input_list, "outputs": outputs,
                   "per_row": _per_row(model, variant)}
-        file_dep = [params["float_dlc"], input_list, *tasks._calibration_files(model, graph, variant.calibration_samples)]
+        file_dep = [params["float_dlc"], input_list, *calibration_files(model, graph, variant.calibration_samples)]
         yield _stage_task("quantize", f"{m}/{g}/{v}", params, file_dep, list(outputs.values()),
                           layout.variant_file(m, v, g, ".quantize.log"))
 
@@ -208,7 +204,7 @@ def htp_config():
     for model, graph, variant, chip in _chip_builds():
         extensions, config = _config_files(model, graph, variant, chip)
         params = {"sdk": str(sdk.root), "graph_name": qairt.qnn_graph_name(graph.name),
-                  "chip": _tasks()._chip_params(chip), "config_abs": str(Path(config).absolute()),
+                  "chip": chip_params(chip), "config_abs": str(Path(config).absolute()),
                   "outputs": {"extensions": extensions, "config": config}}
         yield {"name": f"{model.name}/{graph.name}/{variant.name}@{chip.name}",
                "actions": [(write_htp_config, [params])], "file_dep": [], "targets": [extensions, config],
@@ -226,7 +222,7 @@ def compile():
         binary = layout.chip_file(m, v, c, f"{g}.bin")
         params = {"sdk": str(sdk.root), "config_file": extensions, "graph": g, "graph_name": qairt.qnn_graph_name(g),
                   "onnx": layout.float_file(m, g, ".sim.onnx"),
-                  "inputs": _inputs(graph), "chip": _tasks()._chip_params(chip), "outputs": {"binary": binary}}
+                  "inputs": _inputs(graph), "chip": chip_params(chip), "outputs": {"binary": binary}}
         if dlc:
             params["dlc"] = _dlc(m, v, g)
             params["outputs"]["info"] = _io_contract(m, v, c, g)
@@ -247,7 +243,7 @@ def check():
         binary = layout.chip_file(m, v, c, f"{g}.bin")
         io = _io_contract(m, v, c, g)
         evaluation = layout.float_file(m, g, ".evaluation.npz")
-        hooks = _tasks()._rel(model.hooks)
+        hooks = rel(model.hooks)
         params = {"sdk": str(sdk.root), "net_run": sdk.net_run is not None, "binary": binary, "io": io,
                   "flow": flow(), "evaluation": evaluation, "hooks": hooks, "graph": g, "inputs": _inputs(graph),
                   "gate": graph.gate.as_dict() if graph.gate else None,
@@ -269,9 +265,9 @@ def _package(params: dict):
 
 def package():
     yield _group("8 package: context binaries + device runtime libraries + manifest.json per variant and chip")
-    tasks, sdk, dlc = _tasks(), qairt.find_sdk(), flow() == "dlc"
-    for model in tasks.project().models:
-        for variant, chip in tasks._variant_builds(model):
+    sdk, dlc = qairt.find_sdk(), flow() == "dlc"
+    for model in project().models:
+        for variant, chip in variant_builds(model):
             m, v, c = model.name, variant.name, chip.name
             graphs = {}
             for g in model.graphs:
@@ -283,16 +279,16 @@ def package():
                 if not dlc:
                     files["model_libs"] = {t: layout.model_lib(m, v, t, g) for t in _lib_targets()}
                 graphs[g] = files
-            checkpoints = sorted({tasks._rel(p) for g in model.graphs.values() for p in model.checkpoint_paths(g)})
+            checkpoints = sorted({rel(p) for g in model.graphs.values() for p in model.checkpoint_paths(g)})
             runtime = {name: str(path) for name, path in sdk.runtime_libs(chip.dsp_arch).items()}
             manifest = layout.chip_file(m, v, c, "manifest.json")
             outputs = {"manifest": manifest,
                        "runtime": {name: f"{layout.runtime_dir(m, v, c)}/{name}" for name in runtime}}
             params = {"model": {"name": m, "description": model.description, "license": model.license},
-                      "model_folder": tasks._rel(model.folder), "variant": {"name": v, **variant.settings()},
-                      "chip": {**tasks._chip_params(chip), "marketing_name": chip.marketing_name},
-                      "toolchain": tasks.project().toolchain, "sdk": str(sdk.root),
-                      "tools": {t: tasks.tool_version(t) for t in ("onnx", "onnxsim", "torch", "numpy")},
+                      "model_folder": rel(model.folder), "variant": {"name": v, **variant.settings()},
+                      "chip": {**chip_params(chip), "marketing_name": chip.marketing_name},
+                      "toolchain": project().toolchain, "sdk": str(sdk.root),
+                      "tools": {t: tool_version(t) for t in ("onnx", "onnxsim", "torch", "numpy")},
                       "checkpoints": checkpoints, "graphs": graphs, "runtime_libs": runtime, "outputs": outputs}
             file_dep = [f for files in graphs.values() for k, f in files.items() if k != "model_libs"]
             file_dep += [f for files in graphs.values() for f in files.get("model_libs", {}).values()] + checkpoints
@@ -321,7 +317,7 @@ def notes() -> list[str]:
     if sdk.net_run is None:
         found.append(f"qairt: check did not run the binaries: no {sdk.tool('qnn-net-run')} "
                      "(check.json and manifest.json say \"not run\")")
-    ident = _tasks().project().toolchain
+    ident = project().toolchain
     if ident.get("build_id") is None:
         found.append(f"qairt: {ident.get('build_id_note', 'no HTP build id')}")
     return found

@@ -1,5 +1,4 @@
 """Hooks of the tiny test net. Inputs are fixed pseudo-random arrays: this model only tests the build graph."""
-from pathlib import Path
 
 import numpy as np
 

@@ -1,0 +1,248 @@
+"""The loaded project (chips.toml, models/, the toolchain) and the pieces every task generator shares: task keys,
+the stage task dict, which variant x chip pairs are built, and where a graph's inputs come from.
+
+tasks.py (the pipeline stages), tuning_tasks.py, dist_tasks.py, toolchains/qairt_tasks.py and summary.py import
+this module; it imports none of them. Loading must stay light (no torch, onnx, onnxruntime, not even numpy).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+from pathlib import Path
+
+from . import layout
+from .config import Chip, ChipTable, ConfigError, Graph, Model, Variant, load_chips, load_models, package_folder
+from .hashing import TaskKey
+from .records import record
+from .runner import run_stage
+
+# Bump a stage's number when its output for the same inputs changes: it re-runs that stage everywhere.
+STAGE_VERSIONS = {"data": 1, "evaluate": 1, "evaluate_float": 1, "export": 2, "simplify": 2, "verify": 2, "calibrate": 1, "quantize": 2, "compile": 1,
+                  "check": 2, "package": 2, "calibration_stats": 1, "report": 1, "sensitivity": 1, "tune": 1,
+                  "multi_soc": 1, "dist": 1}
+# The Python packages whose version can change each stage's output.
+STAGE_TOOLS = {
+    "data": (),
+    "evaluate": ("onnxruntime", "numpy"),
+    "evaluate_float": ("onnxruntime", "numpy"),
+    "export": ("torch", "onnxscript", "numpy"),
+    "simplify": ("onnx", "onnxsim"),
+    "verify": ("onnxruntime", "torch", "numpy"),
+    "calibrate": ("numpy",),
+    "quantize": ("onnxruntime", "onnx", "numpy"),
+    "compile": ("onnxruntime", "onnx"),
+    "check": ("onnxruntime", "numpy"),
+    "package": (),
+    "calibration_stats": ("onnxruntime", "onnx", "numpy"),
+    "report": ("onnxruntime", "numpy", "matplotlib"),
+    "sensitivity": ("onnxruntime", "onnx", "numpy", "matplotlib"),
+    "tune": ("onnxruntime", "onnx", "numpy"),
+    "multi_soc": ("onnxruntime", "onnx"),
+    "dist": ("onnxruntime", "onnx", "numpy"),
+}
+SDK_STAGES = ("compile", "check", "evaluate", "package", "report", "sensitivity", "tune", "multi_soc", "dist")
+STATE_DIR = f"{layout.OUT}/.build-state"
+
+
+@functools.cache
+def tool_version(package: str) -> str | None:
+    # importlib.metadata.version() parses the whole METADATA file with the email parser (~1.5 ms a
+    # package, on every doit load); the version is in its first lines.
+    try:
+        dist = importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for line in (dist.read_text("METADATA") or dist.read_text("PKG-INFO") or "").splitlines():
+        if line.startswith("Version:"):
+            return line[len("Version:"):].strip()
+        if not line:
+            break
+    return dist.version
+
+
+@record
+class Project:
+    root: Path
+    chips: ChipTable
+    models: list[Model]
+    toolchain: dict  # identity: name, versions, build id
+
+    def chips_for(self, model: Model) -> list[Chip]:
+        return [self.chips.chips[name] for name in model.chips]
+
+
+@functools.cache
+def project() -> Project:
+    _python_files.cache_clear()  # a new load may be another repo or another file set (in-process runs)
+    package_folder.cache_clear()
+    root = Path(".")  # doit runs in the dodo file's folder; relative paths keep messages and keys short
+    chips = load_chips(root / "chips.toml")
+    models = load_models(root / "models", chips)
+    _check_names(models, chips)
+    from . import toolchains  # light: only the chosen toolchain's identity() runs here, from a cache file
+    name, _ = toolchains.choose(chips.toolchain)
+    identity = toolchains.identity(name, Path(STATE_DIR), chips.qairt_flow)
+    return Project(root=root, chips=chips, models=models, toolchain=identity)
+
+
+def _check_names(models: list[Model], chips: ChipTable) -> None:
+    taken = set(STAGE_VERSIONS) | set(chips.chips) | {"report", "convert", "model_libs", "htp_config", "tuning"}
+    for model in models:
+        if model.name in taken:
+            raise ConfigError(f"{model.toml_path}: model folder name '{model.name}' clashes with a stage or chip "
+                              "task name; rename the folder")
+        for name in model.variants:
+            if name in layout.RESERVED_VARIANT_NAMES:
+                raise ConfigError(f"{model.toml_path}: [variants.{name}]: '{name}' is reserved (it is a folder of "
+                                  "out/<model>/); choose another variant name")
+
+
+def task_key(stage: str, params) -> TaskKey:
+    """params: a dict, or a function making it (the key is made only when doit or the cache asks)."""
+    return TaskKey(functools.partial(_key_dict, stage, params))
+
+
+def _key_dict(stage: str, params) -> dict:
+    key = {"stage": stage, "version": STAGE_VERSIONS[stage], "params": params() if callable(params) else params,
+           "tools": {t: tool_version(t) for t in STAGE_TOOLS[stage]}}
+    if stage in SDK_STAGES:
+        key["toolchain"] = project().toolchain
+    return key
+
+
+def stage_task(stage: str, name: str, params: dict, file_dep: list, targets: list[str], log: str,
+                doc: str | None = None, key_stage: str | None = None) -> dict:
+    """A doit task that runs `stage` in a subprocess; params are both the stage's input and its key
+    (key_stage: the stage name the key is made for, when it differs from the module's)."""
+    params = dict(params, name=f"{stage}:{name}")
+    key = task_key(key_stage or stage, params)
+    file_dep = [str(p) for p in file_dep]
+    cache = {"cache_key": key, "file_dep": file_dep}
+    if stage in RELOCATABLE_STAGES:
+        cache = {"cache_key": task_key(key_stage or stage, functools.partial(_relocatable, params, file_dep, targets)),
+                 "file_dep": file_dep, "relocatable": True}
+    task = {
+        "name": name,
+        # cache_key + file_dep: the build cache (build_rules/cache.py) restores outputs made with this key before
+        "actions": [(run_stage, [stage, params, targets, log], cache)],
+        "file_dep": file_dep,
+        "targets": targets,
+        "uptodate": [key],
+        "clean": True,
+    }
+    if doc:
+        task["doc"] = doc
+    return task
+
+
+# Stages whose outputs do not depend on where their inputs and outputs live (no path is written into them): the
+# build cache keys them by content alone, so e.g. a new variant whose pnet quantizes to the same bytes as another
+# variant's gets that variant's pnet binaries from the cache.
+RELOCATABLE_STAGES = ("simplify", "verify", "calibration_stats", "quantize", "compile", "check")
+
+
+def _relocatable(params, file_dep: list[str], targets: list[str]):
+    """params with input paths replaced by their position in file_dep (whose contents are in the cache key),
+    output paths by their file names, and without the task name."""
+    deps = {path: f"@dep{i}" for i, path in enumerate(file_dep)}
+    outs = set(targets)
+
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k != "name" or value is not params}
+        if isinstance(value, (list, tuple)):
+            return [strip(v) for v in value]
+        if isinstance(value, str):
+            if value in deps:
+                return deps[value]
+            if value in outs:
+                return "@out/" + value.rsplit("/", 1)[-1]
+        return value
+    return strip(params)
+
+
+def input_specs(graph: Graph) -> dict:
+    return {name: {"shape": list(s.shape), "dtype": s.dtype} for name, s in graph.inputs.items()}
+
+
+def source_onnx(model: Model, graph: Graph) -> str:
+    return rel(model.onnx) if model.onnx else layout.float_file(model.name, graph.name, ".onnx")
+
+
+def rel(path: Path) -> str:
+    """Paths in task dicts are relative to the repo (doit compares them as strings); a checkpoint
+    inside an installed package stays absolute."""
+    if not path.is_absolute():
+        return str(path)
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def model_graphs():
+    for model in project().models:
+        for graph in model.graphs.values():
+            yield model, graph
+
+
+def quantized_variants(model: Model):
+    return [v for v in model.variants.values() if not v.is_fp16]
+
+
+def variant_builds(model: Model):
+    """(variant, chip) pairs to build; fp16 on a chip without fp16 is skipped (noted in the summary)."""
+    for variant in model.variants.values():
+        for chip in project().chips_for(model):
+            if variant.is_fp16 and not chip.fp16:
+                continue
+            yield variant, chip
+
+
+def skipped_builds() -> list[str]:
+    notes = []
+    for model in project().models:
+        for variant in model.variants.values():
+            for chip in project().chips_for(model):
+                if variant.is_fp16 and not chip.fp16:
+                    notes.append(f"{model.name}/{variant.name}@{chip.name}: skipped, {chip.name} "
+                                 f"({chip.dsp_arch}) has no fp16 support")
+    from . import toolchains
+    return notes + toolchains.notes(project().toolchain["name"])
+
+
+def compile_input(model: Model, graph: Graph, variant: Variant) -> str:
+    if variant.is_fp16:
+        return layout.float_file(model.name, graph.name, ".sim.onnx")
+    return layout.variant_file(model.name, variant.name, graph.name, ".qdq.onnx")
+
+
+def hook_files(model: Model) -> list[str]:
+    """The hooks file and every Python file beside it (hooks often import helpers by path)."""
+    return list(_python_files(model.folder, model.hooks))
+
+
+@functools.cache
+def _python_files(folder: Path, hooks: Path) -> tuple[str, ...]:
+    # Asked once per task on every doit load: list the folder once per process.
+    return tuple(sorted({rel(hooks), *(rel(p) for p in folder.glob("*.py"))}))
+
+
+def model_data(model: Model) -> tuple[dict, list[str]]:
+    """(params, file_dep) that give a stage the model's data folder, for models with a data stage."""
+    if model.data is None:
+        return {}, []
+    return {"data_dir": layout.data_dir(model.name)}, [f"{layout.data_dir(model.name)}/data.json"]
+
+
+def calibration_files(model: Model, graph: Graph, count: int) -> list[str]:
+    folder = layout.calibration_dir(model.name, graph.name)
+    return [f"{folder}/{layout.raw_name(i, name)}" for i in range(count) for name in graph.inputs]
+
+
+def ranges_file(model: Model, graph: Graph, variant: Variant) -> str:
+    return layout.calibration_ranges(model.name, graph.name, variant.calibration_method, variant.calibration_samples)
+
+
+def chip_params(chip: Chip) -> dict:
+    return {"name": chip.name, "soc_id": chip.soc_id, "dsp_arch": chip.dsp_arch, "vtcm_mb": chip.vtcm_mb}

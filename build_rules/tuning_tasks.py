@@ -1,0 +1,102 @@
+"""Task generators of the tuning loop (not default tasks): report:<model>, sensitivity:<model>/<graph>/<variant> and
+tune:<model>/<variant>. The stages themselves are build_rules/stages/report.py, sensitivity.py and tune.py; tasks.py's
+task_report / task_sensitivity / task_tune creators call these. Loaded with the build file: stays light.
+"""
+from __future__ import annotations
+
+from . import layout
+from .config import Chip, Graph, Model, Variant
+from .project import (chip_params, model_data, hook_files, model_graphs, project, quantized_variants, ranges_file,
+                      rel, stage_task, variant_builds)
+
+
+def report_tasks():
+    if project().toolchain["name"] != "ort-qnn":
+        return  # reads <graph>.compile.json and measures with the emulator runner of onnxruntime-qnn
+    for model in project().models:
+        data_params, data_dep = model_data(model)
+        cells, file_dep = [], []
+        for variant, chip in variant_builds(model):
+            for graph in model.graphs.values():
+                def chip_file(suffix, g=graph.name, v=variant.name, c=chip.name):
+                    return layout.chip_file(model.name, v, c, f"{g}{suffix}")
+                cells.append({"variant": variant.name, "chip": chip.name, "graph": graph.name,
+                              "compile": chip_file(".compile.json"), "ctx_model": chip_file("_ctx.onnx"),
+                              "check": chip_file(".check.json"), "memo": chip_file(".measure.json"),
+                              "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
+                              "gate": graph.gate.as_dict() if graph.gate else None})
+                file_dep += [chip_file(".compile.json"), chip_file("_ctx.onnx"), chip_file(".bin")]
+        file_dep += [layout.float_file(model.name, g, ".evaluation.npz") for g in model.graphs]
+        evaluations = {f"{v.name}@{c.name}": layout.chip_file(model.name, v.name, c.name, "evaluate.json")
+                       for v, c in variant_builds(model)} if model.evaluate else {}
+        outputs = {"markdown": layout.report_file(model.name, ".md"), "png": layout.report_file(model.name, ".png"),
+                   "json": layout.report_file(model.name, ".json")}
+        params = {"model": model.name, "cells": cells, "hooks": rel(model.hooks), "toolchain": project().toolchain,
+                  "variants": {v.name: v.settings() for v in model.variants.values()}, "evaluations": evaluations,
+                  "outputs": outputs, **data_params}
+        yield stage_task("report", model.name, params, [*file_dep, *hook_files(model), *data_dep],
+                          list(outputs.values()), layout.report_file(model.name, ".log"))
+
+
+def _tuning_chip(model: Model) -> Chip:
+    name = model.tuning.chip if model.tuning and model.tuning.chip else model.chips[0]
+    return project().chips.chips[name]
+
+
+def _tuning_graph(model: Model, graph: Graph, variant: Variant) -> dict:
+    return {"name": graph.name, "onnx": layout.float_file(model.name, graph.name, ".sim.onnx"),
+            "ranges": ranges_file(model, graph, variant),
+            "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
+            "variant": variant.settings_for(graph.name)}
+
+
+def _tuning_deps(g: dict) -> list[str]:
+    return [g["onnx"], g["ranges"], g["evaluation"]]
+
+
+def sensitivity_tasks():
+    if project().toolchain["name"] != "ort-qnn":
+        return
+    for model, graph in model_graphs():
+        data_params, data_dep = model_data(model)
+        for variant in quantized_variants(model):
+            g = _tuning_graph(model, graph, variant)
+            outputs = {key: layout.tuning_file(model.name, variant.name, f"{graph.name}.sensitivity.{ext}")
+                       for key, ext in (("json", "json"), ("markdown", "md"), ("png", "png"))}
+            params = {"graph": g, "chip": chip_params(_tuning_chip(model)), "variant_name": variant.name,
+                      "samples": model.tuning.samples if model.tuning else 32, "hooks": rel(model.hooks),
+                      "outputs": outputs, **data_params}
+            yield stage_task("sensitivity", f"{model.name}/{graph.name}/{variant.name}", params,
+                              [*_tuning_deps(g), *hook_files(model), *data_dep], list(outputs.values()),
+                              layout.tuning_file(model.name, variant.name, f"{graph.name}.sensitivity.log"))
+
+
+def tune_tasks():
+    if project().toolchain["name"] != "ort-qnn":
+        return
+    for model in project().models:
+        data_params, data_dep = model_data(model)
+        for variant in quantized_variants(model):
+            graphs, file_dep = [], []
+            for graph in model.graphs.values():
+                g = _tuning_graph(model, graph, variant)
+                target = (model.tuning.targets.get(graph.name) if model.tuning else None) or graph.gate
+                # The sensitivity result is reused when present and made from the same inputs (its key says),
+                # else tune measures the ranking itself: no dependency, so graphs that already meet their
+                # target cost one emulator run, not a sensitivity analysis.
+                g.update(target=target.as_dict() if target else None,
+                         sensitivity=layout.tuning_file(model.name, variant.name, f"{graph.name}.sensitivity.json"))
+                graphs.append(g)
+                file_dep += _tuning_deps(g)
+            new_name = f"{variant.name}_tuned"
+            number = 2
+            while new_name in model.variants:
+                new_name, number = f"{variant.name}_tuned{number}", number + 1
+            outputs = {"toml": layout.tuning_file(model.name, variant.name, ".tuned.toml"),
+                       "json": layout.tuning_file(model.name, variant.name, ".tuned.json")}
+            params = {"model": model.name, "variant": variant.name, "new_name": new_name, "graphs": graphs,
+                      "chip": chip_params(_tuning_chip(model)), "model_toml": rel(model.toml_path),
+                      "samples": model.tuning.samples if model.tuning else 32, "hooks": rel(model.hooks),
+                      "outputs": outputs, **data_params}
+            yield stage_task("tune", f"{model.name}/{variant.name}", params, [*file_dep, *hook_files(model), *data_dep],
+                              list(outputs.values()), layout.tuning_file(model.name, variant.name, ".tune.log"))
