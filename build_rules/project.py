@@ -17,9 +17,25 @@ from .records import record
 from .runner import run_stage
 
 # Bump a stage's number when its output for the same inputs changes: it re-runs that stage everywhere.
-STAGE_VERSIONS = {"data": 1, "evaluate": 1, "evaluate_float": 1, "export": 2, "simplify": 2, "verify": 2, "calibrate": 1, "quantize": 2, "compile": 1,
-                  "check": 2, "package": 2, "calibration_stats": 1, "report": 1, "sensitivity": 1, "tune": 1,
-                  "multi_soc": 1, "dist": 1}
+STAGE_VERSIONS = {
+    "data": 1,
+    "evaluate": 1,
+    "evaluate_float": 1,
+    "export": 2,
+    "simplify": 2,
+    "verify": 2,
+    "calibrate": 1,
+    "quantize": 2,
+    "compile": 1,
+    "check": 2,
+    "package": 2,
+    "calibration_stats": 1,
+    "report": 1,
+    "sensitivity": 1,
+    "tune": 1,
+    "multi_soc": 1,
+    "dist": 1,
+}
 # The Python packages whose version can change each stage's output.
 STAGE_TOOLS = {
     "data": (),
