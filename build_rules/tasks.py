@@ -113,7 +113,11 @@ def _simplify_tasks():
                    "io": layout.float_file(model.name, graph.name, ".io.json")}
         params = {"onnx": source, "inputs": input_specs(graph), "output_names": list(graph.outputs), "outputs": outputs,
                   "where": f"{rel(model.toml_path)} [graphs.{graph.name}]"}
-        yield stage_task("simplify", f"{model.name}/{graph.name}", params, [source], list(outputs.values()),
+        file_dep = [source]
+        if model.onnx:  # its hooks may patch the file (transform(model)) before simplify
+            params["hooks"] = rel(model.hooks)
+            file_dep += hook_files(model)
+        yield stage_task("simplify", f"{model.name}/{graph.name}", params, file_dep, list(outputs.values()),
                           layout.float_file(model.name, graph.name, ".simplify.log"))
 
 
