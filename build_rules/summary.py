@@ -21,7 +21,7 @@ from pathlib import Path
 
 from doit.reporter import ConsoleReporter
 
-from . import layout
+from . import interrupt, layout
 from .project import skipped_builds
 
 
@@ -63,6 +63,8 @@ class SummaryReporter(ConsoleReporter):
     def execute_task(self, task):
         from .plan import Plan, counted
         with self.lock:  # holds other tasks' starts while the plan is made: it must see no work begun
+            if interrupt.received:  # Ctrl-C / SIGTERM: nothing more to say but the one line
+                return
             now = time.time()
             if not counted(task):  # a group, or a hidden task: doit prints no line for it either
                 if task.actions:
@@ -89,6 +91,8 @@ class SummaryReporter(ConsoleReporter):
 
     def add_failure(self, task, fail):
         from doit.exceptions import UnmetDependency
+        if interrupt.received:  # a stage the interrupt stopped (a worker thread's, under -P thread)
+            return
         if isinstance(fail, UnmetDependency):  # doit --continue: a task that needs a failed one (one line, no block)
             self.failures.append({"task": task, "exception": fail})
             if task.actions:
@@ -125,6 +129,9 @@ class SummaryReporter(ConsoleReporter):
             super().skip_uptodate(task)
 
     def complete_run(self):
+        if interrupt.received:
+            self._interrupted()
+            return
         # Failures were written when they happened (add_failure); the stage's own output is in its log,
         # so doit's empty "<stderr>/<stdout>" blocks are left out.
         if self.runtime_errors:
@@ -165,6 +172,15 @@ class SummaryReporter(ConsoleReporter):
             from .bytecode import compile_package
             compile_package()  # the next load (a no-op build, `doit list`) need not compile build_rules again
 
+
+    def _interrupted(self) -> None:
+        """One line for Ctrl-C / SIGTERM (interrupt.py): what finished is kept, what was running stopped."""
+        with self.lock:
+            stopped = sorted(n for n in self.started if self.plan is not None and n in self.plan.started)
+            interrupt.reported = True
+            self.write(f"interrupted ({interrupt.received}): {len(self.ran)} task(s) finished and kept"
+                       + (f", stopped {', '.join(stopped)}" if stopped else "")
+                       + "; `doit` again goes on from there\n")
 
     def _not_run(self) -> int:
         """Planned tasks that never started because doit stopped at a failure (0 under --continue)."""
