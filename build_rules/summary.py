@@ -73,14 +73,25 @@ class SummaryReporter(ConsoleReporter):
             self.decided[task.name] = True
             if self.plan is None:
                 self.plan = Plan(self.tasks, self.selected, self.runner, self.decided, read_build_log())
-                left = self.plan.time_left(self.started, now)
-                self.write(f"{len(self.plan.to_run)} task(s) to run"
-                           + (f", about {_duration(left)} by {BUILD_LOG}" if left is not None else "") + "\n")
+                self.write(f"{len(self.plan.to_run)} task(s) to run{self._estimate(now)}\n")
             self.started[task.name] = now
             k, n = self.plan.start(task.name)
             left = self.plan.time_left(self.started, now)
-            suffix = f"  ({_duration(left)} left)" if left is not None and left >= 1 else ""  # none: no build log yet
+            suffix = ""  # none: no build log yet, or less than a second
+            if left is not None and left >= 1:
+                guessed = self.plan.guessed(self.started)
+                suffix = f"  ({_duration(left)} left" + (f", {guessed} guessed from other tasks" if guessed else "") + ")"
             self.write(f".  [{k}/{n}] {task.title()}{suffix}\n")
+
+    def _estimate(self, now: float) -> str:
+        """', about 2 min 06 s by <build log>' and what that rests on: cache hits, tasks timed by others."""
+        left = self.plan.time_left(self.started, now)
+        if left is None:
+            return ""
+        hits, guessed = len(self.plan.hits), self.plan.guessed(self.started)
+        basis = ([f"{hits} in the build cache"] if hits else []) + \
+            ([f"{guessed} never ran here: each counted as the median of its stage"] if guessed else [])
+        return f", about {_duration(left)} by {BUILD_LOG}" + (f" ({'; '.join(basis)})" if basis else "")
 
     def add_success(self, task):
         if task.actions:
