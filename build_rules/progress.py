@@ -155,9 +155,12 @@ console = None
 
 # The stage processes doit is waiting for: an interrupt stops them all (interrupt.py), also those of worker threads.
 _running: set = set()
+_stopping = False
 
 
 def stop_stages() -> None:
+    global _stopping
+    _stopping = True  # a stage a worker thread starts after this is stopped as it starts
     for proc in list(_running):
         try:
             proc.kill()
@@ -171,6 +174,8 @@ def follow(proc, log: str, task: str) -> int:
     poll = min(1.0, interval() / 2)
     position = 0
     _running.add(proc)
+    if _stopping:
+        proc.kill()
     try:
         while True:
             try:

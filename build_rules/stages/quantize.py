@@ -112,8 +112,9 @@ def check_quantized(qdq_model: str, float_model: str, name: str, target: str) ->
     cause = renamed_tensors(float_model, qdq_model)
     raise BuildError(f"{name}: onnxruntime's quantizer wrote an invalid QDQ model ({target} is not written): "
                      f"{problem}" + (f"; cause: {cause}" if cause else
-                                     f"; the float model {float_model} loads, so the quantizer broke it: the fp16 "
-                                     "variant does not quantize; or report it with that file"))
+                                     f"; the float model {float_model} loads, so the quantizer broke it: patch the "
+                                     "graph (a transform(model) hook for an ONNX-only model), use an fp16 variant "
+                                     "(not quantized), or report it to onnxruntime with that file"))
 
 
 def _first_line(error: Exception) -> str:
