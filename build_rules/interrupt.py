@@ -19,8 +19,9 @@ def install() -> None:
     """Once per build, from doit_config (the main thread). A handler someone else installed is left alone."""
     global received, reported
     received, reported = None, False
-    from . import progress
-    progress._stopping = False  # tests run several builds in one process
+    progress = sys.modules.get(f"{__package__}.progress")  # not imported for `doit list`
+    if progress is not None:
+        progress._stopping = False  # tests run several builds in one process
     for signum in (signal.SIGTERM, signal.SIGINT):
         current = signal.getsignal(signum)
         if current in (signal.SIG_DFL, signal.default_int_handler, None) or current is _interrupt:
