@@ -12,11 +12,14 @@ may have, but the tasks reading that task's outputs are counted anyway), so it s
 see.
 
 The time left is the sum over the tasks still to run of their seconds in out/.build-state/build.log (the last
-time each ran; a task never seen counts as the median of its stage, else of all), minus what the running ones
-have done, divided by the number of jobs.
+time each ran; a task never seen counts as the median of its stage, else of all: the estimate says how many),
+minus what the running ones have done, divided by the number of jobs. A task whose outputs the local build cache
+holds (see cache_hits) counts as its last restore from the cache, a fraction of a second, not as its work.
 """
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import time
 
@@ -27,7 +30,8 @@ class Plan:
         self.jobs = max(getattr(runner, "num_process", 1) or 1, 1)
         self.to_run = predict(tasks, selected, _status_check(runner, tasks), decided)
         self.started: set[str] = set()
-        self.seconds = last_seconds(log_rows)
+        self.seconds, self.restore_seconds = last_seconds(log_rows)
+        self.hits = cache_hits(tasks, self.to_run) if self.seconds or self.restore_seconds else set()
 
     def start(self, name: str) -> tuple[int, int]:
         """[k/N] of a task that starts now."""
@@ -42,7 +46,7 @@ class Plan:
 
     def time_left(self, running: dict[str, float], now: float | None = None) -> float | None:
         """Seconds until the planned tasks are done (None: no build recorded yet). running: name -> start time."""
-        if not self.seconds:
+        if not (self.seconds or self.restore_seconds):
             return None
         now = time.time() if now is None else now
         left = [self.estimate(n) for n in self.to_run if n not in self.started]
@@ -51,20 +55,80 @@ class Plan:
             return 0.0
         return max(sum(left) / min(self.jobs, len(left)), max(left))
 
+    def guessed(self, running: dict[str, float]) -> int:
+        """How many of the tasks left (not started, or running) never ran here: their time is another task's."""
+        left = [n for n in self.to_run if n not in self.started] + [n for n in running if n in self.to_run]
+        return sum(n not in self.hits and n not in self.seconds for n in left)
+
     def estimate(self, name: str) -> float:
+        if name in self.hits:  # a copy from the build cache: the last restore's time, or a typical one
+            if name in self.restore_seconds:
+                return self.restore_seconds[name]
+            return statistics.median(self.restore_seconds.values()) if self.restore_seconds else RESTORE_SECONDS
         if name in self.seconds:
             return self.seconds[name]
         stage = name.split(":", 1)[0]
         same_stage = [s for n, s in self.seconds.items() if n.split(":", 1)[0] == stage]
-        return statistics.median(same_stage or self.seconds.values())
+        return statistics.median(same_stage or self.seconds.values() or self.restore_seconds.values())
 
 
-def last_seconds(rows) -> dict[str, float]:
-    """task -> seconds of the last time it ran; a task only ever restored from the cache or failed: that time."""
-    ran, other = {}, {}
+RESTORE_SECONDS = 0.05  # a restore when the build log has none yet (copying a few files)
+
+
+def last_seconds(rows) -> tuple[dict[str, float], dict[str, float]]:
+    """(task -> seconds of the last time it ran, else failed; task -> seconds of its last restore from the cache)."""
+    ran, failed, restored = {}, {}, {}
     for _, seconds, how, task in rows:
-        (ran if how == "ran" else other)[task] = seconds
-    return {**other, **ran}
+        {"ran": ran, "restored": restored}.get(how, failed)[task] = seconds
+    return {**failed, **ran}, restored
+
+
+def cache_hits(tasks: dict, to_run: set[str]) -> set[str]:
+    """The planned tasks whose outputs the local build cache holds for the inputs they will have: files already in
+    place, or the stored outputs of another hit (the cache entry records their digests). A miss makes its readers
+    unknown, so they count as work; the remote tier is not asked (no network while planning)."""
+    from .cache import cache_root, entry_key
+    from .hashing import stat_cache
+    root = cache_root()
+    if root is None or not root.is_dir():
+        return set()
+    producer = {target: task.name for task in tasks.values() for target in task.targets}
+    digests: dict[str, str] = {}  # target -> its digest once a hit restored it
+    verdict: dict[str, bool] = {}
+
+    def hit(name: str) -> bool:
+        if name in verdict:
+            return verdict[name]
+        verdict[name] = False
+        action = next((a for a in tasks[name].actions if (getattr(a, "kwargs", None) or {}).get("cache_key")), None)
+        if action is None:
+            return False
+        inputs = []
+        for path in action.kwargs.get("file_dep", ()):
+            made_by = producer.get(path)
+            if made_by in to_run:
+                if not hit(made_by) or path not in digests:
+                    return False
+                inputs.append(digests[path])
+                continue
+            try:
+                inputs.append(stat_cache().digest(path, os.stat(path)))
+            except OSError:
+                return False
+        key = action.kwargs["cache_key"]
+        entry = entry_key(key if isinstance(key, str) else key.digest, inputs)
+        try:
+            stored = json.loads((root / entry[:2] / entry / "entry.json").read_text()).get("digests") or []
+        except (OSError, ValueError):
+            return False
+        targets = action.args[2]
+        if len(stored) != len(targets):
+            return False
+        digests.update(zip(targets, stored))
+        verdict[name] = True
+        return True
+
+    return {name for name in to_run if hit(name)}
 
 
 def counted(task) -> bool:

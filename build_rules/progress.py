@@ -153,11 +153,29 @@ def format_seconds(seconds: float) -> str:
 console = None
 
 
+# The stage processes doit is waiting for: an interrupt stops them all (interrupt.py), also those of worker threads.
+_running: set = set()
+_stopping = False
+
+
+def stop_stages() -> None:
+    global _stopping
+    _stopping = True  # a stage a worker thread starts after this is stopped as it starts
+    for proc in list(_running):
+        try:
+            proc.kill()
+        except OSError:
+            pass
+
+
 def follow(proc, log: str, task: str) -> int:
     """Wait for the stage process; meanwhile copy its progress lines from its log to the console. Returns
     the exit code. On any exception (Ctrl-C) the stage is killed, as subprocess.call does."""
     poll = min(1.0, interval() / 2)
     position = 0
+    _running.add(proc)
+    if _stopping:
+        proc.kill()
     try:
         while True:
             try:
@@ -171,6 +189,8 @@ def follow(proc, log: str, task: str) -> int:
         proc.kill()
         proc.wait()
         raise
+    finally:
+        _running.discard(proc)
 
 
 def _forward(log: str, position: int, task: str) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from doit.reporter import ConsoleReporter
 
-from . import layout
+from . import interrupt, layout
 from .project import skipped_builds
 
 
@@ -63,6 +63,8 @@ class SummaryReporter(ConsoleReporter):
     def execute_task(self, task):
         from .plan import Plan, counted
         with self.lock:  # holds other tasks' starts while the plan is made: it must see no work begun
+            if interrupt.received:  # Ctrl-C / SIGTERM: nothing more to say but the one line
+                return
             now = time.time()
             if not counted(task):  # a group, or a hidden task: doit prints no line for it either
                 if task.actions:
@@ -71,14 +73,25 @@ class SummaryReporter(ConsoleReporter):
             self.decided[task.name] = True
             if self.plan is None:
                 self.plan = Plan(self.tasks, self.selected, self.runner, self.decided, read_build_log())
-                left = self.plan.time_left(self.started, now)
-                self.write(f"{len(self.plan.to_run)} task(s) to run"
-                           + (f", about {_duration(left)} by {BUILD_LOG}" if left is not None else "") + "\n")
+                self.write(f"{len(self.plan.to_run)} task(s) to run{self._estimate(now)}\n")
             self.started[task.name] = now
             k, n = self.plan.start(task.name)
             left = self.plan.time_left(self.started, now)
-            suffix = f"  ({_duration(left)} left)" if left is not None and left >= 1 else ""  # none: no build log yet
+            suffix = ""  # none: no build log yet, or less than a second
+            if left is not None and left >= 1:
+                guessed = self.plan.guessed(self.started)
+                suffix = f"  ({_duration(left)} left" + (f", {guessed} guessed from other tasks" if guessed else "") + ")"
             self.write(f".  [{k}/{n}] {task.title()}{suffix}\n")
+
+    def _estimate(self, now: float) -> str:
+        """', about 2 min 06 s by <build log>' and what that rests on: cache hits, tasks timed by others."""
+        left = self.plan.time_left(self.started, now)
+        if left is None:
+            return ""
+        hits, guessed = len(self.plan.hits), self.plan.guessed(self.started)
+        basis = ([f"{hits} in the build cache"] if hits else []) + \
+            ([f"{guessed} never ran here: each counted as the median of its stage"] if guessed else [])
+        return f", about {_duration(left)} by {BUILD_LOG}" + (f" ({'; '.join(basis)})" if basis else "")
 
     def add_success(self, task):
         if task.actions:
@@ -89,6 +102,8 @@ class SummaryReporter(ConsoleReporter):
 
     def add_failure(self, task, fail):
         from doit.exceptions import UnmetDependency
+        if interrupt.received:  # a stage the interrupt stopped (a worker thread's, under -P thread)
+            return
         if isinstance(fail, UnmetDependency):  # doit --continue: a task that needs a failed one (one line, no block)
             self.failures.append({"task": task, "exception": fail})
             if task.actions:
@@ -125,6 +140,9 @@ class SummaryReporter(ConsoleReporter):
             super().skip_uptodate(task)
 
     def complete_run(self):
+        if interrupt.received:
+            self._interrupted()
+            return
         # Failures were written when they happened (add_failure); the stage's own output is in its log,
         # so doit's empty "<stderr>/<stdout>" blocks are left out.
         if self.runtime_errors:
@@ -165,6 +183,15 @@ class SummaryReporter(ConsoleReporter):
             from .bytecode import compile_package
             compile_package()  # the next load (a no-op build, `doit list`) need not compile build_rules again
 
+
+    def _interrupted(self) -> None:
+        """One line for Ctrl-C / SIGTERM (interrupt.py): what finished is kept, what was running stopped."""
+        with self.lock:
+            stopped = sorted(n for n in self.started if self.plan is not None and n in self.plan.started)
+            interrupt.reported = True
+            self.write(f"interrupted ({interrupt.received}): {len(self.ran)} task(s) finished and kept"
+                       + (f", stopped {', '.join(stopped)}" if stopped else "")
+                       + "; `doit` again goes on from there\n")
 
     def _not_run(self) -> int:
         """Planned tasks that never started because doit stopped at a failure (0 under --continue)."""

@@ -11,7 +11,7 @@ import functools
 import os
 import sys
 
-from . import dist_tasks, layout, remote_cache, tuning_tasks
+from . import dist_tasks, interrupt, layout, remote_cache, tuning_tasks
 from .config import ConfigError, Model
 from .hashing import ContentChecker, use_stat_cache
 from .project import (STATE_DIR, chip_params, calibration_files, compile_input, model_data, hook_files, input_specs,
@@ -113,7 +113,11 @@ def _simplify_tasks():
                    "io": layout.float_file(model.name, graph.name, ".io.json")}
         params = {"onnx": source, "inputs": input_specs(graph), "output_names": list(graph.outputs), "outputs": outputs,
                   "where": f"{rel(model.toml_path)} [graphs.{graph.name}]"}
-        yield stage_task("simplify", f"{model.name}/{graph.name}", params, [source], list(outputs.values()),
+        file_dep = [source]
+        if model.onnx:  # its hooks may patch the file (transform(model)) before simplify
+            params["hooks"] = rel(model.hooks)
+            file_dep += hook_files(model)
+        yield stage_task("simplify", f"{model.name}/{graph.name}", params, file_dep, list(outputs.values()),
                           layout.float_file(model.name, graph.name, ".simplify.log"))
 
 
@@ -422,18 +426,6 @@ for _creator in __all__:
     if _creator.startswith("task_"):
         globals()[_creator].__wrapped__ = sys.modules[__name__]
 
-def _interrupt_on_sigterm() -> None:
-    """doit saves its state only when a Python exception unwinds it: Ctrl-C does, SIGTERM (CI timeouts,
-    `kill`) would not, and every finished task would be forgotten. Treat SIGTERM like Ctrl-C."""
-    import signal
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, interrupt)
-
-
 _startup_frozen = False
 
 
@@ -459,7 +451,7 @@ def doit_config() -> dict:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(3) from None
     os.makedirs(STATE_DIR, exist_ok=True)
-    _interrupt_on_sigterm()
+    interrupt.install()  # Ctrl-C and SIGTERM: state kept, one line, stages stopped
     remove_stale_staging()
     use_stat_cache(f"{STATE_DIR}/stat-cache.json")
     _freeze_startup_objects()

@@ -10,11 +10,16 @@ import sys
 
 from conftest import ROOT, TEST_MODELS, make_repo, run_doit, write_tinynet_checkpoints
 
-MARK = re.compile(r"^\.  \[(\d+)/(\d+)\] (\S+)(?:  \((.+) left\))?$", re.M)
+MARK = re.compile(r"^\.  \[(\d+)/(\d+)\] (\S+)(?:  \((.+?) left(?:, (\d+) guessed from other tasks)?\))?$", re.M)
 
 
 def markers(output: str) -> list[tuple[int, int, str, str]]:
-    return [(int(k), int(n), name, left) for k, n, name, left in MARK.findall(output)]
+    return [(int(k), int(n), name, left) for k, n, name, left, _ in MARK.findall(output)]
+
+
+def guessed(output: str) -> list[int]:
+    """Per started task, how many of the tasks left the time-left estimate timed by other tasks."""
+    return [int(g or 0) for *_, g in MARK.findall(output)]
 
 
 def change_head_checkpoint(repo) -> None:
@@ -52,16 +57,36 @@ def test_each_started_task_says_k_of_n_and_the_time_left(tinynet_repo):
     assert {name for _, _, name, _ in marks} == result.ran
 
     total = 14 * 10.0 + 4 * 2.0  # 14 stage tasks of 10 s, 4 packages of 2 s (one of them the stage's median)
-    assert f"18 task(s) to run, about {format_seconds(total)} by out/.build-state/build.log\n" in result.output
+    assert (f"18 task(s) to run, about {format_seconds(total)} by out/.build-state/build.log (1 never ran here: "
+            "each counted as the median of its stage)\n") in result.output
     assert marks[0][2:] == ("export:tinynet/head", format_seconds(total))
     assert marks[1][2:] == ("simplify:tinynet/head", format_seconds(total - 10))  # export is done
     assert marks[2][3] == format_seconds(total - 20)
+    started = [name for _, _, name, _ in marks]
+    first_package = started.index("package:tinynet/w8a16@SM8750")  # the guessed one: said until it starts
+    assert guessed(result.output) == [1] * (first_package + 1) + [0] * (17 - first_package)
 
     slowest = re.search(r"^  wall time (.+); slowest: (\S+) .+, (\S+) .+, (\S+) .+$", result.output, re.M)
     assert slowest, result.output
     rows = sorted(read_build_log(str(tinynet_repo / "out/.build-state/build.log"), last_build=True),
                   key=lambda row: -row[1])
     assert list(slowest.groups()[1:]) == [task for _, _, _, task in rows[:3]]
+
+
+def test_tasks_the_build_cache_holds_count_as_their_restore_not_their_work(tinynet_repo):
+    """A rebuild restored from the cache in well under a second said "2 min 06 s left": its tasks counted as their
+    last real run. Forgotten, simplify:tinynet/head and every task reading it are stale, and the cache holds them."""
+    from build_rules.progress import format_seconds
+    write_build_log(tinynet_repo, lambda n: 0.2 if n.startswith("package:") else 10.0)  # one restore: 0.1 s
+    assert run_doit(tinynet_repo, "forget", "simplify:tinynet/head").output == "forgetting simplify:tinynet/head\n"
+    result = run_doit(tinynet_repo)
+    assert result.code == 0, result.output
+    hits = 12  # simplify, verify, calibration_stats, quantize, 4 compiles and 4 checks of the head graph
+    total = hits * 0.1 + 4 * 0.2  # the 4 packages are not cached: their own 0.2 s
+    assert (f"16 task(s) to run, about {format_seconds(total)} by out/.build-state/build.log ({hits} in the build "
+            "cache)\n") in result.output
+    assert result.ran == {"simplify:tinynet/head"}  # restored with the same bytes: its readers stay up to date
+    assert "(1 restored from the build cache)" in result.output
 
 
 def test_k_of_n_with_two_threads(tinynet_repo):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,8 +35,12 @@ def start_doit(repo: Path, *args: str, log_name: str = "doit.log") -> subprocess
 
 
 def finished_tasks(repo: Path) -> set[str]:
-    """Tasks whose success doit has recorded (the journal is written as tasks finish)."""
-    finished = set()
+    """Tasks whose success doit has recorded: the snapshot (a clean exit, also after Ctrl-C or SIGTERM, folds the
+    journal into it) and the journal, written as tasks finish (all there is after a kill -9)."""
+    state = {}
+    snapshot = repo / "out/.build-state/doit.json"
+    if snapshot.exists() and snapshot.read_text().strip():
+        state = {task: set(values) for task, values in json.loads(snapshot.read_text()).items()}
     journal = repo / "out/.build-state/doit.json.journal"
     if journal.exists():
         for line in journal.read_text().splitlines():
@@ -43,9 +48,13 @@ def finished_tasks(repo: Path) -> set[str]:
                 op = json.loads(line)
             except ValueError:
                 break
-            if op[0] == "set" and op[2] == "deps:":
-                finished.add(op[1])
-    return finished
+            if op[0] == "set":
+                state.setdefault(op[1], set()).add(op[2])
+            elif op[0] == "remove":
+                state.pop(op[1], None)
+            elif op[0] == "remove_all":
+                state.clear()
+    return {task for task, values in state.items() if "deps:" in values}
 
 
 def wait_until(predicate, timeout=300.0):
@@ -91,10 +100,45 @@ def test_sigterm_keeps_finished_work(tmp_path, built_tinynet):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) != 0
     done = {t for t in finished_tasks(repo) if ":" in t}
+    assert 10 <= len(done) < ALL_TASKS
+    log = (repo / "doit.log").read_text()
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
+    last = log.splitlines()[-1]  # one line, instead of the summary and a traceback
+    assert re.fullmatch(rf"interrupted \(SIGTERM\): {len(done)} task\(s\) finished and kept, stopped \S+; "
+                        r"`doit` again goes on from there", last), log
     result = run_doit(repo)
     assert result.code == 0, result.output
     assert not result.ran & done
     same_binaries(repo, built_tinynet)
+
+
+def stage_processes(repo: Path) -> list[str]:
+    """Command lines of the live stage processes working for this repo (their staging folder is in it)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "build_rules.stage_main" in text and f"{repo.resolve()}/out/.staging" in text:
+            found.append(text)
+    return found
+
+
+def test_ctrl_c_under_threads_stops_every_running_stage_and_prints_one_line(tmp_path):
+    """SIGINT to doit alone (not its process group, as a terminal would): the stages of both worker threads stop."""
+    repo = fresh_tinynet(tmp_path)
+    proc = start_doit(repo, "-n", "2", "-P", "thread")
+    wait_until(lambda: len(stage_processes(repo)) == 2)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) != 0
+    log = (repo / "doit.log").read_text()
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
+    assert re.fullmatch(r"interrupted \(Ctrl-C\): \d+ task\(s\) finished and kept, stopped \S+, \S+; `doit` again "
+                        r"goes on from there", log.splitlines()[-1]), log
+    assert "summary:" not in log
+    time.sleep(0.5)
+    assert stage_processes(repo) == []
 
 
 def test_two_doit_runs_at_once_wait_for_each_other(tmp_path, built_tinynet):

@@ -564,3 +564,158 @@ per_channel = true
     assert io["outputs"] == [{"name": "save_infer_model/scale_0.tmp_1", "shape": [1, 2], "dtype": "float32"}]
     check = json.loads((repo / "out/ppocr_cls/w8a8/SM8750/cls.check.json").read_text())
     assert check["summary"]["cosine"] >= 0.99
+
+
+# --- 9. a bias shared by several Convs (tf2onnx) ---------------------------------------------------------------
+
+SHARED_BIAS = "const_fold_opt__5"
+
+
+def tf2onnx_shared_bias_graph():
+    """What tf2onnx writes for a Keras conv stack on NHWC audio features: a Transpose in and out, and one bias
+    initializer shared by three Convs (its constant dedupe merges equal constants; onnxsim does the same), named
+    const_fold_opt__<n>. Another constant is <bias>1 and the last activation is <bias>2: tf2onnx numbers every name
+    it makes from one counter, so such neighbours occur."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    bias = SHARED_BIAS
+    initializers = [numpy_helper.from_array((rng.standard_normal(36) * 0.1).astype(np.float32), bias),
+                    numpy_helper.from_array(np.array([1, 4, 8, 8], np.int64), bias + "1")]
+    initializers += [numpy_helper.from_array((rng.standard_normal((36, 4 if i == 0 else 36, 3, 3)) * 0.2)
+                                             .astype(np.float32), f"conv{i}/kernel") for i in range(3)]
+    nodes = [helper.make_node("Transpose", ["input_1:0"], ["Transpose__1:0"], perm=[0, 3, 1, 2], name="Transpose__1"),
+             helper.make_node("Reshape", ["Transpose__1:0", bias + "1"], ["Reshape__2:0"], name="Reshape__2")]
+    previous = "Reshape__2:0"
+    for i in range(3):
+        relu = bias + "2" if i == 2 else f"Relu__{i}:0"
+        nodes += [helper.make_node("Conv", [previous, f"conv{i}/kernel", bias], [f"Conv__{i}:0"], pads=[1, 1, 1, 1],
+                                   name=f"Conv__{i}"),
+                  helper.make_node("Relu", [f"Conv__{i}:0"], [relu], name=f"Relu__{i}")]
+        previous = relu
+    nodes.append(helper.make_node("Transpose", [previous], ["output:0"], perm=[0, 2, 3, 1], name="Transpose__10"))
+    graph = helper.make_graph(nodes, "tf2onnx", [helper.make_tensor_value_info("input_1:0", TensorProto.FLOAT,
+                                                                               [1, 8, 8, 4])],
+                              [helper.make_tensor_value_info("output:0", TensorProto.FLOAT, [1, 8, 8, 36])],
+                              initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="tf2onnx")
+
+
+W8A16 = '[variants.w8a16]\nactivations = "uint16"\nweights = "uint8"\nper_channel = true\n'
+
+
+def test_a_bias_shared_by_several_convs_gets_a_copy_per_conv_and_the_model_builds(tmp_path):
+    repo = onnx_only_repo(tmp_path, "audio.onnx", "input_1:0", [1, 8, 8, 4], W8A16, write=tf2onnx_shared_bias_graph)
+    result = run_doit(repo, "compile:det/net/w8a16@SM8750")  # where the user's build failed
+    assert result.code == 0, result.output
+    log = (repo / "out/det/float/net.simplify.log").read_text()
+    assert "1 shared bias initializer(s) copied, one per node that reads them" in log
+    import onnx
+    simplified = onnx.load(repo / "out/det/float/net.sim.onnx")
+    assert [n.input[2] for n in simplified.graph.node if n.op_type == "Conv"] == \
+        [SHARED_BIAS, f"{SHARED_BIAS}_Conv__1", f"{SHARED_BIAS}_Conv__2"]
+    compiled = json.loads((repo / "out/det/w8a16/SM8750/net.compile.json").read_text())
+    assert (repo / "out/det/w8a16/SM8750/net.bin").stat().st_size == compiled["bytes"] > 0
+
+
+def test_an_invalid_qdq_model_fails_quantize_naming_the_tensor_and_the_cause(tmp_path):
+    """The same graph quantized without the simplify stage's copies (what the user's build did): onnxruntime's
+    quantizer copies the bias as const_fold_opt__52, the last Relu's output; the quantize stage names it."""
+    import numpy as np
+    import onnx
+
+    from build_rules.errors import BuildError
+    from build_rules.stages import quantize
+    source = tmp_path / "audio.onnx"
+    onnx.save(tf2onnx_shared_bias_graph(), source)
+    rng = np.random.default_rng(1)
+    lines = []
+    for i in range(4):
+        rng.standard_normal((1, 8, 8, 4)).astype(np.float32).tofile(tmp_path / f"{i}.raw")
+        lines.append(str(tmp_path / f"{i}.raw"))
+    (tmp_path / "input_list.txt").write_text("\n".join(lines) + "\n")
+    target = "out/det/w8a16/net.qdq.onnx"
+    params = {"name": "quantize:det/net/w8a16", "onnx": str(source), "input_list": str(tmp_path / "input_list.txt"),
+              "inputs": {"input_1:0": {"shape": [1, 8, 8, 4], "dtype": "float32"}},
+              "variant": {"activations": "uint16", "weights": "uint8", "per_channel": True,
+                          "calibration_method": "minmax", "calibration_samples": 4, "overrides": {}},
+              "outputs": {"onnx": str(tmp_path / "staged.qdq.onnx")}, "final_outputs": {"onnx": target}}
+    with pytest.raises(BuildError) as failure:
+        quantize.run(params)
+    assert str(failure.value) == (
+        "quantize:det/net/w8a16: onnxruntime's quantizer wrote an invalid QDQ model (out/det/w8a16/net.qdq.onnx is "
+        "not written): onnxruntime's CPU EP refuses it: Node (Transpose__10) Op (Transpose) [TypeInferenceError] "
+        "Invalid attribute perm {0, 2, 3, 1}, input shape = {36}; cause: the quantizer copied bias "
+        "'const_fold_opt__5' (shared by 3 nodes: Conv__0, Conv__1, Conv__2) as 'const_fold_opt__52', which is "
+        "already the output of node 'Relu__2' (Relu): the nodes reading that output now read the initializer -- "
+        "fix: give each node its own copy of 'const_fold_opt__5' (the simplify stage does it for biases of Conv, "
+        "ConvTranspose, Gemm, InstanceNormalization, LayerNormalization), or rename that output, e.g. in a "
+        "transform(model) hook for an ONNX-only model")
+
+
+# --- 10. an ONNX-only model's transform(model) hook -----------------------------------------------------------
+
+TRANSFORM = '''
+def transform(model):
+    """Our name for the output instead of tf2onnx's."""
+    for node in model.graph.node:
+        node.output[:] = ["scores" if o == "output:0" else o for o in node.output]
+    model.graph.output[0].name = "scores"
+    return model
+'''
+
+
+def test_an_onnx_only_models_transform_hook_patches_the_file_in_the_build(tmp_path):
+    repo = onnx_only_repo(tmp_path, "audio.onnx", "input_1:0", [1, 8, 8, 4], W8A16, write=tf2onnx_shared_bias_graph)
+    hooks, toml = repo / "models/det/hooks.py", repo / "models/det/model.toml"
+    hooks.write_text(hooks.read_text() + TRANSFORM)
+    edit(toml, "[graphs.net]\n", '[graphs.net]\noutputs = ["scores"]\n')  # true only after the transform
+    result = run_doit(repo, "verify:det/net")
+    assert result.code == 0, result.output
+    assert result.ran == {"simplify:det/net", "verify:det/net"}
+    assert "models/det/audio.onnx: transformed by models/det/hooks.py: transform(model)" in \
+        (repo / "out/det/float/net.simplify.log").read_text()
+    io = json.loads((repo / "out/det/float/net.io.json").read_text())
+    assert io["outputs"] == [{"name": "scores", "shape": [1, 8, 8, 36], "dtype": "float32"}]
+    # verify compared the simplified graph with the transformed file (the original has no output 'scores')
+    assert json.loads((repo / "out/det/float/net.verify.json").read_text())["metrics"]["scores"]["max_abs"] < 1e-5
+    assert run_doit(repo, "verify:det/net").ran == set()
+
+    edit(hooks, '"scores"', '"logits"')  # a new patch: simplify runs again (the hooks file is its input)
+    edit(toml, 'outputs = ["scores"]', 'outputs = ["logits"]')
+    assert run_doit(repo, "verify:det/net").ran == {"simplify:det/net", "verify:det/net"}
+
+
+@pytest.mark.parametrize("body, message", [
+    ("    raise ValueError('no node Conv__9')",
+     "hooks.py: transform(model) failed: ValueError: no node Conv__9"),
+    ("    model.graph.name = 'patched'",
+     "hooks.py: transform(model) returned NoneType, expected an onnx.ModelProto (return the model, "
+     "changed in place or new)"),
+])
+def test_a_transform_that_raises_or_returns_no_model_is_named(tmp_path, monkeypatch, body, message):
+    """The simplify stage's run() in this process (a stage process would only add its start-up)."""
+    import onnx
+
+    from build_rules.errors import BuildError
+    from build_rules.stages import simplify
+    monkeypatch.chdir(tmp_path)
+    onnx.save(tf2onnx_shared_bias_graph(), "audio.onnx")
+    Path("hooks.py").write_text(f"def transform(model):\n{body}\n")
+    params = {"name": "simplify:det/net", "onnx": "audio.onnx", "hooks": "hooks.py", "output_names": [],
+              "inputs": {"input_1:0": {"shape": [1, 8, 8, 4], "dtype": "float32"}}, "where": "model.toml [graphs.net]",
+              "outputs": {"onnx": "net.sim.onnx", "io": "net.io.json"}}
+    with pytest.raises(BuildError) as failure:
+        simplify.run(params)
+    assert str(failure.value) == message
+    assert not Path("net.sim.onnx").exists()
+
+
+def test_a_transform_hook_of_a_pytorch_model_is_refused_at_export(tmp_path):
+    repo = tinynet(tmp_path)
+    hooks = repo / "models/tinynet/hooks.py"
+    hooks.write_text(hooks.read_text() + "\ndef transform(model):\n    return model\n")
+    result = run_doit(repo, "export:tinynet/head")
+    assert result.code != 0
+    assert ("models/tinynet/hooks.py: transform(model) is a hook of ONNX-only models ([model] onnx = ... in "
+            "models/tinynet/model.toml); change the module in build() instead") in result.output

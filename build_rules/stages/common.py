@@ -66,6 +66,25 @@ def build_module(hooks, params: dict):
     return module.eval()
 
 
+def transformed(hooks, model, hooks_path: str):
+    """An ONNX-only model after the hooks' transform(model) -> model, if they have one: the user's patch of the
+    file (un-share a tensor, rename an output, cut off post-processing) runs in the build, before simplify."""
+    if not hasattr(hooks, "transform"):
+        return model
+    import onnx
+    try:
+        result = hooks.transform(model)
+    except BuildError:
+        raise
+    except Exception as e:
+        raise BuildError(f"{hooks_path}: transform(model) failed: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}") from e
+    if not isinstance(result, onnx.ModelProto):
+        raise BuildError(f"{hooks_path}: transform(model) returned {type(result).__name__}, expected an "
+                         "onnx.ModelProto (return the model, changed in place or new)")
+    return result
+
+
 def guard_checkpoint_loading(params: dict) -> None:
     """Checkpoints are untrusted input: torch.load runs with weights_only=True (plain tensors, no
     pickled code) unless model.toml says trusted_checkpoints = true."""

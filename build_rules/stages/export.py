@@ -19,10 +19,13 @@ TORCHSCRIPT_OPSET = 17  # what the examples were verified with; dynamo's default
 
 
 def run(params: dict) -> dict:
+    hooks = load_hooks(params["hooks"], params.get("data_dir"), params.get("checkpoints"))
+    if hasattr(hooks, "transform"):  # it would never run: simplify applies it to ONNX-only models only
+        raise BuildError(f"{params['hooks']}: transform(model) is a hook of ONNX-only models ([model] onnx = ... in "
+                         f"{params['model_toml']}); change the module in build() instead")
     import numpy as np
     import torch
 
-    hooks = load_hooks(params["hooks"], params.get("data_dir"), params.get("checkpoints"))
     module = build_module(hooks, params)
     inputs = params["inputs"]
     # Zeros are enough to trace a static graph; real data is used by verify.

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from ..errors import BuildError
 from .common import read_input_list
+from .simplify import BIAS_OPS
 
-VERSION = 2  # 2: warns about graph outputs clamped by an activation
+VERSION = 3  # 2: warns about graph outputs clamped by an activation; 3: an invalid QDQ model fails here
 
 
 def run(params: dict) -> dict:
@@ -36,6 +37,7 @@ def run(params: dict) -> dict:
             model, _, variant = params["name"].split(":", 1)[1].split("/")
             where = f" (fix overrides / node_overrides of [variants.{variant}] in models/{model}/model.toml)"
         raise BuildError(f"{params['name']}: {e}{where}") from e
+    check_quantized(params["outputs"]["onnx"], params["onnx"], params["name"], params["final_outputs"]["onnx"])
     values = {"calibration": "reused" if params.get("ranges") else "ran"}
     warnings = [f"{params['name']}: {w}" for w in narrowed_outputs(params["outputs"]["onnx"], params.get("ranges"))]
     for warning in warnings:
@@ -84,3 +86,67 @@ def narrowed_outputs(qdq_model: str, ranges: str | None) -> list[str]:
                          "that no op reads, e.g. torch.stack([h, c]) or torch.stack([state]) (a `* 1` or .clone() "
                          "is optimised away)")
     return found
+
+
+def check_quantized(qdq_model: str, float_model: str, name: str, target: str) -> None:
+    """The QDQ model must load: onnx's shape inference and onnxruntime's CPU EP, which resolves every node's types
+    and shapes. onnxruntime's quantizer can write a model that does not (see simplify.unshare_biases); the compiler
+    would then fail with the same words and no node to blame. Fails naming the tensor and the cause when found."""
+    import onnx
+    import onnxruntime as ort
+    problem = None
+    try:
+        onnx.shape_inference.infer_shapes(onnx.load(qdq_model), check_type=True, strict_mode=True)
+    except Exception as e:
+        problem = f"onnx's shape inference refuses it: {_first_line(e)}"
+    if problem is None:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # loading checks types; no more
+        options.log_severity_level = 3
+        try:
+            ort.InferenceSession(qdq_model, options, providers=["CPUExecutionProvider"])
+        except Exception as e:
+            problem = f"onnxruntime's CPU EP refuses it: {_first_line(e)}"
+    if problem is None:
+        return
+    cause = renamed_tensors(float_model, qdq_model)
+    raise BuildError(f"{name}: onnxruntime's quantizer wrote an invalid QDQ model ({target} is not written): "
+                     f"{problem}" + (f"; cause: {cause}" if cause else
+                                     f"; the float model {float_model} loads, so the quantizer broke it: patch the "
+                                     "graph (a transform(model) hook for an ONNX-only model), use an fp16 variant "
+                                     "(not quantized), or report it to onnxruntime with that file"))
+
+
+def _first_line(error: Exception) -> str:
+    import re
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    text = text.split(" failed:", 1)[-1].strip()  # onnxruntime's "Load model from <staged path> failed:"
+    return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+
+
+def renamed_tensors(float_model: str, qdq_model: str) -> str:
+    """An initializer the quantizer added (a shared bias's copy <bias><n>, or its <copy>_quantized) under the name
+    of an activation of the float model: which, whose copy, and the fix; '' if there is none."""
+    import onnx
+    source = onnx.load(float_model, load_external_data=False)
+    qdq = onnx.load(qdq_model, load_external_data=False)
+    initializers = {i.name for i in source.graph.initializer}
+    producers = {o: n for n in source.graph.node for o in n.output}
+    for init in qdq.graph.initializer:
+        base = init.name.removesuffix("_quantized")  # a weight's or bias's values; an activation gets Q/DQ nodes
+        if init.name in initializers or base not in producers:
+            continue
+        original = next((base[:k] for k in range(len(base) - 1, 0, -1)
+                         if base[k:].isdigit() and base[:k] in initializers), None)
+        node = producers[base]
+        if original is None:
+            what = f"added an initializer '{base}'"
+        else:
+            readers = [n.name or n.output[0] for n in source.graph.node if n.input[2:3] == [original]]
+            what = (f"copied bias '{original}' (shared by {len(readers)} nodes: {', '.join(readers[:4])}"
+                    f"{' ...' if len(readers) > 4 else ''}) as '{base}'")
+        return (f"the quantizer {what}, which is already the output of node '{node.name or base}' ({node.op_type}): "
+                "the nodes reading that output now read the initializer -- fix: give each node its "
+                f"own copy of '{original or base}' (the simplify stage does it for biases of {', '.join(BIAS_OPS)}), "
+                "or rename that output, e.g. in a transform(model) hook for an ONNX-only model")
+    return ""

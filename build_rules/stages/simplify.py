@@ -11,7 +11,8 @@ from pathlib import Path
 from ..errors import BuildError
 from ..files import atomic_write_json
 
-VERSION = 2  # 2: Constant nodes -> initializers, constants folded, opset >= 13
+VERSION = 3  # 2: Constant nodes -> initializers, constants folded, opset >= 13; 3: shared biases copied per node,
+#              an ONNX-only model's transform(model) hook
 
 
 def _tensor_info(value) -> dict:
@@ -29,9 +30,19 @@ def run(params: dict) -> dict:
     source = params["onnx"]
     try:
         model = onnx.load(source)
-        onnx.checker.check_model(model)
     except Exception as e:
         raise BuildError(f"{source}: not a valid ONNX model: {e}") from e
+    after = ""
+    if params.get("hooks"):  # an ONNX-only model: the user's patch first
+        from .common import load_hooks, transformed
+        hooks = load_hooks(params["hooks"])
+        if hasattr(hooks, "transform"):
+            model, after = transformed(hooks, model, params["hooks"]), f" after {params['hooks']}: transform(model)"
+            print(f"{source}: transformed by {params['hooks']}: transform(model)", flush=True)
+    try:
+        onnx.checker.check_model(model)
+    except Exception as e:
+        raise BuildError(f"{source}{after}: not a valid ONNX model: {e}") from e
     declared = params["inputs"]  # name -> {shape, dtype}; pins dynamic dims of ONNX-file models
     graph_inputs = [i.name for i in model.graph.input
                     if i.name not in {init.name for init in model.graph.initializer}]
@@ -61,6 +72,9 @@ def run(params: dict) -> dict:
     moved = reduce_before_unsqueeze(simplified)
     if moved:
         print(f"{moved} reduction(s) moved before the Unsqueeze that fed them", flush=True)
+    copied = unshare_biases(simplified)  # after onnxsim, which merges equal initializers into one
+    if copied:
+        print(f"{copied} shared bias initializer(s) copied, one per node that reads them", flush=True)
     # onnxsim writes metadata_props that crash onnxruntime's qnn_preprocess_model.
     del simplified.metadata_props[:]
 
@@ -217,6 +231,55 @@ def _evaluate(node, initializers: dict, model) -> list:
     graph = onnx.helper.make_graph([node], "fold", inputs, outputs)
     single = onnx.helper.make_model(graph, opset_imports=model.opset_import)
     return ReferenceEvaluator(single).run(None, initializers)
+
+
+# Ops whose input 2 onnxruntime's QDQ quantizer quantizes as a bias (int32, scale = input scale x weight scale).
+BIAS_OPS = ("Conv", "ConvTranspose", "Gemm", "InstanceNormalization", "LayerNormalization")
+
+
+def unshare_biases(model) -> int:
+    """A float initializer read as the bias of several nodes gets a copy per node. Why: a bias's scale comes from its
+    node's input and weight scales, so onnxruntime's quantizer copies a shared bias and names the copy <bias><n>,
+    unique among initializers only. tf2onnx's exports (and onnxsim, which merges equal initializers) share biases,
+    and when <bias><n> is already a node's output, the QDQ model reads the bias where that activation was (seen
+    on a TF audio model: "Invalid attribute perm {0, 2, 3, 1}, input shape = {36}" at a Transpose). The copies
+    here get names no tensor of the graph has, so the quantizer never copies. Returns how many biases were copied."""
+    from onnx import TensorProto
+    floats = {i.name: i for i in model.graph.initializer if i.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16)}
+    readers: dict[str, list] = {}
+    for node in model.graph.node:
+        if node.op_type in BIAS_OPS and node.domain in ("", "ai.onnx") and len(node.input) > 2 \
+                and node.input[2] in floats:
+            readers.setdefault(node.input[2], []).append(node)
+    shared = {bias: nodes for bias, nodes in readers.items() if len(nodes) > 1}
+    if not shared:
+        return 0
+    taken = _tensor_names(model.graph)
+    for bias, nodes in shared.items():
+        for node in nodes[1:]:  # the first reader keeps the original
+            name, n = f"{bias}_{node.name or node.output[0]}", 1
+            while name in taken:
+                n += 1
+                name = f"{bias}_{node.name or node.output[0]}_{n}"
+            taken.add(name)
+            copy = type(floats[bias])()
+            copy.CopyFrom(floats[bias])
+            copy.name = name
+            model.graph.initializer.append(copy)
+            node.input[2] = name
+    return len(shared)
+
+
+def _tensor_names(graph) -> set[str]:
+    """Every tensor name of a graph and its subgraphs."""
+    names = {i.name for i in graph.initializer} | {v.name for v in (*graph.input, *graph.output, *graph.value_info)}
+    for node in graph.node:
+        names.update(node.input)
+        names.update(node.output)
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                names |= _tensor_names(sub)
+    return names
 
 
 REDUCTIONS = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2")

@@ -1,7 +1,7 @@
 """Stage 3, verify: ONNX Runtime (CPU) on the simplified graph against the source model on real inputs.
 
 The source is the PyTorch module from the build hook, or the original ONNX file for ONNX-file
-models. Also saves the evaluation inputs with the float reference outputs: every later check
+models (after the hooks' transform(model), if they have one: the model simplify started from). Also saves the evaluation inputs with the float reference outputs: every later check
 compares the compiled binary against these, without importing torch again.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from .. import gates
 from ..errors import BuildError
 from ..files import atomic_write_json
-from .common import build_module, check_sample, compare, load_hooks, save_arrays, worst
+from .common import build_module, check_sample, compare, load_hooks, save_arrays, transformed, worst
 
 VERSION = 2  # 2: frame_cosine
 
@@ -32,13 +32,16 @@ def evaluation_samples(hooks, params) -> list[dict]:
 
 
 def _run_onnx(path, samples):
+    """path: a file, or an onnx.ModelProto (an ONNX-only model's source after its transform hook)."""
     import onnxruntime as ort
     try:
-        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(path if isinstance(path, str) else path.SerializeToString(),
+                                       providers=["CPUExecutionProvider"])
     except ort.capi.onnxruntime_pybind11_state.NotImplemented as e:
         # An old source file (e.g. opset 6) that onnxruntime no longer has kernels for: onnx's reference evaluator
         # still runs it. Only the user's source takes this path; the simplified model always runs on onnxruntime.
-        print(f"{path}: onnxruntime cannot run it ({e}); using onnx's reference evaluator", flush=True)
+        print(f"{path if isinstance(path, str) else 'the source'}: onnxruntime cannot run it ({e}); using onnx's "
+              "reference evaluator", flush=True)
         from onnx.reference import ReferenceEvaluator
         evaluator = ReferenceEvaluator(path)
         return [dict(zip(evaluator.output_names, evaluator.run(None, s))) for s in samples]
@@ -88,7 +91,11 @@ def run(params: dict) -> dict:
     samples = evaluation_samples(hooks, params)
     onnx_outputs = _run_onnx(params["onnx"], samples)
     if params.get("source_onnx"):
-        source_outputs = _run_onnx(params["source_onnx"], samples)
+        source = params["source_onnx"]
+        if hasattr(hooks, "transform"):  # compare with the model simplify started from
+            import onnx
+            source = transformed(hooks, onnx.load(source), params["hooks"])
+        source_outputs = _run_onnx(source, samples)
     else:
         source_outputs = _run_torch(hooks, params, samples, list(onnx_outputs[0]))
     metrics = compare(source_outputs, onnx_outputs, frames=True)

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 from .. import layout
-from ..project import calibration_files, chip_params, project, rel, tool_version, variant_builds
+from ..project import calibration_files, chip_params, model_data, project, rel, tool_version, variant_builds
 from ..hashing import TaskKey
 from ..runner import run_stage
 from . import qairt
@@ -248,7 +248,9 @@ def check():
                   "flow": flow(), "evaluation": evaluation, "hooks": hooks, "graph": g, "inputs": _inputs(graph),
                   "gate": graph.gate.as_dict() if graph.gate else None,
                   "outputs": {"report": layout.chip_file(m, v, c, f"{g}.check.json")}}
-        yield _stage_task("check", f"{m}/{g}/{v}@{c}", params, [binary, io, evaluation, hooks],
+        data_params, data_dep = model_data(model)  # score() finds the data folder in DATA_DIR, as with ort-qnn
+        params.update(data_params)
+        yield _stage_task("check", f"{m}/{g}/{v}@{c}", params, [binary, io, evaluation, hooks, *data_dep],
                           [params["outputs"]["report"]], layout.chip_file(m, v, c, f"{g}.check.log"))
 
 
