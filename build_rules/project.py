@@ -34,7 +34,7 @@ STAGE_VERSIONS = {
     "sensitivity": 1,
     "tune": 1,
     "multi_soc": 1,
-    "dist": 1,
+    "dist": 2,
 }
 # The Python packages whose version can change each stage's output.
 STAGE_TOOLS = {
