@@ -222,6 +222,7 @@ class SummaryReporter(ConsoleReporter):
         for model in project().models:
             if model.name not in worked_on:
                 continue
+            never: dict[str, list[str]] = {}  # variant -> chips never built, not touched now: one line per variant
             for variant, chip in variant_builds(model):
                 pair = f"{model.name}/{variant.name}@{chip.name}"
                 package = f"package:{pair}"
@@ -236,7 +237,14 @@ class SummaryReporter(ConsoleReporter):
                     state = "up to date"
                 else:
                     state = "earlier"
-                lines.append(f"{state:<11} {describe_pair(model, variant.name, chip.name, failed_here)}")
+                described = describe_pair(model, variant.name, chip.name, failed_here)
+                if described is None and state == "earlier":
+                    never.setdefault(variant.name, []).append(chip.name)
+                    continue
+                described = described or f"{layout.chip_dir(model.name, variant.name, chip.name)}: not built yet"
+                lines.append(f"{state:<11} {described}")
+            lines += [f"{'not built':<11} {layout.model_dir(model.name)}/{variant}/: {', '.join(chips)}"
+                      for variant, chips in never.items()]
         return lines
 
     def _not_run(self) -> int:
@@ -302,9 +310,10 @@ def _of_pair(task: str, model: str, variant: str, chip: str) -> bool:
         name[:-len(f"{variant}@{chip}")].endswith("/")
 
 
-def describe_pair(model, variant: str, chip: str, failed_tasks: list[str] = ()) -> str:
+def describe_pair(model, variant: str, chip: str, failed_tasks: list[str] = ()) -> str | None:
     """One variant x chip's last known result: the manifest's numbers when it was packaged since its checks last
-    failed; else each graph's binary size and check result, a failed gate marked with its message."""
+    failed; else each graph's binary size and check result, a failed gate marked with its message. None: nothing
+    of it was built or checked yet."""
     from . import results
     folder = layout.chip_dir(model.name, variant, chip)
     checks = {g: results.last(layout.chip_file(model.name, variant, chip, f"{g}.check.json")) for g in model.graphs}
@@ -324,13 +333,14 @@ def describe_pair(model, variant: str, chip: str, failed_tasks: list[str] = ()) 
         parts.append(f"{graph} {size} {_result_text(result)}")
     if evaluation:
         parts.append(f"model {_result_text(evaluation, 'metrics')}")
-    explained = {f"check:{model.name}/{g}/{variant}@{chip}" if g != "model" else f"evaluate:{model.name}/{variant}@{chip}"
+    pair = f"{variant}@{chip}"
+    explained = {f"evaluate:{model.name}/{pair}" if g == "model" else f"check:{model.name}/{g}/{pair}"
                  for g in failures}  # gate failures: their numbers are shown
     other = [t for t in failed_tasks if t not in explained]
     if other:  # e.g. a compile that QNN refused: its message is above
         parts.append(f"{', '.join(other)} failed (see above)")
     if not any(checks.values()) and not evaluation and not other:
-        return f"{folder}: not built yet"
+        return None
     return f"{folder}: " + ", ".join(parts)
 
 
