@@ -10,7 +10,6 @@ report stays there for the summary (build_rules/results.py).
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 
 from .. import gates, layout, progress, results
