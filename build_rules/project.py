@@ -30,7 +30,7 @@ STAGE_VERSIONS = {
     "check": 2,
     "package": 2,
     "calibration_stats": 1,
-    "report": 1,
+    "report": 2,
     "sensitivity": 1,
     "tune": 1,
     "multi_soc": 1,

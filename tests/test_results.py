@@ -134,3 +134,25 @@ def test_outputs_of_a_removed_variant_or_chip_are_removed_at_the_next_build(tiny
     assert not (out / "w8a16/SM8550").exists()
     assert _files(out / "fp16/SM8550") == ["notes.txt"]
     assert (out / "w8a16/SM8750/head.bin").is_file()
+
+
+def test_the_report_shows_a_failed_model_evaluation_from_its_memo(tmp_path):
+    from build_rules import results
+    from build_rules.stages import report
+    passed, failed = tmp_path / "fp16/SM8750/evaluate.json", tmp_path / "w8a16/SM8750/evaluate.json"
+    passed.parent.mkdir(parents=True)
+    failed.parent.mkdir(parents=True)
+    gate = {"metric": "wer", "max_increase": 0.05}
+    passed.write_text(json.dumps({"on": "emulator", "metrics": {"wer": 0.053}, "gate": gate, "bound": 0.103}))
+    message = "evaluate:w/w8a16@SM8750: gate failed: wer = 0.2100, needs <= 0.103 (over by 0.107; float model 0.053)"
+    results.keep_failed(str(failed.with_name("evaluate.measure.json")),
+                        {"on": "emulator", "metrics": {"wer": 0.21}, "gate": gate}, message, {"k": 1}, {"wer": 0.21})
+    found = report.evaluations({"fp16@SM8750": str(passed), "w8a16@SM8750": str(failed),
+                                "w8a8@SM8750": str(tmp_path / "w8a8/SM8750/evaluate.json")})  # never evaluated
+    assert set(found) == {"fp16@SM8750", "w8a16@SM8750"}
+    assert found["w8a16@SM8750"]["passed"] is False and found["w8a16@SM8750"]["metrics"] == {"wer": 0.21}
+    text = report.markdown({"model": "w", "toolchain": {"name": "ort-qnn"}, "cells": [], "variants": {},
+                            "evaluate": found})
+    assert '| fp16@SM8750 | {"wer": 0.053} | pass |' in text
+    assert ('| w8a16@SM8750 | {"wer": 0.21} | **FAIL** (gate failed: wer = 0.2100, needs <= 0.103 (over by 0.107; '
+            'float model 0.053)) |') in text
