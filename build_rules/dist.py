@@ -2,6 +2,7 @@
 
     python -m build_rules.dist select <bundle> --soc-model 69      (or SM8750): the chip folder to load
     python -m build_rules.dist verify <bundle>                     checksums, binary targets, I/O contract
+                                                                   (on as many samples as `doit dist` checked)
 
 A bundle (out/<model>/dist/<variant>/) holds per chip <chip>/<graph>.bin (the raw QNN context binary) and, with
 the ort-qnn toolchain, <chip>/<graph>_ctx.onnx (the same as an EPContext model); index.json (chips, SoC ids,
@@ -410,6 +411,7 @@ def verify(bundle: Path, evaluation: dict[str, Path] | None = None, samples: int
     if samples == 0:
         say("I/O contract: not run on the emulator (0 samples)")
         return result
+    say(f"I/O contract: {'every' if samples is None else samples} evaluation sample(s) per graph and chip")
     if index["toolchain"]["name"] != "ort-qnn":
         say(f"I/O contract: not run on the emulator: a {index['toolchain']['name']} bundle has no <graph>_ctx.onnx "
             "float path to compare with (its check stage ran the binaries with qnn-net-run where the SDK has it)")
@@ -422,16 +424,20 @@ def verify(bundle: Path, evaluation: dict[str, Path] | None = None, samples: int
             raise DistError(f"no evaluation inputs for graph '{graph}': {evaluation[graph]} not found; pass "
                             "--evaluation DIR (a folder with <graph>.evaluation.npz, out/<model>/float/ of the "
                             "build)")
+    from .stages.common import load_evaluation
+    inputs = {g: load_evaluation(str(evaluation[g]), samples)[0] for g in index["graphs"]}  # once, not per chip
     for chip in index["chips"]:
         for graph, entry in index["graphs"].items():
             where = f"{chip}/{graph}"
-            measured = check_contract(bundle / chip, graph, entry["io"], Path(evaluation[graph]), samples, where)
+            measured = check_contract(bundle / chip, graph, entry["io"], Path(evaluation[graph]), samples, where,
+                                      inputs=inputs[graph])
             result["contract"][where] = measured
             say(f"{where}: I/O contract holds on the HTP emulator over {measured['samples']} samples "
                 f"(worst output: {measured['worst_steps']:.2f} of one quantization step)")
     multi = index.get("multi_soc") or {}
     for graph, entry in (multi.get("graphs") or {}).items():
-        result["multi_soc"][graph] = _try_multi_soc_on_emulator(bundle, graph, entry, index, evaluation, samples, say)
+        result["multi_soc"][graph] = _try_multi_soc_on_emulator(bundle, graph, entry, index, evaluation, samples, say,
+                                                                inputs.get(graph))
     return result
 
 
@@ -472,13 +478,14 @@ def _check_targets(bundle: Path, index: dict, say) -> int:
 
 
 def _try_multi_soc_on_emulator(bundle: Path, graph: str, entry: dict, index: dict, evaluation: dict,
-                               samples: int | None, say) -> dict:
+                               samples: int | None, say, inputs: list[dict] | None = None) -> dict:
     """onnxruntime-qnn 2.7 (QNN 2.51) on x86 selects no record of a Flexible Context Binary ("Compatible cache not
     found"), so the emulator cannot run it: say so, and check the contract if some later version can."""
     ctx = bundle / entry["ctx_model"]
     try:
         measured = check_contract(ctx.parent, graph, index["graphs"][graph]["io"], Path(evaluation[graph]), samples,
-                                  f"multi_soc/{graph}", ctx_name=ctx.name, binary_name=Path(entry["binary"]).name)
+                                  f"multi_soc/{graph}", ctx_name=ctx.name, binary_name=Path(entry["binary"]).name,
+                                  inputs=inputs)
     except _EmulatorRefused as e:
         say(f"multi_soc/{graph}: not run: the x86 HTP emulator cannot load it ({e})")
         return {"ran": False, "error": str(e)}
@@ -491,9 +498,11 @@ class _EmulatorRefused(DistError):
 
 
 def check_contract(chip_dir: Path, graph: str, contract: dict, evaluation: Path, samples: int | None, where: str,
-                   ctx_name: str | None = None, binary_name: str | None = None) -> dict:
+                   ctx_name: str | None = None, binary_name: str | None = None,
+                   inputs: list[dict] | None = None) -> dict:
     """Run `samples` evaluation inputs through the bare binary with the index's fixed-point I/O and through
-    <graph>_ctx.onnx on float inputs; raise DistError naming the first output more than one step apart."""
+    <graph>_ctx.onnx on float inputs; raise DistError naming the first output more than one step apart.
+    inputs: the evaluation inputs already loaded (verify reads each graph's once for all chips)."""
     import numpy as np
 
     from .stages.common import load_evaluation
@@ -501,7 +510,8 @@ def check_contract(chip_dir: Path, graph: str, contract: dict, evaluation: Path,
 
     ctx_path = chip_dir / (ctx_name or f"{graph}_ctx.onnx")
     binary = chip_dir / (binary_name or f"{graph}.bin")
-    inputs, _ = load_evaluation(str(evaluation))
+    if inputs is None:
+        inputs, _ = load_evaluation(str(evaluation), samples)
     if samples is not None:
         inputs = inputs[:samples]
     for tensor in contract["inputs"]:
@@ -636,6 +646,21 @@ def describe(index_path: str | os.PathLike) -> list[str]:
 
 # --- command line ------------------------------------------------------------------------------------------
 
+DEFAULT_VERIFY_SAMPLES = 4  # [dist] verify_samples' default (config.py)
+
+
+def _samples(text: str):
+    if text == "all":
+        return "all"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of samples (0: no emulator run) or 'all'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of samples (0: no emulator run) or 'all'")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m build_rules.dist",
                                      description="Use a device bundle made by `doit dist` (out/<model>/dist/<variant>/).")
@@ -649,7 +674,9 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("bundle", type=Path)
     v.add_argument("--evaluation", type=Path,
                    help="folder with <graph>.evaluation.npz (default: out/<model>/float/ beside the bundle)")
-    v.add_argument("--samples", type=int, default=None, help="evaluation samples per graph and chip (default: all)")
+    v.add_argument("--samples", type=_samples, default=None,
+                   help="evaluation samples per graph and chip, or 'all' (default: as many as `doit dist` checked, "
+                        f"index.json's verify.samples; {DEFAULT_VERIFY_SAMPLES} for a bundle that does not say)")
     args = parser.parse_args(argv)
     try:
         if args.command == "select":
@@ -662,11 +689,14 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 print(json.dumps({"chip": chip, **index["chips"][chip]}, indent=2, sort_keys=True))
             return 0
+        index = read_index(args.bundle)
         evaluation = None
         if args.evaluation is not None:
-            index = read_index(args.bundle)
             evaluation = {g: args.evaluation / f"{g}.evaluation.npz" for g in index.get("graphs", {})}
-        verify(args.bundle, evaluation, args.samples)
+        samples = args.samples
+        if samples is None:  # the stage's own check, not every sample (MTCNN w8a8: 4040 emulator runs, 10x longer)
+            samples = (index.get("verify") or {}).get("samples", DEFAULT_VERIFY_SAMPLES)
+        verify(args.bundle, evaluation, None if samples == "all" else samples)
         print(f"ok: {args.bundle} is what its index says")
         return 0
     except DistError as e:

@@ -5,6 +5,7 @@ out/<model>/calibration/<graph>/input_list.txt + NNNN.<input>.raw               
 out/<model>/calibration/<graph>/ranges.<method>-<samples>.json   tensor ranges (calibration statistics), per method
 out/<model>/<variant>/<graph>.qdq.onnx                                          (per variant, any chip)
 out/<model>/<variant>/<chip>/<graph>.bin, <graph>_ctx.onnx, <graph>.compile.json, <graph>.check.json, manifest.json
+out/<model>/<variant>/<chip>/<graph>.measure.json, evaluate.measure.json   memos: the last measurement (and a failure)
 out/<model>/report.md, report.png, report.json                                  (`doit report`)
 out/<model>/tuning/<variant>/<graph>.sensitivity.json, .md, .png               (`doit sensitivity`)
 out/<model>/tuning/<variant>.tuned.toml, .tuned.json                            (`doit tune`)
@@ -61,6 +62,16 @@ def chip_dir(model: str, variant: str, chip: str) -> str:
 
 def chip_file(model: str, variant: str, chip: str, name: str) -> str:
     return f"{OUT}/{model}/{variant}/{chip}/{name}"
+
+
+def memo_file(report: str) -> str:
+    """The measurement memo beside a check or evaluate report (not a target): <graph>.check.json ->
+    <graph>.measure.json, evaluate.json -> evaluate.measure.json. It keeps the numbers of a failed check or
+    evaluation (build_rules/results.py)."""
+    report = str(report)
+    if report.endswith(".check.json"):
+        return report[:-len(".check.json")] + ".measure.json"
+    return report[:-len(".json")] + ".measure.json"
 
 
 def model_lib(model: str, variant: str, target: str, graph: str) -> str:

@@ -30,11 +30,11 @@ STAGE_VERSIONS = {
     "check": 2,
     "package": 2,
     "calibration_stats": 1,
-    "report": 1,
+    "report": 2,
     "sensitivity": 1,
     "tune": 1,
     "multi_soc": 1,
-    "dist": 1,
+    "dist": 2,
 }
 # The Python packages whose version can change each stage's output.
 STAGE_TOOLS = {

@@ -45,6 +45,7 @@ class SummaryReporter(ConsoleReporter):
         self.decided: dict[str, bool] = {}  # what doit decided so far: True started, False up to date
         self.plan = None
         self.tasks, self.selected, self.runner = {}, [], None
+        self.removed: list[str] = []  # outputs of targets that left the build (target_set.py)
 
     def write(self, text):
         with self.lock:
@@ -59,6 +60,13 @@ class SummaryReporter(ConsoleReporter):
         self.tasks, self.selected = tasks, list(selected_tasks)
         from . import progress
         progress.console = self.write  # before doit -P process forks its workers
+        from . import target_set
+        from .project import project
+        try:  # one stat when no variant, chip, graph or model left the build
+            self.removed = target_set.prune(tasks, project().toolchain)
+        except OSError as e:
+            self.removed = []
+            self.warnings.append(f"could not remove the outputs of targets no longer in the build: {e}")
 
     def execute_task(self, task):
         from .plan import Plan, counted
@@ -159,16 +167,20 @@ class SummaryReporter(ConsoleReporter):
                    + f", {self.up_to_date} up to date" + (f", {failed} failed" if failed else "")
                    + (f", {blocked} not run (they need a failed task)" if blocked else "")
                    + ("; no work to do" if no_work else "") + "\n")
+        if self.removed:
+            from .target_set import describe
+            self.write(f"  removed {sum(not p.endswith('/') for p in self.removed)} output(s) of targets no longer in "
+                       f"models/ or chips.toml: {describe(self.removed)}\n")
         if no_work and not self.verbose:
             return  # one line, as ninja's "no work to do" (the notes were shown when the build ran)
         not_run = self._not_run() if failed else 0
         if not_run:
             self.write(f"  stopped at the first failure: {not_run} planned task(s) not run; `doit --continue` "
                        "builds everything that does not need the failed task\n")
-        for task in sorted(self.ran, key=lambda t: t.name):  # by model, variant and chip, not finish order
-            if task.name.startswith("package:"):
-                self.write(f"  built {_describe(task.targets[0])}\n")
-            elif task.name.startswith("dist:"):  # bundles; with [dist] multi_soc its size beside the per-chip sum
+        for line in self._results():
+            self.write(f"  {line}\n")
+        for task in sorted(self.ran, key=lambda t: t.name):
+            if task.name.startswith("dist:"):  # bundles; with [dist] multi_soc its size beside the per-chip sum
                 from .dist import describe
                 self.write("".join(f"  {line}\n" for t in task.targets if t.endswith("index.json") for line in describe(t)))
         for warning in self.warnings:
@@ -193,6 +205,48 @@ class SummaryReporter(ConsoleReporter):
                        + (f", stopped {', '.join(stopped)}" if stopped else "")
                        + "; `doit` again goes on from there\n")
 
+    def _results(self) -> list[str]:
+        """Every variant x chip of the models this run worked on, with its last known result and what this run did
+        with it (built now, up to date, failed now, not run now, or from an earlier build). Reads small JSON files
+        only: the manifests, and the check and evaluate reports (or a failure's memo: build_rules/results.py)."""
+        from doit.exceptions import UnmetDependency
+
+        from .project import project, variant_builds
+        worked_on = {t.name.split(":", 1)[-1].split("/", 1)[0].split("@", 1)[0]
+                     for t in [*self.ran, *(f["task"] for f in self.failures)]
+                     if ":" in t.name and t.name.split(":", 1)[0] not in TUNING_STAGES}
+        failed = {f["task"].name for f in self.failures if not isinstance(f["exception"], UnmetDependency)}
+        blocked = {f["task"].name for f in self.failures if isinstance(f["exception"], UnmetDependency)}
+        ran = {t.name for t in self.ran}
+        lines = []
+        for model in project().models:
+            if model.name not in worked_on:
+                continue
+            never: dict[str, list[str]] = {}  # variant -> chips never built, not touched now: one line per variant
+            for variant, chip in variant_builds(model):
+                pair = f"{model.name}/{variant.name}@{chip.name}"
+                package = f"package:{pair}"
+                failed_here = sorted(n for n in failed if _of_pair(n, model.name, variant.name, chip.name))
+                if failed_here:
+                    state = "FAILED now"
+                elif package in ran:
+                    state = "built now"
+                elif package in blocked:
+                    state = "not run now"
+                elif self.decided.get(package) is False:
+                    state = "up to date"
+                else:
+                    state = "earlier"
+                described = describe_pair(model, variant.name, chip.name, failed_here)
+                if described is None and state == "earlier":
+                    never.setdefault(variant.name, []).append(chip.name)
+                    continue
+                described = described or f"{layout.chip_dir(model.name, variant.name, chip.name)}: not built yet"
+                lines.append(f"{state:<11} {described}")
+            lines += [f"{'not built':<11} {layout.model_dir(model.name)}/{variant}/: {', '.join(chips)}"
+                      for variant, chips in never.items()]
+        return lines
+
     def _not_run(self) -> int:
         """Planned tasks that never started because doit stopped at a failure (0 under --continue)."""
         if self.plan is None or getattr(self.runner, "continue_", False):
@@ -206,6 +260,7 @@ def _duration(seconds: float) -> str:
 
 
 BUILD_LOG = f"{layout.OUT}/.build-state/build.log"
+TUNING_STAGES = ("report", "sensitivity", "tune")  # they build no binary: the summary lists no results for them
 
 
 def read_build_log(path: str = BUILD_LOG, last_build: bool = False) -> list[tuple[float, float, str, str]]:
@@ -246,6 +301,64 @@ def _print_last_build(path: str = BUILD_LOG) -> None:
     print("| stage | tasks | seconds |\n|---|---|---|")
     for stage, (n, seconds) in sorted(seconds_per_stage(rows).items(), key=lambda kv: -kv[1][1]):
         print(f"| {stage} | {n} | {seconds:.1f} |")
+
+
+def _of_pair(task: str, model: str, variant: str, chip: str) -> bool:
+    """Whether a task (compile:m/g/v@c, check:..., evaluate:m/v@c, package:m/v@c) works on this variant x chip."""
+    name = task.split(":", 1)[-1]
+    return name.startswith(f"{model}/") and name.endswith(f"{variant}@{chip}") and \
+        name[:-len(f"{variant}@{chip}")].endswith("/")
+
+
+def describe_pair(model, variant: str, chip: str, failed_tasks: list[str] = ()) -> str | None:
+    """One variant x chip's last known result: the manifest's numbers when it was packaged since its checks last
+    failed; else each graph's binary size and check result, a failed gate marked with its message. None: nothing
+    of it was built or checked yet."""
+    from . import results
+    folder = layout.chip_dir(model.name, variant, chip)
+    checks = {g: results.last(layout.chip_file(model.name, variant, chip, f"{g}.check.json")) for g in model.graphs}
+    evaluation = results.last(layout.chip_file(model.name, variant, chip, "evaluate.json")) if model.evaluate else None
+    failures = [g for g, r in checks.items() if r and r["passed"] is False]
+    if evaluation and evaluation["passed"] is False:
+        failures.append("model")
+    manifest = Path(folder, "manifest.json")
+    if not failures and not failed_tasks and manifest.is_file():
+        return _describe(str(manifest))
+    parts = []
+    for graph, result in checks.items():
+        try:
+            size = f"{os.stat(layout.chip_file(model.name, variant, chip, f'{graph}.bin')).st_size / 1e6:.2f} MB"
+        except OSError:
+            size = "no binary"
+        parts.append(f"{graph} {size} {_result_text(result)}")
+    if evaluation:
+        parts.append(f"model {_result_text(evaluation, 'metrics')}")
+    pair = f"{variant}@{chip}"
+    explained = {f"evaluate:{model.name}/{pair}" if g == "model" else f"check:{model.name}/{g}/{pair}"
+                 for g in failures}  # gate failures: their numbers are shown
+    other = [t for t in failed_tasks if t not in explained]
+    if other:  # e.g. a compile that QNN refused: its message is above
+        parts.append(f"{', '.join(other)} failed (see above)")
+    if not any(checks.values()) and not evaluation and not other:
+        return None
+    return f"{folder}: " + ", ".join(parts)
+
+
+def _result_text(result: dict | None, metrics_key: str = "summary") -> str:
+    if result is None:
+        return "not checked"
+    if result["passed"] is None:
+        return "(check not run)"
+    metrics = result.get(metrics_key) or {}
+    if result["passed"] is False:
+        # The gate's own message (metric, value, bound, gap): the first line, without the task name.
+        message = str(result.get("error", "")).splitlines()[0] if result.get("error") else ""
+        message = message.split(": ", 1)[1] if ": " in message else message
+        return f"FAILED: {message.removeprefix('gate failed: ')}"
+    gate = result.get("gate")
+    metric = (gate.get("metric") if isinstance(gate, dict) else None) or "cosine"
+    value = metrics.get(metric)
+    return f"{metric} {value:.4g}" if isinstance(value, (int, float)) else ""
 
 
 def _describe(manifest_path: str) -> str:

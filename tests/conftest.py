@@ -94,3 +94,36 @@ def tinynet_repo(built_tinynet, tmp_path) -> Path:
     copy = tmp_path / "repo"
     shutil.copytree(built_tinynet, copy, symlinks=True)
     return copy
+
+
+# Imported by every Python process started with the fixture's PYTHONPATH (the stage processes): records each
+# context model opened on the HTP emulator (check, evaluate, report, dist verify all open them with this function).
+EMULATOR_SPY = '''
+import os
+from build_rules.toolchains import ort_qnn
+
+_open = ort_qnn.open_context_binary
+
+
+def _recorded(ctx_model, *args, **kwargs):
+    with open(os.environ["BUILD_RULES_TEST_EMULATOR_LOG"], "a") as log:
+        log.write(f"{ctx_model}\\n")
+    return _open(ctx_model, *args, **kwargs)
+
+
+ort_qnn.open_context_binary = _recorded
+'''
+
+
+@pytest.fixture
+def emulator_sessions(tmp_path, monkeypatch):
+    """A function returning the context models the stage processes opened on the HTP emulator so far."""
+    spy = tmp_path / "emulator-spy"
+    spy.mkdir()
+    (spy / "sitecustomize.py").write_text(EMULATOR_SPY)
+    log = tmp_path / "emulator-sessions.log"
+    log.write_text("")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(spy), str(ROOT), os.environ.get("PYTHONPATH"))
+                                                     if p))
+    monkeypatch.setenv("BUILD_RULES_TEST_EMULATOR_LOG", str(log))
+    return lambda: log.read_text().splitlines()

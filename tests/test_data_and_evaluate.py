@@ -3,10 +3,12 @@ relative to the float model: the tiny two-graph net, extended the way the Whispe
 from __future__ import annotations
 
 import json
+import re
 
 from conftest import TEST_MODELS, make_repo, run_doit, write_tinynet_checkpoints
 
 HOOKS = '''
+from pathlib import Path
 
 DATA_DIR = None
 
@@ -75,12 +77,27 @@ def test_data_stage_feeds_the_hooks_and_evaluate_gates_against_float(tmp_path):
     assert "verify:tinynet/encoder" in again.ran and "evaluate:tinynet/w8a16@SM8750" in again.ran
 
 
-def test_a_failed_model_gate_names_the_float_reference(tmp_path):
+def test_a_failed_model_gate_names_the_float_reference(tmp_path, emulator_sessions):
     repo = make(tmp_path, gate='{ metric = "accuracy", min = 1.5 }')
     result = run_doit(repo, "evaluate:tinynet/fp16@SM8750")
     assert result.code != 0
     assert "evaluate:tinynet/fp16@SM8750: gate failed: accuracy = " in result.output
     assert "needs >= 1.5 (short by " in result.output
+    assert sorted(emulator_sessions()) == ["out/tinynet/fp16/SM8750/encoder_ctx.onnx",
+                                           "out/tinynet/fp16/SM8750/head_ctx.onnx"]
+
+    # The failure keeps its numbers (the summary shows them), and a re-run judges them without the emulator.
+    from build_rules import results
+    kept = results.last(str(repo / "out/tinynet/fp16/SM8750/evaluate.json"))
+    assert kept["passed"] is False and kept["metrics"]["images"] == 4
+    accuracy = kept["metrics"]["accuracy"]
+    assert re.search(rf"^  FAILED now  out/tinynet/fp16/SM8750: encoder .* MB not checked, head .* MB not checked, "
+                     rf"model FAILED: accuracy = {accuracy:.4f}, needs >= 1.5 \(short by ", result.output, re.M), \
+        result.output
+    again = run_doit(repo, "evaluate:tinynet/fp16@SM8750")
+    assert again.ran == {"evaluate:tinynet/fp16@SM8750"} and again.code != 0
+    assert f"gate failed: accuracy = {accuracy:.4f}" in again.output
+    assert len(emulator_sessions()) == 2
 
 
 def test_a_new_version_of_a_data_tool_makes_the_data_again(tmp_path, monkeypatch):

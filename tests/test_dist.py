@@ -188,6 +188,14 @@ def test_verify_passes_on_a_built_bundle(dist_built):
             assert (f"{chip}/{graph}: I/O contract holds on the HTP emulator over 4 samples (worst output: 0.00 of "
                     "one quantization step)") in proc.stdout
     assert proc.stdout.strip().endswith("ok: out/tinynet/dist/w8a16 is what its index says")
+    # By default as many samples as `doit dist` checked ([dist] verify_samples, recorded in the index), not all.
+    assert json.loads((dist_built / "out/tinynet/dist/w8a16/index.json").read_text())["verify"] == {"samples": 4}
+    assert "I/O contract: 4 evaluation sample(s) per graph and chip" in proc.stdout
+    fewer = run_cli("verify", "out/tinynet/dist/w8a16", "--samples", "2", cwd=dist_built)
+    assert fewer.returncode == 0
+    assert "SM8550/head: I/O contract holds on the HTP emulator over 2 samples" in fewer.stdout
+    wrong = run_cli("verify", "out/tinynet/dist/w8a16", "--samples", "some", cwd=dist_built)
+    assert wrong.returncode == 2 and "'some': a number of samples (0: no emulator run) or 'all'" in wrong.stderr
 
 
 def copied_bundle(dist_built: Path, tmp_path: Path, variant: str = "w8a16") -> Path:

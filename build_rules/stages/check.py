@@ -1,14 +1,17 @@
 """Stage 7, check: run one chip's binary on the HTP emulator against the float model's outputs.
 
 Metrics (cosine, SQNR, max abs per output, plus the model's score hook) go to <graph>.check.json;
-a metric below the graph's gate fails the build with the metric, value and threshold.
+a metric below the graph's gate fails the build with the metric, value and threshold. A failed check's report is
+kept in the measurement memo <graph>.measure.json (build_rules/results.py), which the report, the summary and tune
+read: check.json is a target, and the runner removes a failed task's targets.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from .. import gates
+from .. import gates, layout, results
+from ..errors import BuildError
 from ..files import atomic_write_json
 from .common import compare, load_evaluation, load_hooks, worst
 
@@ -16,7 +19,7 @@ VERSION = 2  # 2: frame_cosine measured; worst output per metric in the report
 
 
 def run(params: dict) -> dict:
-    memo = str(params["final_outputs"]["report"]).replace(".check.json", ".measure.json")
+    memo = layout.memo_file(params["final_outputs"]["report"])
     metrics, key = measurement(params["ctx_model"], params["evaluation"], params["hooks"], params["graph"],
                                params.get("data_dir"), memo)
     return decide(params, metrics, key)
@@ -72,6 +75,8 @@ def measurement(ctx_model: str, evaluation: str, hooks: str, graph: str, data_di
     try:
         saved = json.loads(Path(memo).read_text())
         if saved.get("key") == key:
+            print(f"metrics from {memo} (measured from the same binary, evaluation set and hooks): the emulator "
+                  "does not run again", flush=True)
             return saved["metrics"], key
     except (OSError, ValueError, KeyError):
         pass
@@ -110,6 +115,11 @@ def decide(params: dict, metrics: dict, key: dict | None = None) -> dict:
     if key is not None:
         report["inputs"] = key
     if params["gate"]:
-        gates.judge(params["name"], params["gate"], summary, metrics.get("float_score"))
+        try:
+            gates.judge(params["name"], params["gate"], summary, metrics.get("float_score"))
+        except BuildError as e:  # the numbers stay in the memo, marked failed; the task fails
+            results.keep_failed(layout.memo_file(params["final_outputs"]["report"]), report, str(e), key, metrics)
+            raise
+    results.clear_failed(layout.memo_file(params["final_outputs"]["report"]))
     atomic_write_json(params["outputs"]["report"], report)
     return {"summary": summary}

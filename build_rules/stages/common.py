@@ -184,15 +184,17 @@ def save_arrays(path: str, arrays: dict[str, np.ndarray]) -> None:
             archive.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), buffer.getvalue())
 
 
-def load_evaluation(path: str) -> tuple[list[dict], list[dict]]:
-    """(inputs, float reference outputs) saved by verify."""
+def load_evaluation(path: str, limit: int | None = None) -> tuple[list[dict], list[dict]]:
+    """(inputs, float reference outputs) saved by verify; the first `limit` samples only, when given (the others
+    are not read)."""
     with np.load(path) as data:
-        count = int(data["count"])
+        count = int(data["count"]) if limit is None else min(int(data["count"]), limit)
         inputs = [{} for _ in range(count)]
         outputs = [{} for _ in range(count)]
         for key in data.files:
             if key == "count":
                 continue
             index, kind, name = key.split("/", 2)
-            (inputs if kind == "input" else outputs)[int(index)][name] = data[key]
+            if int(index) < count:
+                (inputs if kind == "input" else outputs)[int(index)][name] = data[key]
     return inputs, outputs

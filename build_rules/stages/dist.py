@@ -15,7 +15,7 @@ from pathlib import Path
 from .. import dist
 from ..errors import BuildError
 
-VERSION = 1
+VERSION = 2  # 2: index.json says how many samples the contract was checked on (verify)
 
 
 def run(params: dict) -> dict:
@@ -88,6 +88,8 @@ def _bundle(params: dict, variant: str, spec: dict, bundle: Path) -> dict:
         "toolchain": {**toolchain, "oldest_device_runtime": _oldest_runtime(toolchain)},
         "conventions": dist.CONVENTIONS, "chips": chips, "graphs": graphs,
         "cpu_fallback": _cpu_fallback(params, bundle), "tarball": f"{model['name']}-{variant}.tar.gz",
+        # `python -m build_rules.dist verify` checks the contract on as many samples as this stage did (by default)
+        "verify": {"samples": params["dist"]["verify_samples"]},
         "how": {"select": "python -m build_rules.dist select <bundle> --soc-model <QNN soc_model or ro.soc.model>",
                 "verify": "python -m build_rules.dist verify <bundle>  (checksums, binary SoCs, I/O contract on the "
                           "x86 HTP emulator)",

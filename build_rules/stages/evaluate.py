@@ -1,15 +1,23 @@
 """Model-level evaluation: the evaluate(run_graph) hook scores all graphs working together (e.g.
 greedy decoding with encoder + decoder -> WER), once on the float models (ONNX Runtime CPU) and once
 per variant and chip on the compiled binaries (HTP emulator). The gate can be relative to float.
+
+The metrics are remembered with what they were measured from in evaluate.measure.json beside the report (not a
+target): a re-run of a failed evaluation from the same binaries, hooks and data (`doit --continue`, or a plain
+`doit` after a failure) judges the remembered numbers instead of running the emulator again, and a failure's
+report stays there for the summary (build_rules/results.py).
 """
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from .. import gates, progress
+from .. import gates, layout, progress, results
 from ..errors import BuildError
 from ..files import atomic_write_json
 from .common import load_hooks
+
+VERSION = 1
 
 
 def _cpu_runner(path: str):
@@ -19,7 +27,62 @@ def _cpu_runner(path: str):
     return lambda feed: dict(zip(names, session.run(names, feed)))
 
 
+def measurement_key(params: dict) -> dict:
+    """What an evaluation's metrics depend on: the graphs' files (a context model and its binary), the hooks and
+    the Python files beside them, the model's data, the runtime's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from ..hashing import file_digest
+    from .check import hooks_digest
+    files = {}
+    for graph, path in sorted(params["graphs"].items()):
+        files[graph] = [file_digest(path)]
+        binary = Path(str(path).replace("_ctx.onnx", ".bin"))
+        if str(path).endswith("_ctx.onnx") and binary.is_file():
+            files[graph].append(file_digest(binary))
+    key = {"version": VERSION, "on": params["on"], "graphs": files, "hooks": hooks_digest(params["hooks"])}
+    if params.get("data_dir") and Path(params["data_dir"], "data.json").is_file():
+        key["data"] = file_digest(Path(params["data_dir"], "data.json"))
+    for package in ("onnxruntime", "onnxruntime-qnn"):
+        try:
+            key[package] = version(package)
+        except PackageNotFoundError:
+            key[package] = None
+    return key
+
+
 def run(params: dict) -> dict:
+    memo = layout.memo_file(params["final_outputs"]["report"])
+    key = measurement_key(params)
+    try:
+        saved = json.loads(Path(memo).read_text())
+        remembered = saved if saved.get("key") == key else None
+    except (OSError, ValueError, AttributeError):
+        remembered = None
+    if remembered is not None:
+        print(f"metrics from {memo} (measured from the same binaries, hooks and data): not run again", flush=True)
+        metrics, graph_runs = remembered["metrics"], remembered.get("graph_runs", {})
+    else:
+        metrics, graph_runs = _evaluate(params)
+        atomic_write_json(memo, {"key": key, "metrics": metrics, "graph_runs": graph_runs})
+    report = {"on": params["on"], "metrics": metrics, "gate": params.get("gate")}
+    report["graph_runs"] = graph_runs  # the totals of the emulator runs' progress lines
+    gate = params.get("gate")
+    if gate:
+        reference = json.loads(open(params["float_report"]).read())["metrics"] if gates.is_relative(gate) else None
+        try:
+            gates.judge(params["name"], gate, metrics, reference)
+        except BuildError as e:  # the numbers stay in the memo, marked failed; the task fails
+            results.keep_failed(memo, report, str(e), key, metrics, graph_runs=graph_runs)
+            raise
+        report["bound"] = gates.bound(gate, (reference or {}).get(gate["metric"]))[0]
+    results.clear_failed(memo)
+    atomic_write_json(params["outputs"]["report"], report)
+    return {"metrics": metrics}
+
+
+def _evaluate(params: dict) -> tuple[dict, dict]:
+    """(metrics, graph runs) of the evaluate hook over the graphs, on the CPU or the HTP emulator."""
     hooks = load_hooks(params["hooks"], params.get("data_dir"), params.get("checkpoints"))
     if not hasattr(hooks, "evaluate"):
         raise BuildError(f"{params['hooks']}: model.toml has [evaluate] but the hooks have no evaluate(run_graph)")
@@ -36,12 +99,4 @@ def run(params: dict) -> dict:
 
     run_graph = progress.count_graph_runs(run_graph, params.get("float_report"))
     metrics = {k: float(v) for k, v in hooks.evaluate(run_graph).items()}
-    report = {"on": params["on"], "metrics": metrics, "gate": params.get("gate")}
-    report["graph_runs"] = run_graph.runs  # the totals of the emulator runs' progress lines
-    gate = params.get("gate")
-    if gate:
-        reference = json.loads(open(params["float_report"]).read())["metrics"] if gates.is_relative(gate) else None
-        gates.judge(params["name"], gate, metrics, reference)
-        report["bound"] = gates.bound(gate, (reference or {}).get(gate["metric"]))[0]
-    atomic_write_json(params["outputs"]["report"], report)
-    return {"metrics": metrics}
+    return metrics, dict(run_graph.runs)

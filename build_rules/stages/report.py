@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import gates
+from .. import gates, results
 from ..files import atomic_write_json, atomic_write_text
 from .check import measurement, measurement_key, summarize
 
-VERSION = 1
+VERSION = 2  # 2: a failed model-level evaluation is shown (from its memo), marked FAIL
 
 
 def _cell_metrics(cell: dict, hooks: str, data_dir) -> tuple[dict, str]:
@@ -58,18 +58,23 @@ def run(params: dict) -> dict:
                      "bytes": compiled["bytes"], "compile_seconds": compiled["seconds"], "samples": metrics["samples"],
                      "summary": summary, "float_score": metrics.get("float_score", {}), "gate": cell["gate"],
                      "passed": _passes(cell["gate"], summary, metrics.get("float_score", {})), "measured_by": source})
-    evaluations = {}
-    for name, path in params.get("evaluations", {}).items():
-        try:
-            evaluations[name] = json.loads(Path(path).read_text())
-        except (OSError, ValueError):
-            pass
     report = {"model": params["model"], "toolchain": params["toolchain"], "variants": params["variants"],
-              "cells": rows, "evaluate": evaluations}
+              "cells": rows, "evaluate": evaluations(params.get("evaluations", {}))}
     atomic_write_json(params["outputs"]["json"], report)
     atomic_write_text(params["outputs"]["markdown"], markdown(report))
     plot(report, params["outputs"]["png"])
     return {"cells": len(rows), "measured": measured}
+
+
+def evaluations(paths: dict) -> dict:
+    """variant@chip -> the last model-level evaluation (results.last: its report, or a failed one's numbers from the
+    memo, with "passed")."""
+    found = {}
+    for name, path in paths.items():
+        result = results.last(path)
+        if result is not None:
+            found[name] = result
+    return found
 
 
 def _fmt(value, digits=4) -> str:
@@ -137,9 +142,11 @@ def markdown(report: dict) -> str:
                      f"{r['compile_seconds']:.2f} | {_fmt(s['cosine'], 6)} | {_fmt(s['sqnr'])} | {_fmt(s['max_abs'])} | "
                      f"{_task_metrics(r)} | {_gate_text(r)} |")
     if report.get("evaluate"):
-        lines += ["", "## Model-level evaluation", "", "| variant@chip | metrics |", "|---|---|"]
+        lines += ["", "## Model-level evaluation", "", "| variant@chip | metrics | gate |", "|---|---|---|"]
         for name, value in report["evaluate"].items():
-            lines.append(f"| {name} | {json.dumps(value.get('summary', value.get('metrics', value)))[:200]} |")
+            gate = "–" if not value.get("gate") or value.get("passed") is None else \
+                ("pass" if value["passed"] else f"**FAIL** ({value.get('error', '').split(': ', 1)[-1]})")
+            lines.append(f"| {name} | {json.dumps(value.get('summary', value.get('metrics', value)))[:200]} | {gate} |")
     lines += ["", "## Variants", ""]
     for name, settings in report["variants"].items():
         lines.append(f"- **{name}**: " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in settings.items()

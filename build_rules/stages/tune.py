@@ -11,6 +11,11 @@ stay). Per graph, on the HTP emulator for the tuning chip:
 4. the result on the full evaluation set; while it misses, the most sensitive removed tensor comes back.
 Writes <variant>.tuned.toml (a [variants.<name>] section, with the measured numbers as comments, for the user to
 keep: `python -m build_rules.tuning apply ...`) and <variant>.tuned.json.
+
+It also reads what the build measured for the variant on every chip (each check's last result, a failed one from its
+memo: build_rules/results.py) into its log, and warns when a graph meets its target on the tuning chip while its
+check failed on another chip: a search on the tuning chip then finds nothing to fix. (Only the log and the warning:
+the outputs depend on the task's inputs alone.)
 """
 from __future__ import annotations
 
@@ -18,7 +23,9 @@ import json
 import re
 import time
 
-from .. import progress
+from pathlib import Path
+
+from .. import layout, progress, results
 from ..errors import BuildError
 from ..files import atomic_write_json, atomic_write_text
 from .precision import Candidates, clean, describe, meets
@@ -30,22 +37,54 @@ VERSION = 1
 
 def run(params: dict) -> dict:
     started = time.perf_counter()
-    results = {}
+    found, warnings = {}, []
     for graph in params["graphs"]:
-        results[graph["name"]] = _tune_graph(graph, params)
+        built = as_built(params["model"], params["variant"], graph["name"])
+        found[graph["name"]] = _tune_graph(graph, params, built)
+        warnings += _other_chips_fail(graph["name"], found[graph["name"]], built, params)
     tuned = {"model": params["model"], "variant": params["variant"], "name": params["new_name"],
-             "chip": params["chip"], "model_toml": params["model_toml"], "graphs": results,
+             "chip": params["chip"], "model_toml": params["model_toml"], "graphs": found,
              "seconds": round(time.perf_counter() - started, 1)}
     atomic_write_json(params["outputs"]["json"], tuned)
     atomic_write_text(params["outputs"]["toml"], toml_section(tuned, params))
-    return {g: len(r["sixteen_bit"]) for g, r in results.items()}
+    for warning in warnings:
+        print(f"warning: {warning}", flush=True)
+    return {g: len(r["sixteen_bit"]) for g, r in found.items()} | ({"warnings": warnings} if warnings else {})
 
 
-def _tune_graph(graph: dict, params: dict) -> dict:
+def as_built(model: str, variant: str, graph: str) -> dict:
+    """chip -> the last check result of the built variant's binary for `graph` (passed or failed, its gate and
+    summary metrics), for every chip folder the build made."""
+    folder = Path(layout.model_dir(model)) / variant
+    found = {}
+    for chip_dir in sorted(p for p in folder.glob("*") if p.is_dir()):
+        result = results.last(str(chip_dir / f"{graph}.check.json"))
+        if result is not None:
+            found[chip_dir.name] = {"passed": result["passed"], "gate": result.get("gate"),
+                                    "summary": result.get("summary", {}),
+                                    **({"error": result["error"]} if "error" in result else {})}
+    return found
+
+
+def _other_chips_fail(graph: str, result: dict, built: dict, params: dict) -> list[str]:
+    failing = [chip for chip, r in built.items() if r["passed"] is False]
+    chip = params["chip"]["name"]
+    if not failing or chip in failing or result.get("sixteen_bit"):
+        return []
+    return [f"{params['name']}: {graph} meets its target on the tuning chip {chip}, but its check failed on "
+            f"{', '.join(failing)} ({built[failing[0]].get('error', 'gate failed').split(': ', 1)[-1]}): to tune "
+            f"for that chip, set chip = \"{failing[0]}\" under [tuning] in {params['model_toml']}"]
+
+
+def _tune_graph(graph: dict, params: dict, built: dict) -> dict:
     name, target = graph["name"], graph["target"]
     if not target:
         print(f"{name}: no target (no gate and no [tuning] target): left as it is", flush=True)
         return {"target": None, "sixteen_bit": [], "note": "no target"}
+    for chip, r in built.items():  # what the build measured, before this search
+        verdict = {True: "passed", False: "FAILED", None: "not run"}[r["passed"]]
+        print(f"{name}: as built on {chip}: check {verdict}" + (f" ({r['error'].split(': ', 1)[-1]})"
+                                                                 if "error" in r else ""), flush=True)
     c = Candidates(graph, params["chip"], params["samples"], params["hooks"], params.get("data_dir"))
     progress.watch(lambda: c.evaluations, f"{name}: emulator measurements")  # a search: no total known ahead
     base = c.measure(set(), full=True)
