@@ -257,8 +257,13 @@ def _compile_tasks():
                            "report": layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.compile.json")}
                 params = {"onnx": source, "graph": graph.name, "chip": chip_params(chip), "fp16": variant.is_fp16,
                           "outputs": outputs}
+                file_dep = [source]
+                if variant.is_fp16:  # the fp16 lint reads the float model's ranges on the evaluation inputs
+                    params["fp16_lint"] = {"evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
+                                           "where": f"{model.name}/{graph.name}/{variant.name}"}
+                    file_dep.append(params["fp16_lint"]["evaluation"])
                 yield stage_task("compile", f"{model.name}/{graph.name}/{variant.name}@{chip.name}", params,
-                                  [source], list(outputs.values()),
+                                  file_dep, list(outputs.values()),
                                   layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.compile.log"))
 
 

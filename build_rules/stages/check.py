@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from .. import gates
+from ..errors import BuildError
 from ..files import atomic_write_json
 from .common import compare, load_evaluation, load_hooks, worst
 
@@ -83,6 +84,14 @@ def measurement(ctx_model: str, evaluation: str, hooks: str, graph: str, data_di
     return metrics, key
 
 
+def diagnose_hint(params: dict) -> str:
+    """Where to look next (ort-qnn: its check runs the binary's _ctx.onnx; qairt has no diagnose task)."""
+    if "ctx_model" not in params or ":" not in params.get("name", ""):
+        return ""
+    return (f"; to see which tensor it starts at: doit diagnose:{params['name'].split(':', 1)[1]} "
+            "(HTP emulator vs CPU QDQ vs float, tensor by tensor)")
+
+
 COMPARED = ("cosine", "sqnr", "max_abs", "frame_cosine")
 
 
@@ -110,6 +119,11 @@ def decide(params: dict, metrics: dict, key: dict | None = None) -> dict:
     if key is not None:
         report["inputs"] = key
     if params["gate"]:
-        gates.judge(params["name"], params["gate"], summary, metrics.get("float_score"))
+        try:
+            gates.judge(params["name"], params["gate"], summary, metrics.get("float_score"))
+        except BuildError as e:
+            if "gate failed" not in str(e):
+                raise
+            raise BuildError(f"{e}{diagnose_hint(params)}") from None
     atomic_write_json(params["outputs"]["report"], report)
     return {"summary": summary}

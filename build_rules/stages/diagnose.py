@@ -30,7 +30,11 @@ SAMPLES = 4  # evaluation samples, evenly spaced over the set: the emulator with
 MAX_TENSORS = 300  # more activation tensors than this: every Nth is exposed (compile time grows with the outputs)
 # HTP fuses these into the op that produces their input; exposing that input breaks the fusion (see above).
 FUSED_ACTIVATIONS = {"Relu", "PRelu", "LeakyRelu", "Clip", "Relu6"}
-FLOOR_DB = {8: 20.0, 16: 40.0, "fp16": 40.0}  # a tensor below this SQNR is "dropped" (by the variant's bits)
+# A tensor "drops" where its SQNR is below the floor of the variant's activation bits (16-bit activations: 8-bit
+# weights keep a Conv's output near 35-40 dB) and it loses at least DROP_DB itself, from the worst tensor it is
+# computed from: a curve that only declines a few dB an op has no first drop, the error builds up.
+FLOOR_DB = {8: 20.0, 16: 30.0, "fp16": 40.0}
+DROP_DB = 6.0
 CAP_DB = 100.0  # SQNR of identical tensors (inf), for curves and arithmetic
 OWN_DROP_DB = 3.0  # a tensor below the floor that loses at least this much itself (not only inherited) needs a fix
 MAX_LISTED = 24  # tensors in the suggested overrides line
@@ -154,7 +158,7 @@ class Tensor:
 
     def range_report(self, reference) -> dict:
         """The float values' range on the samples against the calibrated (quantized) range: the share clipped, the
-        share of the range used, and the median value in quantization steps."""
+        share of the range used, and the values' RMS in quantization steps."""
         import numpy as np
         if not reference.size:
             return {}
@@ -166,7 +170,7 @@ class Tensor:
             report.update(quantized=list(q), step=step,
                           clipped=float(np.mean((reference < q[0] - step / 2) | (reference > q[1] + step / 2))),
                           used=float((min(high, q[1]) - max(low, q[0])) / (q[1] - q[0])) if q[1] > q[0] else 0.0,
-                          median_abs_steps=float(np.median(np.abs(reference)) / step) if step else None)
+                          rms_steps=float(np.sqrt(np.mean(reference * reference)) / step) if step else None)
         return report
 
 
@@ -359,30 +363,28 @@ def find_drop(rows: list[dict], sources: dict, curve: str, floor: float, also=No
     measured sources do not; its own drop (from its worst source) and the tensors after it that lose
     >= OWN_DROP_DB themselves below the floor."""
     value = {r["tensor"]: r[curve]["sqnr"] for r in rows}
-    dropped = {r["tensor"]: value[r["tensor"]] < floor and (also is None or also(r)) for r in rows}
     first, culprits, steepest = None, [], None
     for r in rows:
         v = value[r["tensor"]]
-        mine = sources.get(r["tensor"], [])
-        before = [value[s] for s in mine if s in value]
+        before = [value[s] for s in sources.get(r["tensor"], []) if s in value]
         own = (min(before) if before else CAP_DB) - v
         r.setdefault("own_drop_db", {})[curve] = round(own, 3)
+        if v >= floor or (also is not None and not also(r)):
+            continue
         if steepest is None or own > steepest[1]:
             steepest = (r, own)
-        if not dropped[r["tensor"]]:
-            continue
-        if first is None and not any(dropped.get(s) for s in mine):
+        if first is None and own >= DROP_DB:
             first = r
-        if first is not None and own >= OWN_DROP_DB:
+        if own >= OWN_DROP_DB:
             culprits.append(r["tensor"])
-    if first is None:
-        lowest = min(rows, key=lambda r: value[r["tensor"]]) if rows else None
-        return None if lowest is None else {"tensor": None, "lowest": _where(lowest, value),
-                                            "steepest": _where(steepest[0], value) if steepest else None}
-    if first["tensor"] not in culprits:
-        culprits.insert(0, first["tensor"])
-    return {**_where(first, value), "own_drop_db": first["own_drop_db"][curve], "culprits": culprits,
-            "steepest": _where(steepest[0], value) if steepest else None}
+    if first is not None:
+        culprits = [first["tensor"]] + [t for t in culprits[culprits.index(first["tensor"]) + 1:]]
+    lowest = min(rows, key=lambda r: value[r["tensor"]]) if rows else None
+    return {**(_where(first, value) if first else {"tensor": None}),
+            "own_drop_db": first["own_drop_db"][curve] if first else None, "culprits": culprits,
+            "steepest": _where(steepest[0], value) if steepest else None,
+            "lowest": _where(lowest, value) if lowest else None, "below_floor": sum(
+                value[r["tensor"]] < floor for r in rows)}
 
 
 def _where(row: dict, value: dict) -> dict:
@@ -424,49 +426,62 @@ def overrides_line(params: dict, tensors: list[str]) -> str:
 def diagnose(result: dict, params: dict) -> list[str]:
     """The likely fix in words, from the drops."""
     rows = {r["tensor"]: r for r in result["rows"]}
-    lines = []
-    htp = result["drops"].get("binary_vs_cpu")
-    quant = result["drops"].get("cpu_vs_float")
+    htp = result["drops"].get("binary_vs_cpu") or {}
+    quant = result["drops"].get("cpu_vs_float") or {}
     floor = result["floor_db"]
+    lines = []
     if result["fp16"]:
-        if htp and htp.get("tensor"):
+        if htp.get("tensor"):
             lines.append(f"The fp16 binary departs from the float model first at tensor '{htp['tensor']}' (node "
-                         f"'{htp['node']}', {htp['op_type']}): SQNR {htp['sqnr']:.1f} dB, below {floor:g} dB.")
+                         f"'{htp['node']}', {htp['op_type']}): {htp['sqnr']:.1f} dB, below {floor:g} dB "
+                         f"({htp['own_drop_db']:.1f} dB lost at this op).")
             near = [f for f in result["lint"] if f["node"] and _near(f, htp, rows, result)]
-            found = near or [f for f in result["lint"] if f["node"]]
-            if found:
-                lines.append("fp16 range problem: " + " ".join(f["message"] for f in found[:3]))
+            if near:
+                lines.append("fp16 range problem: " + " ".join(f["message"] for f in near[:3]))
             else:
-                lines.append("No fp16 range problem found at this op (no constant or value beyond fp16's range on "
-                             "these samples): an HTP fp16 divergence to report upstream (onnxruntime-qnn / QNN), "
-                             f"with {params['onnx']} and node '{htp['node']}'; a quantized variant may avoid it.")
+                lines.append("No value beyond fp16's range at or just before this op (fp16 lint on these samples): "
+                             "an HTP fp16 divergence to report upstream (onnxruntime-qnn / Qualcomm QNN) with "
+                             f"{params['onnx']} and node '{htp['node']}' ({htp['op_type']}); a quantized variant "
+                             "may avoid it.")
         else:
-            lines.append(_no_drop("binary_vs_cpu", htp, floor, "the fp16 binary against the float model"))
+            lines.append(_no_drop(htp, floor, "the fp16 binary against the float model"))
+            lines += [f"fp16 lint: {f['message']}" for f in result["lint"][:3]]
         return lines
-    if quant and quant.get("tensor"):
+
+    if quant.get("tensor"):
         row = rows[quant["tensor"]]
-        lines.append(f"Quantization loses the most first at tensor '{quant['tensor']}' (node '{quant['node']}', "
+        lines.append(f"Quantization drops first at tensor '{quant['tensor']}' (node '{quant['node']}', "
                      f"{quant['op_type']}, {row['bits']} bit): CPU QDQ vs float {quant['sqnr']:.1f} dB, below "
-                     f"{floor:g} dB ({quant['own_drop_db']:.1f} dB lost at this op).")
+                     f"{floor:g} dB, {quant['own_drop_db']:.1f} dB lost at this op.")
         lines += _quantization_fix(quant, rows, params)
     else:
-        lines.append(_no_drop("cpu_vs_float", quant, floor, "the CPU QDQ model against the float model"))
-    if htp and htp.get("tensor"):
-        quant_there = rows[htp["tensor"]]["cpu_vs_float"]["sqnr"]
+        lines.append(_no_drop(quant, floor, "the CPU QDQ model against the float model"))
+        if quant.get("culprits"):  # no single op, but tensors below the floor that add to it themselves
+            worst = sorted(quant["culprits"], key=lambda t: -rows[t]["own_drop_db"]["cpu_vs_float"])[:MAX_LISTED]
+            eight = [t for t in quant["culprits"] if t in worst and rows[t]["bits"] == 8]
+            if eight:
+                lines.append(f"The {len(eight)} 8-bit tensor(s) below the floor that lose >= {OWN_DROP_DB:g} dB "
+                             "themselves are the candidates for 16 bit:\n" + overrides_line(params, eight))
+                lines.append(_measure_it(params))
+    if htp.get("tensor"):
+        there = rows[htp["tensor"]]
         lines.append(f"The binary departs from the CPU QDQ model first at tensor '{htp['tensor']}' (node "
-                     f"'{htp['node']}', {htp['op_type']}): {htp['sqnr']:.1f} dB, while the CPU QDQ model is "
-                     f"{quant_there:.1f} dB from float there.")
-        if quant and quant.get("tensor") and _index(result, quant["tensor"]) <= _index(result, htp["tensor"]):
-            lines.append("It comes after (or at) the quantization drop: fix that first, then diagnose again.")
+                     f"'{htp['node']}', {htp['op_type']}): binary vs CPU QDQ {htp['sqnr']:.1f} dB, and the binary is "
+                     f"{there['binary_vs_float']['sqnr']:.1f} dB from float where the CPU QDQ model is "
+                     f"{there['cpu_vs_float']['sqnr']:.1f} dB.")
+        if quant.get("tensor") and _index(result, quant["tensor"]) < _index(result, htp["tensor"]):
+            lines.append("That is after the quantization drop: fix that first, then diagnose again.")
         else:
-            sixteen = [t for t in htp["culprits"] if rows[t]["bits"] == 8][:MAX_LISTED]
             lines.append(f"An HTP-only divergence: report it upstream (onnxruntime-qnn / Qualcomm QNN) with "
-                         f"{params['qdq']}, node '{htp['node']}' ({htp['op_type']}) and this report.")
-            if sixteen:
+                         f"{params['qdq']}, node '{htp['node']}' ({htp['op_type']}), the chip and this report.")
+            eight = [t for t in htp["culprits"] if rows[t]["bits"] == 8][:MAX_LISTED]
+            if eight:
                 lines.append("A workaround to try (not measured here): the same tensors at 16 bit, which HTP "
-                             "computes with other kernels:\n" + overrides_line(params, sixteen))
+                             "computes with other kernels:\n" + overrides_line(params, eight))
+                lines.append(_measure_it(params))
     else:
-        lines.append(_no_drop("binary_vs_cpu", htp, floor, "the binary against the CPU QDQ model"))
+        lines.append(f"No HTP-only divergence: nowhere below {floor:g} dB is the binary more than "
+                     f"{HTP_WORSE_DB:g} dB farther from the float model than the CPU QDQ model is.")
     return lines
 
 
@@ -484,28 +499,36 @@ def _quantization_fix(drop: dict, rows: dict, params: dict) -> list[str]:
                      f"range [{r['quantized'][0]:.4g}, {r['quantized'][1]:.4g}] (they reach [{r['float'][0]:.4g}, "
                      f"{r['float'][1]:.4g}]): the calibration data does not cover the evaluation inputs; calibrate on "
                      "data like them (calibration_inputs), or more samples.")
-    elif r.get("median_abs_steps") is not None and r["median_abs_steps"] < 2 and row["bits"] == 16:
+    elif r.get("rms_steps") is not None and r["rms_steps"] < 4:
         lines.append(f"Range: the calibrated range [{r['quantized'][0]:.4g}, {r['quantized'][1]:.4g}] is so wide "
-                     f"that half its values are within {r['median_abs_steps']:.1f} steps of 0: an outlier or a "
-                     "constant (a -1e9 mask, a log(0)) sets it. Fix that in the export (finite masks, an epsilon "
-                     "floor, a clamp); 16 bit cannot.")
-    culprits = [t for t in drop["culprits"] if rows[t]["bits"] == 8][:MAX_LISTED]
-    if culprits:
-        lines.append(f"Keep {'this tensor' if len(culprits) == 1 else f'these {len(culprits)} tensors'} at 16 bit "
-                     f"(the first drop and every later tensor below the floor that loses >= {OWN_DROP_DB:g} dB "
-                     "itself), in models/" + params["model"] + "/model.toml:\n" + overrides_line(params, culprits))
-        lines.append(f"Then `doit check:{params['model']}/{params['graph_name']}/{params['variant_name']}@"
-                     f"{params['chip']['name']}` measures it; `doit tune:{params['model']}/{params['variant_name']}` "
-                     "finds the fewest 16-bit tensors that meet the gate.")
+                     f"for its values (RMS {r['rms_steps']:.1f} quantization steps) that an outlier or a constant "
+                     "(a -1e9 mask, a log(0)) must set it: fix that in the export (finite masks, an epsilon floor, "
+                     "a clamp)" + ("; 16 bit cannot." if row["bits"] == 16 else "; 16 bit only helps so far."))
+    eight = [t for t in drop["culprits"] if rows[t]["bits"] == 8][:MAX_LISTED]
+    if eight:
+        lines.append(f"Keep {'this tensor' if len(eight) == 1 else f'these {len(eight)} tensors'} at 16 bit (the "
+                     f"first drop and every later 8-bit tensor below the floor that loses >= {OWN_DROP_DB:g} dB "
+                     f"itself), in {params['model_toml']}:\n" + overrides_line(params, eight))
+        lines.append(_measure_it(params))
     return lines
 
 
-def _no_drop(curve: str, drop: dict | None, floor: float, what: str) -> str:
-    if not drop or not drop.get("lowest"):
+def _measure_it(params: dict) -> str:
+    return (f"Then `doit check:{params['model']}/{params['graph_name']}/{params['variant_name']}@"
+            f"{params['chip']['name']}` measures it, and `doit tune:{params['model']}/{params['variant_name']}` "
+            "finds the fewest 16-bit tensors that meet the gate.")
+
+
+def _no_drop(drop: dict, floor: float, what: str) -> str:
+    low = drop.get("lowest")
+    if not low:
         return f"{what}: nothing measured."
-    low = drop["lowest"]
-    return (f"No drop of {what}: every tensor stays at or above {floor:g} dB (lowest {low['sqnr']:.1f} dB at "
-            f"'{low['tensor']}', {low['op_type']}).")
+    if not drop.get("below_floor"):
+        return (f"No drop of {what}: every tensor stays at or above {floor:g} dB (lowest {low['sqnr']:.1f} dB at "
+                f"'{low['tensor']}', {low['op_type']}).")
+    return (f"No single op where {what} drops (no tensor below {floor:g} dB loses >= {DROP_DB:g} dB itself): the "
+            f"error builds up over {drop['below_floor']} tensor(s) below {floor:g} dB, lowest {low['sqnr']:.1f} dB at "
+            f"'{low['tensor']}' ({low['op_type']}).")
 
 
 def _index(result: dict, tensor: str) -> int:
@@ -551,12 +574,18 @@ def markdown(result: dict, params: dict) -> str:
     lines += ["", "## Where each curve drops", ""]
     for c in curves:
         d = result["drops"].get(c) or {}
+        low = d.get("lowest") or {}
         if d.get("tensor"):
-            lines.append(f"- {label[c]}: first below the floor at `{d['tensor']}` (node `{d['node']}`, "
-                         f"{d['op_type']}): {d['sqnr']:.2f} dB; steepest own drop at `{d['steepest']['tensor']}`.")
-        elif d.get("lowest"):
-            lines.append(f"- {label[c]}: never below the floor (lowest {d['lowest']['sqnr']:.2f} dB at "
-                         f"`{d['lowest']['tensor']}`).")
+            lines.append(f"- {label[c]}: first drop at `{d['tensor']}` (node `{d['node']}`, {d['op_type']}): "
+                         f"{d['sqnr']:.2f} dB, {d['own_drop_db']:.1f} dB lost there; lowest {low.get('sqnr', 0):.2f} dB "
+                         f"at `{low.get('tensor')}`.")
+        elif low:
+            lines.append(f"- {label[c]}: no first drop; {d.get('below_floor', 0)} tensor(s) below the floor, lowest "
+                         f"{low['sqnr']:.2f} dB at `{low['tensor']}`.")
+    lines.append(f"\n(A first drop: the first tensor below the floor, {result['floor_db']:g} dB, that loses at least "
+                 f"{DROP_DB:g} dB itself, from the worst tensor it is computed from"
+                 + ("" if result["fp16"] else f"; for the binary, only where it is also {HTP_WORSE_DB:g} dB farther "
+                    "from float than the CPU QDQ model") + ".)")
     lines += ["", "## Did exposing the tensors change the binary?", ""]
     if e["identical"]:
         lines.append(f"No: with the tensors exposed, the final outputs on the emulator are bit-identical to the plain "

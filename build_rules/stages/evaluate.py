@@ -41,7 +41,14 @@ def run(params: dict) -> dict:
     gate = params.get("gate")
     if gate:
         reference = json.loads(open(params["float_report"]).read())["metrics"] if gates.is_relative(gate) else None
-        gates.judge(params["name"], gate, metrics, reference)
+        try:
+            gates.judge(params["name"], gate, metrics, reference)
+        except BuildError as e:
+            if params["on"] != "emulator" or "gate failed" not in str(e):
+                raise
+            model, _, target = params["name"].split(":", 1)[1].partition("/")
+            raise BuildError(f"{e}; to see which graph and tensor it starts at: "
+                             + ", ".join(f"doit diagnose:{model}/{g}/{target}" for g in params["graphs"])) from None
         report["bound"] = gates.bound(gate, (reference or {}).get(gate["metric"]))[0]
     atomic_write_json(params["outputs"]["report"], report)
     return {"metrics": metrics}
