@@ -35,6 +35,7 @@ FUSED_ACTIVATIONS = {"Relu", "PRelu", "LeakyRelu", "Clip", "Relu6"}
 # computed from: a curve that only declines a few dB an op has no first drop, the error builds up.
 FLOOR_DB = {8: 20.0, 16: 30.0, "fp16": 40.0}
 DROP_DB = 6.0
+WIDESPREAD = 0.25  # more than this share of the tensors below the floor: a variant-wide problem, not a few tensors
 CAP_DB = 100.0  # SQNR of identical tensors (inf), for curves and arithmetic
 OWN_DROP_DB = 3.0  # a tensor below the floor that loses at least this much itself (not only inherited) needs a fix
 MAX_LISTED = 24  # tensors in the suggested overrides line
@@ -383,7 +384,7 @@ def find_drop(rows: list[dict], sources: dict, curve: str, floor: float, also=No
     return {**(_where(first, value) if first else {"tensor": None}),
             "own_drop_db": first["own_drop_db"][curve] if first else None, "culprits": culprits,
             "steepest": _where(steepest[0], value) if steepest else None,
-            "lowest": _where(lowest, value) if lowest else None, "below_floor": sum(
+            "lowest": _where(lowest, value) if lowest else None, "measured": len(rows), "below_floor": sum(
                 value[r["tensor"]] < floor for r in rows)}
 
 
@@ -456,7 +457,12 @@ def diagnose(result: dict, params: dict) -> list[str]:
         lines += _quantization_fix(quant, rows, params)
     else:
         lines.append(_no_drop(quant, floor, "the CPU QDQ model against the float model"))
-        if quant.get("culprits"):  # no single op, but tensors below the floor that add to it themselves
+        widespread = quant.get("below_floor", 0) > WIDESPREAD * max(1, quant.get("measured", 0))
+        if widespread and params["variant"]["activation_bits"] == 8:
+            lines.append(f"{quant['below_floor']} of {quant['measured']} tensors are below the floor: a few 16-bit "
+                         "tensors will not fix that; try the variant with 16-bit activations (activations = "
+                         f"\"uint16\"), then `doit tune:{params['model']}/<that variant>` to bring tensors back to 8 bit.")
+        elif quant.get("culprits"):  # no single op, but tensors below the floor that add to it themselves
             worst = sorted(quant["culprits"], key=lambda t: -rows[t]["own_drop_db"]["cpu_vs_float"])[:MAX_LISTED]
             eight = [t for t in quant["culprits"] if t in worst and rows[t]["bits"] == 8]
             if eight:
@@ -504,6 +510,22 @@ def _quantization_fix(drop: dict, rows: dict, params: dict) -> list[str]:
                      f"for its values (RMS {r['rms_steps']:.1f} quantization steps) that an outlier or a constant "
                      "(a -1e9 mask, a log(0)) must set it: fix that in the export (finite masks, an epsilon floor, "
                      "a clamp)" + ("; 16 bit cannot." if row["bits"] == 16 else "; 16 bit only helps so far."))
+    inputs_db = drop["sqnr"] + drop["own_drop_db"]  # the worst tensor it is computed from
+    floor = FLOOR_DB[params["variant"]["activation_bits"]]
+    share = drop["below_floor"] / max(1, drop["measured"])
+    if inputs_db < floor + DROP_DB or share > WIDESPREAD:
+        # Measured on PP-OCRv4's detector at w8a8: its first drop (a depthwise Conv, 8.6 dB) stayed there with that
+        # tensor and its input at 16 bit; only the 16 tensors before it at 16 bit brought it to 29 dB.
+        lines.append(f"But the error builds up before it: the tensors it is computed from are already at "
+                     f"{inputs_db:.1f} dB, and {drop['below_floor']} of {drop['measured']} tensors are below the floor. "
+                     "A depthwise or grouped Conv shows the error of its input's weaker channels, which a per-tensor "
+                     "SQNR hides. A few 16-bit tensors will not fix that: "
+                     + ("try the variant with 16-bit activations (activations = \"uint16\"), then `doit tune:"
+                        f"{params['model']}/<that variant>` to bring tensors back to 8 bit."
+                        if params["variant"]["activation_bits"] == 8 else
+                        "look at the range columns of the first tensors below the floor (a range set by outliers or "
+                        "constants), and at the weights (weights = \"uint16\" for this variant)."))
+        return lines
     eight = [t for t in drop["culprits"] if rows[t]["bits"] == 8][:MAX_LISTED]
     if eight:
         lines.append(f"Keep {'this tensor' if len(eight) == 1 else f'these {len(eight)} tensors'} at 16 bit (the "
