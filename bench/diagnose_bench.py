@@ -116,7 +116,8 @@ def main() -> int:
         mtcnn = new_repo(work, "mtcnn")
         shutil.copytree(ROOT / "models/mtcnn", mtcnn / "models/mtcnn")
         toml = mtcnn / "models/mtcnn/model.toml"
-        toml.write_text(toml.read_text().replace('hooks = "export.py"', f'hooks = "export.py"\nchips = ["{args.chip}"]', 1))
+        toml.write_text(toml.read_text().replace('hooks = "export.py"', f'hooks = "export.py"\nchips = ["{args.chip}"]',
+                                                 1))
         det = new_repo(work, "ppocr")
         (det / "models/ppocr_det").mkdir()
         (det / "models/ppocr_det/hooks.py").write_text(DET_HOOKS)

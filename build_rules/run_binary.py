@@ -1,4 +1,4 @@
-"""Run a compiled binary by hand on the x86 HTP emulator: `python -m build_rules run <ctx.onnx|bin> --input name=file.npy`.
+"""Run a compiled binary by hand on the x86 HTP emulator: `python -m build_rules run <ctx.onnx|bin> --input x=x.npy`.
 
 onnxruntime-qnn 2.7 is an execution-provider *plugin*: `providers=["QNNExecutionProvider"]` fails until its library
 is registered with onnxruntime (toolchains/ort_qnn.py's _ort() does that, once per process). Two kinds of file:

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from conftest import ROOT, TEST_MODELS, make_repo, run_doit
 
@@ -38,7 +37,8 @@ def test_an_fp16_underflow_is_named_at_compile_and_diagnose_shows_where_the_bina
     assert result.code != 0
     # the compile of the fp16 variant names the node and the fix in the summary...
     assert ("warning: logpower/frontend/fp16 (fp16): node 'node_maximum' (Max) floors its input at 1e-12 before "
-            "'node_Log_0' (Log): 1e-12 is below fp16's smallest normal 6.1e-05, so in fp16 the floor is 0") in result.output
+            "'node_Log_0' (Log): 1e-12 is below fp16's smallest normal 6.1e-05, so in fp16 the floor is 0"
+            ) in result.output
     assert "Fix: a larger epsilon in the export (at least 6.1e-05" in result.output
     # ...and the failed gate names the command that shows where the binary departs from the float model
     assert ("check:logpower/frontend/fp16@SM8750: gate failed: cosine = ") in result.output
@@ -60,7 +60,6 @@ def test_an_fp16_underflow_is_named_at_compile_and_diagnose_shows_where_the_bina
 
 
 def _graph(nodes, inputs, outputs, initializers):
-    import onnx
     from onnx import helper
     graph = helper.make_graph(nodes, "g", inputs, outputs, initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

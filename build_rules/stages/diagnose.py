@@ -1,4 +1,4 @@
-"""diagnose (ort-qnn, `doit diagnose:<model>/<graph>/<variant>@<chip>`): where a binary loses accuracy, tensor by tensor.
+"""diagnose (ort-qnn, `doit diagnose:<model>/<graph>/<variant>@<chip>`): where a binary loses accuracy, by tensor.
 
 The field report's advice (5.3), built in: the variant's QDQ model (the float model for fp16) with its activation
 tensors exposed as extra outputs is compiled in-process for the chip and run on the HTP emulator over a few
@@ -23,6 +23,7 @@ import math
 import time
 from pathlib import Path
 
+from .. import progress
 from ..files import atomic_write_json, atomic_write_text
 
 VERSION = 1
@@ -35,6 +36,7 @@ FUSED_ACTIVATIONS = {"Relu", "PRelu", "LeakyRelu", "Clip", "Relu6"}
 # computed from: a curve that only declines a few dB an op has no first drop, the error builds up.
 FLOOR_DB = {8: 20.0, 16: 30.0, "fp16": 40.0}
 DROP_DB = 6.0
+AMPLIFY_SMALL = {"Log", "Div", "Reciprocal", "Pow", "Sqrt"}  # ops whose output error grows as their input nears 0
 WIDESPREAD = 0.25  # more than this share of the tensors below the floor: a variant-wide problem, not a few tensors
 CAP_DB = 100.0  # SQNR of identical tensors (inf), for curves and arithmetic
 OWN_DROP_DB = 3.0  # a tensor below the floor that loses at least this much itself (not only inherited) needs a fix
@@ -56,6 +58,9 @@ def run(params: dict) -> dict:
     graph = Graph.load(params["onnx"], None if fp16 else params["qdq"])
     print(f"loaded the models in {time.perf_counter() - started:.1f} s", flush=True)
     exposed, every = graph.choose(params.get("max_tensors") or MAX_TENSORS)
+    if not fp16:  # a tensor the quantizer made (none is known so far) has no float value to compare with
+        known = graph.float_names()
+        exposed = [t for t in exposed if t.float_name in known]
     print(f"{len(graph.tensors)} activation tensors, {len(exposed)} exposed (every {every}), "
           f"{len(samples)} samples ({', '.join(map(str, subset))}), chip {params['chip']['name']}", flush=True)
     model = graph.exposed_model(exposed)
@@ -66,7 +71,7 @@ def run(params: dict) -> dict:
     compile_seconds = time.perf_counter() - t
     names = [o.name for o in session.get_outputs()]
     t = time.perf_counter()
-    emulated = [dict(zip(names, session.run(names, s))) for s in samples]
+    emulated = [dict(zip(names, session.run(names, s))) for s in progress.track(samples, "emulator samples")]
     emulator_seconds = time.perf_counter() - t
     print(f"compiled with {len(names)} outputs in {compile_seconds:.1f} s; {len(samples)} emulator runs in "
           f"{emulator_seconds:.1f} s", flush=True)
@@ -108,7 +113,7 @@ def run(params: dict) -> dict:
     result = {"model": params["model"], "graph": params["graph_name"], "variant": params["variant_name"],
               "chip": params["chip"]["name"], "fp16": fp16, "samples": subset, "tensors_total": len(graph.tensors),
               "exposed": len(exposed), "every": every, "floor_db": floor, "rows": rows, "drops": drops,
-              "exposure": exposure, "final": final_outputs(graph, plain_outputs, samples, params),
+              "exposure": exposure, "final": final_outputs(graph, plain_outputs, floats),
               "lint": lint, "seconds": {"compile": round(compile_seconds, 1), "emulator": round(emulator_seconds, 1),
                                         "total": round(time.perf_counter() - started, 1)}}
     lap("drops and lint")
@@ -171,7 +176,8 @@ class Tensor:
             report.update(quantized=list(q), step=step,
                           clipped=float(np.mean((reference < q[0] - step / 2) | (reference > q[1] + step / 2))),
                           used=float((min(high, q[1]) - max(low, q[0])) / (q[1] - q[0])) if q[1] > q[0] else 0.0,
-                          rms_steps=float(np.sqrt(np.mean(reference * reference)) / step) if step else None)
+                          rms_steps=float(np.sqrt(np.mean(reference * reference)) / step) if step else None,
+                          below_step=float(np.mean((np.abs(reference) < step) & (reference != 0))))
         return report
 
 
@@ -224,12 +230,14 @@ class Graph:
                 exposed.graph.output.append(onnx.helper.make_tensor_value_info(t.output, elem, None))
         return exposed
 
+    def float_names(self) -> set[str]:
+        model = self.float_model
+        return {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+
     def float_values(self, names: list[str], samples: list[dict]) -> list[dict]:
-        """The float model's values of `names` per sample (CPU)."""
+        """The float model's values of `names` (and its outputs) per sample, on the CPU."""
         from .fp16_lint import run_exposed
-        known = {o for n in self.float_model.graph.node for o in n.output} | \
-            {i.name for i in self.float_model.graph.input}
-        return list(run_exposed(self.float_model, [n for n in names if n in known], samples)) if samples else []
+        return list(run_exposed(self.float_model, names, samples))
 
     def sources(self, measured: list[str]) -> dict[str, list[str]]:
         """measured tensor -> the nearest measured tensors it is computed from (through unmeasured ones)."""
@@ -382,6 +390,7 @@ def find_drop(rows: list[dict], sources: dict, curve: str, floor: float, also=No
         culprits = [first["tensor"]] + [t for t in culprits[culprits.index(first["tensor"]) + 1:]]
     lowest = min(rows, key=lambda r: value[r["tensor"]]) if rows else None
     return {**(_where(first, value) if first else {"tensor": None}),
+            "sources": sources.get(first["tensor"], []) if first else [],
             "own_drop_db": first["own_drop_db"][curve] if first else None, "culprits": culprits,
             "steepest": _where(steepest[0], value) if steepest else None,
             "lowest": _where(lowest, value) if lowest else None, "measured": len(rows), "below_floor": sum(
@@ -389,8 +398,7 @@ def find_drop(rows: list[dict], sources: dict, curve: str, floor: float, also=No
 
 
 def _where(row: dict, value: dict) -> dict:
-    return {"tensor": row["tensor"], "node": row["node"], "op_type": row["op_type"], "sqnr": value[row["tensor"]],
-            "index": None}
+    return {"tensor": row["tensor"], "node": row["node"], "op_type": row["op_type"], "sqnr": value[row["tensor"]]}
 
 
 def exposure_check(graph: Graph, emulated: list[dict], plain: list[dict]) -> dict:
@@ -406,10 +414,8 @@ def exposure_check(graph: Graph, emulated: list[dict], plain: list[dict]) -> dic
     return {"identical": worst == 0.0, "max_abs": worst, "outputs": per_output}
 
 
-def final_outputs(graph: Graph, plain: list[dict], samples: list[dict], params: dict) -> dict:
-    """The plain binary's final outputs against the float model on the diagnosed samples (what the gate sees)."""
-    from .fp16_lint import run_exposed
-    reference = list(run_exposed(graph.float_model, [], samples))
+def final_outputs(graph: Graph, plain: list[dict], reference: list[dict]) -> dict:
+    """The plain binary's final outputs against the float model's on the diagnosed samples (what the gate sees)."""
     return {name: _compare(_flat([r[name] for r in reference]), _flat([p[name] for p in plain])) for name in graph.final
             if name in reference[0]}
 
@@ -461,7 +467,8 @@ def diagnose(result: dict, params: dict) -> list[str]:
         if widespread and params["variant"]["activation_bits"] == 8:
             lines.append(f"{quant['below_floor']} of {quant['measured']} tensors are below the floor: a few 16-bit "
                          "tensors will not fix that; try the variant with 16-bit activations (activations = "
-                         f"\"uint16\"), then `doit tune:{params['model']}/<that variant>` to bring tensors back to 8 bit.")
+                         f"\"uint16\"), then `doit tune:{params['model']}/<that variant>` to bring tensors back to "
+                         "8 bit.")
         elif quant.get("culprits"):  # no single op, but tensors below the floor that add to it themselves
             worst = sorted(quant["culprits"], key=lambda t: -rows[t]["own_drop_db"]["cpu_vs_float"])[:MAX_LISTED]
             eight = [t for t in quant["culprits"] if t in worst and rows[t]["bits"] == 8]
@@ -510,16 +517,24 @@ def _quantization_fix(drop: dict, rows: dict, params: dict) -> list[str]:
                      f"for its values (RMS {r['rms_steps']:.1f} quantization steps) that an outlier or a constant "
                      "(a -1e9 mask, a log(0)) must set it: fix that in the export (finite masks, an epsilon floor, "
                      "a clamp)" + ("; 16 bit cannot." if row["bits"] == 16 else "; 16 bit only helps so far."))
+    small = [t for t in drop["sources"] if rows[t].get("range", {}).get("below_step", 0) > 0.01]
+    if row["op_type"] in AMPLIFY_SMALL and small:
+        r = rows[small[0]]["range"]
+        lines.append(f"{row['op_type']} magnifies the error of small inputs, and its input '{small[0]}' is quantized "
+                     f"with a step of {r['step']:.3g} (range [{r['quantized'][0]:.4g}, {r['quantized'][1]:.4g}]): "
+                     f"{100 * r['below_step']:.1f} % of its values on these samples are below one step and lose all "
+                     f"precision (an epsilon floor far below the step, e.g. max(x, 1e-12), does not help). Fix the "
+                     f"export: a floor near the step (e.g. max(x, {r['step']:.2g})), or the op on a smaller range.")
     inputs_db = drop["sqnr"] + drop["own_drop_db"]  # the worst tensor it is computed from
     floor = FLOOR_DB[params["variant"]["activation_bits"]]
-    share = drop["below_floor"] / max(1, drop["measured"])
-    if inputs_db < floor + DROP_DB or share > WIDESPREAD:
+    if inputs_db < floor:
         # Measured on PP-OCRv4's detector at w8a8: its first drop (a depthwise Conv, 8.6 dB) stayed there with that
         # tensor and its input at 16 bit; only the 16 tensors before it at 16 bit brought it to 29 dB.
         lines.append(f"But the error builds up before it: the tensors it is computed from are already at "
-                     f"{inputs_db:.1f} dB, and {drop['below_floor']} of {drop['measured']} tensors are below the floor. "
-                     "A depthwise or grouped Conv shows the error of its input's weaker channels, which a per-tensor "
-                     "SQNR hides. A few 16-bit tensors will not fix that: "
+                     f"{inputs_db:.1f} dB, and {drop['below_floor']} of {drop['measured']} tensors are below the floor"
+                     + (" (a depthwise or grouped Conv shows the error of its input's weaker channels, which a "
+                        "per-tensor SQNR hides)" if row["op_type"] in ("Conv", "ConvTranspose") else "")
+                     + ". A few 16-bit tensors will not fix that: "
                      + ("try the variant with 16-bit activations (activations = \"uint16\"), then `doit tune:"
                         f"{params['model']}/<that variant>` to bring tensors back to 8 bit."
                         if params["variant"]["activation_bits"] == 8 else
@@ -599,7 +614,8 @@ def markdown(result: dict, params: dict) -> str:
         low = d.get("lowest") or {}
         if d.get("tensor"):
             lines.append(f"- {label[c]}: first drop at `{d['tensor']}` (node `{d['node']}`, {d['op_type']}): "
-                         f"{d['sqnr']:.2f} dB, {d['own_drop_db']:.1f} dB lost there; lowest {low.get('sqnr', 0):.2f} dB "
+                         f"{d['sqnr']:.2f} dB, {d['own_drop_db']:.1f} dB lost there; lowest "
+                         f"{low.get('sqnr', 0):.2f} dB "
                          f"at `{low.get('tensor')}`.")
         elif low:
             lines.append(f"- {label[c]}: no first drop; {d.get('below_floor', 0)} tensor(s) below the floor, lowest "
@@ -657,7 +673,8 @@ def plot(result: dict, path: str) -> None:
             ax.annotate(f"{d['tensor'][-30:]} ({d['op_type']})", (i, d["sqnr"]), textcoords="offset points",
                         xytext=(5, -14), fontsize="x-small", arrowprops={"arrowstyle": "-"})
             ax.plot([i], [d["sqnr"]], "v", color="red")
-    ax.axhline(result["floor_db"], color="grey", linestyle="--", linewidth=0.8, label=f"floor {result['floor_db']:g} dB")
+    ax.axhline(result["floor_db"], color="grey", linestyle="--", linewidth=0.8,
+               label=f"floor {result['floor_db']:g} dB")
     ax.set_xlabel("activation tensor, graph order")
     ax.set_ylabel("SQNR (dB)")
     ax.set_title(f"{result['model']}/{result['graph']} / {result['variant']} on {result['chip']}: tensor by tensor")

@@ -192,7 +192,6 @@ def tensor_ranges(model, samples: list[dict]) -> dict[str, dict]:
 def range_findings(model, samples: list[dict], known_nodes: set = frozenset()) -> list[dict]:
     ranges = tensor_ranges(model, samples)
     constants = _constants(model)
-    consumers = _consumers(model)
     producers = {o: n for n in model.graph.node for o in n.output}
     over = lambda t: ranges.get(t, {}).get("max_abs", 0.0) > FP16_MAX  # noqa: E731
     overflows, underflows = [], []
