@@ -1,6 +1,6 @@
 """Finding out why a binary loses accuracy, and using one by hand (issue 18): the fp16 lint and `doit diagnose` on a
-speech front end whose log underflows in fp16 (tests/models/logpower, real speech from espeak-ng), `python -m
-build_rules run` on the tiny net's binaries, and `python -m build_rules init` in a fresh folder.
+speech front end whose log underflows in fp16 and at 16 bit (tests/models/logpower, real speech from espeak-ng),
+`python -m build_rules run` on the tiny net's binaries, and `python -m build_rules init` in a fresh folder.
 (The broken-override case runs on MTCNN in test_mtcnn_end_to_end.py, which has it built already.)"""
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ def logpower_repo(dest: Path) -> Path:
     return repo
 
 
-def test_an_fp16_underflow_is_named_at_compile_and_diagnose_shows_where_the_binary_departs(tmp_path):
+def test_an_underflow_is_linted_for_fp16_and_diagnose_names_the_log_at_fp16_and_at_16_bit(tmp_path):
     repo = logpower_repo(tmp_path / "repo")
-    result = run_doit(repo)
+    result = run_doit(repo, "--continue")
     assert result.code != 0
     # the compile of the fp16 variant names the node and the fix in the summary...
     assert ("warning: logpower/frontend/fp16 (fp16): node 'node_maximum' (Max) floors its input at 1e-12 before "
@@ -43,10 +43,13 @@ def test_an_fp16_underflow_is_named_at_compile_and_diagnose_shows_where_the_bina
     # ...and the failed gate names the command that shows where the binary departs from the float model
     assert ("check:logpower/frontend/fp16@SM8750: gate failed: cosine = ") in result.output
     assert "to see which tensor it starts at: doit diagnose:logpower/frontend/fp16@SM8750" in result.output
+    assert "to see which tensor it starts at: doit diagnose:logpower/frontend/w8a16@SM8750" in result.output
+    assert result.output.count("warning: logpower/frontend/fp16 (fp16): node 'node_maximum'") == 1
 
-    result = run_doit(repo, "diagnose:logpower/frontend/fp16@SM8750")
+    result = run_doit(repo, "diagnose:logpower/frontend/fp16@SM8750", "diagnose:logpower/frontend/w8a16@SM8750")
     assert result.code == 0, result.output
-    assert result.ran == {"diagnose:logpower/frontend/fp16@SM8750"}
+    assert result.ran_stage("diagnose") == {"diagnose:logpower/frontend/fp16@SM8750",
+                                            "diagnose:logpower/frontend/w8a16@SM8750"}
     folder = repo / "out/logpower/fp16/SM8750"
     report = json.loads((folder / "frontend.diagnose.json").read_text())
     drop = report["drops"]["binary_vs_cpu"]
@@ -57,6 +60,17 @@ def test_an_fp16_underflow_is_named_at_compile_and_diagnose_shows_where_the_bina
     text = (folder / "frontend.diagnose.md").read_text()
     assert ("The fp16 binary departs from the float model first at tensor 'val_0' (node 'node_Log_0', Log)") in text
     assert "fp16 range problem: node 'node_maximum' (Max) floors its input at 1e-12" in text
+
+    # at 16 bit the Log's input is quantized over [0, peak]: values below one step are 0, a range problem
+    report = json.loads((repo / "out/logpower/w8a16/SM8750/frontend.diagnose.json").read_text())
+    drop = report["drops"]["cpu_vs_float"]
+    assert (drop["tensor"], drop["op_type"], drop["sources"]) == ("val_0", "Log", ["maximum"])
+    assert report["drops"]["binary_vs_cpu"]["tensor"] is None
+    below = {r["tensor"]: r for r in report["rows"]}["maximum"]["range"]["below_step"]
+    assert below > 0.2
+    text = (repo / "out/logpower/w8a16/SM8750/frontend.diagnose.md").read_text()
+    assert "Log magnifies the error of small inputs, and its input 'maximum' is quantized with a step of " in text
+    assert f"{100 * below:.1f} % of its values on these samples are below one step" in text
 
 
 def _graph(nodes, inputs, outputs, initializers):
