@@ -36,15 +36,14 @@ def test_an_underflow_is_linted_for_fp16_and_diagnose_names_the_log_at_fp16_and_
     result = run_doit(repo, "--continue")
     assert result.code != 0
     # the compile of the fp16 variant names the node and the fix in the summary...
-    assert ("warning: logpower/frontend/fp16 (fp16): node 'node_maximum' (Max) floors its input at 1e-12 before "
-            "'node_Log_0' (Log): 1e-12 is below fp16's smallest normal 6.1e-05, so in fp16 the floor is 0"
-            ) in result.output
+    assert ("warning: logpower/frontend/fp16 (fp16): node '/Max' (Max) floors its input at 1e-12 before '/Log' (Log): "
+            "1e-12 is below fp16's smallest normal 6.1e-05, so in fp16 the floor is 0") in result.output
     assert "Fix: a larger epsilon in the export (at least 6.1e-05" in result.output
     # ...and the failed gate names the command that shows where the binary departs from the float model
     assert ("check:logpower/frontend/fp16@SM8750: gate failed: cosine = ") in result.output
     assert "to see which tensor it starts at: doit diagnose:logpower/frontend/fp16@SM8750" in result.output
     assert "to see which tensor it starts at: doit diagnose:logpower/frontend/w8a16@SM8750" in result.output
-    assert result.output.count("warning: logpower/frontend/fp16 (fp16): node 'node_maximum'") == 1
+    assert result.output.count("warning: logpower/frontend/fp16 (fp16): node '/Max'") == 1
 
     result = run_doit(repo, "diagnose:logpower/frontend/fp16@SM8750", "diagnose:logpower/frontend/w8a16@SM8750")
     assert result.code == 0, result.output
@@ -53,23 +52,23 @@ def test_an_underflow_is_linted_for_fp16_and_diagnose_names_the_log_at_fp16_and_
     folder = repo / "out/logpower/fp16/SM8750"
     report = json.loads((folder / "frontend.diagnose.json").read_text())
     drop = report["drops"]["binary_vs_cpu"]
-    assert (drop["tensor"], drop["node"], drop["op_type"]) == ("val_0", "node_Log_0", "Log")
+    assert (drop["tensor"], drop["node"], drop["op_type"]) == ("/Log_output_0", "/Log", "Log")
     rows = {r["tensor"]: r for r in report["rows"]}
-    assert rows["maximum"]["binary_vs_cpu"]["sqnr"] > 40 > rows["val_0"]["binary_vs_cpu"]["sqnr"]
+    assert rows["/Max_output_0"]["binary_vs_cpu"]["sqnr"] > 40 > rows["/Log_output_0"]["binary_vs_cpu"]["sqnr"]
     assert report["exposure"]["identical"], report["exposure"]
     text = (folder / "frontend.diagnose.md").read_text()
-    assert ("The fp16 binary departs from the float model first at tensor 'val_0' (node 'node_Log_0', Log)") in text
-    assert "fp16 range problem: node 'node_maximum' (Max) floors its input at 1e-12" in text
+    assert "The fp16 binary departs from the float model first at tensor '/Log_output_0' (node '/Log', Log)" in text
+    assert "fp16 range problem: node '/Max' (Max) floors its input at 1e-12" in text
 
     # at 16 bit the Log's input is quantized over [0, peak]: values below one step are 0, a range problem
     report = json.loads((repo / "out/logpower/w8a16/SM8750/frontend.diagnose.json").read_text())
     drop = report["drops"]["cpu_vs_float"]
-    assert (drop["tensor"], drop["op_type"], drop["sources"]) == ("val_0", "Log", ["maximum"])
+    assert (drop["tensor"], drop["op_type"], drop["sources"]) == ("/Log_output_0", "Log", ["/Max_output_0"])
     assert report["drops"]["binary_vs_cpu"]["tensor"] is None
-    below = {r["tensor"]: r for r in report["rows"]}["maximum"]["range"]["below_step"]
+    below = {r["tensor"]: r for r in report["rows"]}["/Max_output_0"]["range"]["below_step"]
     assert below > 0.2
     text = (repo / "out/logpower/w8a16/SM8750/frontend.diagnose.md").read_text()
-    assert "Log magnifies the error of small inputs, and its input 'maximum' is quantized with a step of " in text
+    assert "Log magnifies the error of small inputs, and its input '/Max_output_0' is quantized with a step of " in text
     assert f"{100 * below:.1f} % of its values on these samples are below one step" in text
 
 
