@@ -11,6 +11,11 @@ The first tensor where each curve falls below its floor (its sources still above
 then the likely fix in words: the `overrides` line to keep those tensors at 16 bit, the fp16 range problem at that
 op (stages/fp16_lint.py), or an HTP-only divergence to report upstream. Writes <graph>.diagnose.md, .png and .json.
 
+What is exposed: the integer output of each activation QuantizeLinear of the variant's own QDQ model, as the
+quantize stage wrote it (dequantized here with its scale and zero point). Not ort_qnn.quantize(extra_outputs=...),
+which sensitivity's _htp_profile uses: that exposes tensors before quantizing, so the quantizer sees graph
+outputs and may quantize differently from the variant being diagnosed.
+
 Exposing a tensor can change what HTP computes: a tensor between a Conv and the activation HTP fuses into it
 (Relu, PRelu, ...) would have to be requantized where the plain binary never does (measured on MTCNN O-Net, w8a8:
 final outputs 1-4 quantization steps apart). Those tensors are not exposed (the activation's output is), and the
