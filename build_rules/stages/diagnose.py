@@ -13,8 +13,8 @@ op (stages/fp16_lint.py), or an HTP-only divergence to report upstream. Writes <
 
 What is exposed: the integer output of each activation QuantizeLinear of the variant's own QDQ model, as the
 quantize stage wrote it (dequantized here with its scale and zero point). Not ort_qnn.quantize(extra_outputs=...),
-which sensitivity's _htp_profile uses: that exposes tensors before quantizing, so the quantizer sees graph
-outputs and may quantize differently from the variant being diagnosed.
+which sensitivity's _htp_profile uses: that quantizes the float model again with the tensors as graph outputs, a
+model other than the one the binary was compiled from.
 
 Exposing a tensor can change what HTP computes: a tensor between a Conv and the activation HTP fuses into it
 (Relu, PRelu, ...) would have to be requantized where the plain binary never does (measured on MTCNN O-Net, w8a8:
