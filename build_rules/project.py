@@ -33,6 +33,7 @@ STAGE_VERSIONS = {
     "report": 2,
     "sensitivity": 1,
     "tune": 1,
+    "diagnose": 1,
     "multi_soc": 1,
     "dist": 2,
 }
@@ -53,10 +54,12 @@ STAGE_TOOLS = {
     "report": ("onnxruntime", "numpy", "matplotlib"),
     "sensitivity": ("onnxruntime", "onnx", "numpy", "matplotlib"),
     "tune": ("onnxruntime", "onnx", "numpy"),
+    "diagnose": ("onnxruntime", "onnx", "numpy", "matplotlib"),
     "multi_soc": ("onnxruntime", "onnx"),
     "dist": ("onnxruntime", "onnx", "numpy"),
 }
-SDK_STAGES = ("compile", "check", "evaluate", "package", "report", "sensitivity", "tune", "multi_soc", "dist")
+SDK_STAGES = ("compile", "check", "evaluate", "package", "report", "sensitivity", "tune", "multi_soc", "dist",
+              "diagnose")
 STATE_DIR = f"{layout.OUT}/.build-state"
 
 

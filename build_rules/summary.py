@@ -183,7 +183,7 @@ class SummaryReporter(ConsoleReporter):
             if task.name.startswith("dist:"):  # bundles; with [dist] multi_soc its size beside the per-chip sum
                 from .dist import describe
                 self.write("".join(f"  {line}\n" for t in task.targets if t.endswith("index.json") for line in describe(t)))
-        for warning in self.warnings:
+        for warning in dict.fromkeys(self.warnings):  # once: an fp16 lint finding is the same for every chip
             self.write(f"  warning: {warning}\n")
         for note in skipped_builds():
             self.write(f"  note: {note}\n")

@@ -11,7 +11,7 @@ import functools
 import os
 import sys
 
-from . import dist_tasks, interrupt, layout, remote_cache, tuning_tasks
+from . import diagnose_tasks, dist_tasks, interrupt, layout, remote_cache, tuning_tasks
 from .config import ConfigError, Model
 from .hashing import ContentChecker, use_stat_cache
 from .project import (STATE_DIR, chip_params, calibration_files, compile_input, model_data, hook_files, input_specs,
@@ -24,7 +24,7 @@ from .runner import remove_stale_staging, run_stage
 __all__ = ["doit_config", "task_data", "task_export", "task_simplify", "task_verify", "task_calibrate",
            "task_calibration_stats", "task_quantize", "task_convert", "task_model_libs", "task_htp_config",
            "task_compile", "task_check", "task_evaluate", "task_package", "task_report", "task_sensitivity",
-           "task_tune", "task_multi_soc", "task_dist", "task_chips", "task_models"]
+           "task_tune", "task_diagnose", "task_multi_soc", "task_dist", "task_chips", "task_models"]
 
 
 def _toolchain_stage(stage: str):
@@ -257,8 +257,13 @@ def _compile_tasks():
                            "report": layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.compile.json")}
                 params = {"onnx": source, "graph": graph.name, "chip": chip_params(chip), "fp16": variant.is_fp16,
                           "outputs": outputs}
+                file_dep = [source]
+                if variant.is_fp16:  # the fp16 lint reads the float model's ranges on the evaluation inputs
+                    params["fp16_lint"] = {"evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
+                                           "where": f"{model.name}/{graph.name}/{variant.name}"}
+                    file_dep.append(params["fp16_lint"]["evaluation"])
                 yield stage_task("compile", f"{model.name}/{graph.name}/{variant.name}@{chip.name}", params,
-                                  [source], list(outputs.values()),
+                                  file_dep, list(outputs.values()),
                                   layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.compile.log"))
 
 
@@ -375,6 +380,11 @@ def task_sensitivity():
 def task_tune():
     """11 tune: fewest 16-bit tensors meeting each graph's target -> out/<model>/tuning/<variant>.tuned.toml"""
     return tuning_tasks.tune_tasks()
+
+
+def task_diagnose():
+    """7c diagnose: where a binary loses accuracy, tensor by tensor (emulator vs CPU QDQ vs float) -> <graph>.diagnose.md"""
+    return diagnose_tasks.diagnose_tasks()
 
 
 def task_multi_soc():

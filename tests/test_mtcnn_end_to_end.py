@@ -73,3 +73,34 @@ def test_two_builds_from_clean_give_identical_binaries(mtcnn_build, tmp_path):
                 b = (second / f"out/mtcnn/{variant}/{chip}/{name}").read_bytes()
                 assert a == b, f"{variant}/{chip}/{name} differs between two clean builds"
     shutil.rmtree(second)
+
+
+def test_diagnose_names_the_tensor_a_broken_override_starts_at(mtcnn_build, tmp_path):
+    """O-Net's box regression kept at 8 bit in the 16-bit variant: diagnose names that tensor, its node and the
+    override that did it, proposes the line that undoes it, and shows the exposed binary computes what the plain
+    one does."""
+    repo, _ = mtcnn_build
+    copy = tmp_path / "repo"
+    shutil.copytree(repo, copy, symlinks=True)
+    toml = copy / "models/mtcnn/model.toml"
+    toml.write_text(toml.read_text() + '\n[variants.w8a16.graphs.onet]\noverrides = { "box" = "uint8" }\n')
+    result = run_doit(copy, "diagnose:mtcnn/onet/w8a16@SM8750")
+    assert result.code == 0, result.output
+    # Only what the diagnosis needs: this graph's quantize and this chip's compile, no check
+    assert result.ran == {"quantize:mtcnn/onet/w8a16", "compile:mtcnn/onet/w8a16@SM8750",
+                          "diagnose:mtcnn/onet/w8a16@SM8750"}, result.output
+    folder = copy / "out/mtcnn/w8a16/SM8750"
+    report = json.loads((folder / "onet.diagnose.json").read_text())
+    drop = report["drops"]["cpu_vs_float"]
+    assert (drop["tensor"], drop["node"], drop["op_type"]) == ("box", "node_linear_1", "Gemm")
+    assert drop["sqnr"] < report["floor_db"] and drop["own_drop_db"] >= 6
+    assert report["drops"]["binary_vs_cpu"]["tensor"] is None  # the binary does what the CPU QDQ model does
+    assert report["exposure"]["identical"], report["exposure"]
+    rows = {r["tensor"]: r for r in report["rows"]}
+    assert rows["box"]["bits"] == 8 and rows["landmarks"]["bits"] == 16
+    text = (folder / "onet.diagnose.md").read_text()
+    assert "It is 8 bit in a 16-bit variant (the variant's overrides set it to uint8)" in text
+    assert '[variants.w8a16.graphs.onet]\noverrides = { "box" = "uint16" }' in text
+    assert "bit-identical to the plain binary's" in text
+    assert (folder / "onet.diagnose.png").stat().st_size > 10_000
+    assert run_doit(copy, "diagnose:mtcnn/onet/w8a16@SM8750").ran == set()  # up to date

@@ -565,6 +565,17 @@ per_channel = true
     check = json.loads((repo / "out/ppocr_cls/w8a8/SM8750/cls.check.json").read_text())
     assert check["summary"]["cosine"] >= 0.99
 
+    # diagnose on a paddle2onnx graph (issue 18): every one of its activation tensors read back from the emulator,
+    # and the binary with them exposed is the plain binary, bit for bit
+    result = run_doit(repo, "diagnose:ppocr_cls/cls/w8a8@SM8750")
+    assert result.code == 0, result.output
+    report = json.loads((repo / "out/ppocr_cls/w8a8/SM8750/cls.diagnose.json").read_text())
+    assert report["exposed"] == report["tensors_total"] > 100
+    assert report["exposure"]["identical"], report["exposure"]
+    assert report["drops"]["binary_vs_cpu"]["tensor"] is None  # the binary follows the CPU QDQ model
+    final = report["final"]["save_infer_model/scale_0.tmp_1"]
+    assert final["cosine"] >= 0.99
+
 
 # --- 9. a bias shared by several Convs (tf2onnx) ---------------------------------------------------------------
 

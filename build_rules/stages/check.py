@@ -88,6 +88,14 @@ def measurement(ctx_model: str, evaluation: str, hooks: str, graph: str, data_di
     return metrics, key
 
 
+def diagnose_hint(params: dict) -> str:
+    """Where to look next (ort-qnn: its check runs the binary's _ctx.onnx; qairt has no diagnose task)."""
+    if "ctx_model" not in params or ":" not in params.get("name", ""):
+        return ""
+    return (f"; to see which tensor it starts at: doit diagnose:{params['name'].split(':', 1)[1]} "
+            "(HTP emulator vs CPU QDQ vs float, tensor by tensor)")
+
+
 COMPARED = ("cosine", "sqnr", "max_abs", "frame_cosine")
 
 
@@ -118,8 +126,10 @@ def decide(params: dict, metrics: dict, key: dict | None = None) -> dict:
         try:
             gates.judge(params["name"], params["gate"], summary, metrics.get("float_score"))
         except BuildError as e:  # the numbers stay in the memo, marked failed; the task fails
+            if "gate failed" in str(e):
+                e = BuildError(f"{e}{diagnose_hint(params)}")
             results.keep_failed(layout.memo_file(params["final_outputs"]["report"]), report, str(e), key, metrics)
-            raise
+            raise e from None
     results.clear_failed(layout.memo_file(params["final_outputs"]["report"]))
     atomic_write_json(params["outputs"]["report"], report)
     return {"summary": summary}

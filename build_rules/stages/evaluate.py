@@ -73,8 +73,12 @@ def run(params: dict) -> dict:
         try:
             gates.judge(params["name"], gate, metrics, reference)
         except BuildError as e:  # the numbers stay in the memo, marked failed; the task fails
+            if params["on"] == "emulator" and "gate failed" in str(e):
+                model, _, target = params["name"].split(":", 1)[1].partition("/")
+                e = BuildError(f"{e}; to see which graph and tensor it starts at: "
+                               + ", ".join(f"doit diagnose:{model}/{g}/{target}" for g in params["graphs"]))
             results.keep_failed(memo, report, str(e), key, metrics, graph_runs=graph_runs)
-            raise
+            raise e from None
         report["bound"] = gates.bound(gate, (reference or {}).get(gate["metric"]))[0]
     results.clear_failed(memo)
     atomic_write_json(params["outputs"]["report"], report)
