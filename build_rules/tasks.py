@@ -22,7 +22,7 @@ from .runner import remove_stale_staging, run_stage
 # What dodo.py imports: every stage and group generator in pipeline order (the order of `doit list`), plus
 # the doit configuration.
 __all__ = ["doit_config", "task_data", "task_export", "task_simplify", "task_verify", "task_calibrate",
-           "task_calibration_stats", "task_quantize", "task_convert", "task_model_libs", "task_htp_config",
+           "task_calibration_stats", "task_quantize", "task_fp16_lint", "task_convert", "task_model_libs", "task_htp_config",
            "task_compile", "task_check", "task_evaluate", "task_package", "task_report", "task_sensitivity",
            "task_tune", "task_diagnose", "task_multi_soc", "task_dist", "task_chips", "task_models"]
 
@@ -211,6 +211,32 @@ def _quantize_tasks():
                               layout.variant_file(model.name, variant.name, graph.name, ".quantize.log"))
 
 
+def task_fp16_lint():
+    """5 fp16 lint: where an fp16 variant's float model cannot be represented in fp16 (build summary warnings)"""
+    return _fp16_lint_tasks()
+
+
+def _fp16_lint_tasks():
+    """Chip-independent, both toolchains: the float model and its evaluation inputs, once per fp16 variant and graph
+    (not part of compile: new evaluation data must not re-make binaries). The groups depend on it."""
+    for model, graph in model_graphs():
+        for variant in model.variants.values():
+            if variant.is_fp16:
+                evaluation = layout.float_file(model.name, graph.name, ".evaluation.npz")
+                sim = layout.float_file(model.name, graph.name, ".sim.onnx")
+                report = layout.variant_file(model.name, variant.name, graph.name, ".fp16_lint.json")
+                params = {"onnx": sim, "evaluation": evaluation, "where": f"{model.name}/{graph.name}/{variant.name}",
+                          "outputs": {"report": report}}
+                yield stage_task("fp16_lint", f"{model.name}/{graph.name}/{variant.name}", params, [sim, evaluation],
+                                 [report], layout.variant_file(model.name, variant.name, graph.name, ".fp16_lint.log"))
+
+
+def _fp16_lints(model: Model, chip_name: str | None = None) -> list[str]:
+    """The fp16 lint tasks a group runs: those of the fp16 variants it builds (for one chip, or all)."""
+    built = {v.name for v, c in variant_builds(model) if v.is_fp16 and chip_name in (None, c.name)}
+    return [f"fp16_lint:{model.name}/{g}/{v}" for v in sorted(built) for g in model.graphs]
+
+
 def task_convert():
     """5 convert (qairt): qnn-onnx-converter per graph and variant -> <graph>.cpp, .bin, _net.json"""
     return _convert_tasks()
@@ -257,13 +283,8 @@ def _compile_tasks():
                            "report": layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.compile.json")}
                 params = {"onnx": source, "graph": graph.name, "chip": chip_params(chip), "fp16": variant.is_fp16,
                           "outputs": outputs}
-                file_dep = [source]
-                if variant.is_fp16:  # the fp16 lint reads the float model's ranges on the evaluation inputs
-                    params["fp16_lint"] = {"evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
-                                           "where": f"{model.name}/{graph.name}/{variant.name}"}
-                    file_dep.append(params["fp16_lint"]["evaluation"])
                 yield stage_task("compile", f"{model.name}/{graph.name}/{variant.name}@{chip.name}", params,
-                                  file_dep, list(outputs.values()),
+                                  [source], list(outputs.values()),
                                   layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.compile.log"))
 
 
@@ -408,6 +429,7 @@ def _chips_tasks():
     for chip in project().chips.chips.values():
         packages = [f"package:{model.name}/{variant.name}@{chip.name}" for model in project().models
                     for variant, c in variant_builds(model) if c.name == chip.name]
+        packages += [lint for model in project().models for lint in _fp16_lints(model, chip.name)]
         if packages:
             yield {"basename": chip.name, "actions": None, "task_dep": packages, "uptodate": [True],
                    "doc": f"all models for {chip.marketing_name} ({chip.name}, {chip.dsp_arch}, soc {chip.soc_id}) "
@@ -422,6 +444,7 @@ def task_models():
 def _models_tasks():
     for model in project().models:
         packages = [f"package:{model.name}/{variant.name}@{chip.name}" for variant, chip in variant_builds(model)]
+        packages += _fp16_lints(model)
         yield {"basename": model.name, "actions": None, "task_dep": packages, "uptodate": [True],
                "doc": f"{model.description or model.name}: {len(model.graphs)} graph(s) x "
                       f"{len(model.variants)} variant(s) x {len(model.chips)} chip(s)"}

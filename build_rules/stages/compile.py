@@ -59,22 +59,5 @@ def run(params: dict) -> dict:
               "target": target}
     if "report" in params["outputs"]:  # what `doit report` reads: size and compile time of this binary
         atomic_write_json(params["outputs"]["report"], {**values, "ops": result["ops"], "chip": chip["name"]})
-    if params.get("fp16_lint"):
-        warnings = fp16_warnings(params)
-        if warnings:
-            values["warnings"] = warnings  # the build summary repeats them (once for all chips: same words)
     return values
 
-
-def fp16_warnings(params: dict) -> list[str]:
-    """Where the float model cannot be represented in fp16 (stages/fp16_lint.py), on a few evaluation inputs."""
-    from .common import load_evaluation
-    from .fp16_lint import lint
-    from .precision import evenly_spaced
-    inputs, _ = load_evaluation(params["fp16_lint"]["evaluation"])
-    samples = [inputs[i] for i in evenly_spaced(len(inputs), 8)]
-    # The same words for every chip, so that the summary lists a finding once.
-    warnings = [f"{params['fp16_lint']['where']} (fp16): {f['message']}" for f in lint(params["onnx"], samples)]
-    for warning in warnings:
-        print(f"warning: {warning}", flush=True)
-    return warnings

@@ -1,4 +1,4 @@
-"""fp16 lint (not a stage itself): where a float model cannot be represented in fp16, named by node.
+"""Stage 5 (fp16 variants), fp16_lint: where a float model cannot be represented in fp16, named by node.
 
 HTP runs an fp16 variant's whole graph in fp16 (research/ort-qnn.md §2: `relaxed_precision_flag`), so a value
 above fp16's largest finite number (65504) becomes inf, and one below its smallest normal (6.1e-05; smaller ones
@@ -9,8 +9,9 @@ are subnormal or 0, and a DSP flushes subnormals) becomes 0. Two kinds of findin
 - computed ranges: the float model run on the CPU over real inputs, every intermediate tensor exposed: a tensor
   that reaches beyond 65504 (first where it starts, not everything after it), and the input of a Log or division
   that takes values below the smallest normal.
-The compile stage of an fp16 variant puts them in the build summary (`{"warnings": [...]}`); diagnose explains an
-fp16 drop with them. ONNX and onnxruntime are imported inside the functions (the stage process has them).
+The stage (fp16_lint:<model>/<graph>/<variant>, once per fp16 variant and graph, for every chip) writes
+<variant>/<graph>.fp16_lint.json and puts its findings in the build summary (`{"warnings": [...]}`); diagnose explains
+an fp16 drop with them. It is not part of compile: new evaluation data re-runs the lint, never a binary. ONNX and onnxruntime are imported inside the functions (the stage process has them).
 """
 from __future__ import annotations
 
@@ -25,6 +26,21 @@ PASS_THROUGH = {"Sqrt", "Mul", "Reshape", "Transpose", "Unsqueeze", "Squeeze", "
                 "Slice", "Concat", "Flatten", "ReduceMean", "ReduceSum"}
 MAX_REPORTED = 5  # findings of one kind listed by name; the rest are counted
 
+
+
+def run(params: dict) -> dict:
+    """The float model on a few evaluation inputs: the findings as JSON, and as warnings for the build summary."""
+    from ..files import atomic_write_json
+    from .common import load_evaluation
+    from .precision import evenly_spaced
+    inputs, _ = load_evaluation(params["evaluation"])
+    samples = [inputs[i] for i in evenly_spaced(len(inputs), 8)]
+    findings = lint(params["onnx"], samples)
+    atomic_write_json(params["outputs"]["report"], {"samples": len(samples), "findings": findings})
+    warnings = [f"{params['where']} (fp16): {f['message']}" for f in findings]
+    for warning in warnings:
+        print(f"warning: {warning}", flush=True)
+    return {"warnings": warnings} if warnings else {}
 
 def lint(model_path: str, samples: list[dict] | None = None) -> list[dict]:
     """Findings for an fp16 build of the float model at model_path, each {"node", "op_type", "tensor", "kind",
