@@ -26,6 +26,7 @@ STAGE_VERSIONS = {
     "verify": 2,
     "calibrate": 1,
     "quantize": 3,
+    "aimet": 1,
     "compile": 1,
     "check": 2,
     "package": 2,
@@ -47,6 +48,7 @@ STAGE_TOOLS = {
     "verify": ("onnxruntime", "torch", "numpy"),
     "calibrate": ("numpy",),
     "quantize": ("onnxruntime", "onnx", "numpy"),
+    "aimet": ("aimet-onnx", "onnxruntime", "onnx", "numpy", "torch"),
     "compile": ("onnxruntime", "onnx"),
     "check": ("onnxruntime", "numpy"),
     "package": (),
@@ -157,7 +159,7 @@ def stage_task(stage: str, name: str, params: dict, file_dep: list, targets: lis
 # Stages whose outputs do not depend on where their inputs and outputs live (no path is written into them): the
 # build cache keys them by content alone, so e.g. a new variant whose pnet quantizes to the same bytes as another
 # variant's gets that variant's pnet binaries from the cache.
-RELOCATABLE_STAGES = ("simplify", "verify", "calibration_stats", "quantize", "compile", "check")
+RELOCATABLE_STAGES = ("simplify", "verify", "calibration_stats", "quantize", "aimet", "compile", "check")
 
 
 def _relocatable(params, file_dep: list[str], targets: list[str]):
