@@ -96,3 +96,11 @@ def report_reports(model: Model, params: dict) -> list[str]:
     params["aimet"] = {v.name: {g: report_file(model.name, v.name, g) for g in model.graphs}
                        for v in aimet_variants(model)}
     return [path for reports in params["aimet"].values() for path in reports.values()]
+
+
+def tune_calibration(model: Model, graph, variant: Variant, tuning_graph: dict) -> list[str]:
+    """The tune stage's whole-variant ladder quantizes with AIMET too: the calibration files and QuantSim arch it
+    needs go into the graph's tuning params; returns them for the task's file_dep."""
+    input_list = f"{layout.calibration_dir(model.name, graph.name)}/input_list.txt"
+    tuning_graph["calibration"] = {"input_list": input_list, "inputs": input_specs(graph), "htp_arch": oldest_arch(model)}
+    return [input_list, *calibration_files(model, graph, variant.calibration_samples)]

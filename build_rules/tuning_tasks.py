@@ -88,7 +88,7 @@ def tune_tasks():
                 g.update(target=target.as_dict() if target else None,
                          sensitivity=layout.tuning_file(model.name, variant.name, f"{graph.name}.sensitivity.json"))
                 graphs.append(g)
-                file_dep += _tuning_deps(g)
+                file_dep += _tuning_deps(g) + aimet_tasks.tune_calibration(model, graph, variant, g)
             new_name = f"{variant.name}_tuned"
             number = 2
             while new_name in model.variants:
