@@ -73,6 +73,14 @@ def htp_config(arch: str, per_channel: bool, folder: Path) -> tuple[Path, dict]:
 
 
 def run(params: dict) -> dict:
+    report = quantize(params)
+    atomic_write_json(params["outputs"]["report"], report)
+    return {"config": report["config"]["file"], **{f"{t}_seconds": r["seconds"] for t, r in report["techniques"].items()}}
+
+
+def quantize(params: dict) -> dict:
+    """Writes outputs "onnx" (QDQ), "encodings" and "float_onnx"; returns the report. params: name, onnx, input_list,
+    inputs, variant (settings_for the graph), htp_arch, outputs (the tune stage calls this for its candidates)."""
     import numpy as np
     import onnx
     import torch
@@ -89,7 +97,8 @@ def run(params: dict) -> dict:
 
     steps = {"done": 0}
     techniques = list(v.get("techniques", []))
-    progress.watch(lambda: steps["done"], "steps (techniques, encodings, export)", len(techniques) + 2)
+    if params.get("progress", True):  # the tune stage keeps its own counter on the console
+        progress.watch(lambda: steps["done"], "steps (techniques, encodings, export)", len(techniques) + 2)
     report = {"aimet_onnx": aimet_onnx.__version__, "htp_arch": params["htp_arch"], "techniques": {},
               "samples": len(samples)}
     model = onnx.load(params["onnx"])
@@ -124,8 +133,7 @@ def run(params: dict) -> dict:
     atomic_write_json(params["outputs"]["encodings"], encodings)
     report["encodings"] = {"version": encodings.get("version"), "activations": len(encodings["activation_encodings"]),
                            "params": len(encodings["param_encodings"])}
-    atomic_write_json(params["outputs"]["report"], report)
-    return {"config": report["config"]["file"], **{f"{t}_seconds": r["seconds"] for t, r in report["techniques"].items()}}
+    return report
 
 
 def _timed(report: dict, name: str, action, settings: dict | None = None):

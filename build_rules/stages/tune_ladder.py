@@ -81,7 +81,7 @@ class Ladder:
             calibration = graph["calibration"]
             aimet.quantize({"name": f"{self.params['name']} {rung['name']}", "onnx": graph["onnx"],
                             "input_list": calibration["input_list"], "inputs": calibration["inputs"],
-                            "variant": settings, "htp_arch": calibration["htp_arch"],
+                            "variant": settings, "htp_arch": calibration["htp_arch"], "progress": False,
                             "outputs": {"onnx": str(path), "encodings": str(folder / f"{graph['name']}.json"),
                                         "float_onnx": str(folder / f"{graph['name']}.float.onnx")}})
         return path
