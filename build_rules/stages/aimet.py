@@ -107,6 +107,11 @@ def quantize(params: dict) -> dict:
         print(f"QuantSim config: {report['config']['file']} ({report['config']['supergroups_removed']} supergroups "
               f"removed), weights {v['weights']}, activations {v['activations']}, {len(samples)} calibration samples",
               flush=True)
+        # A weight two ops share (Whisper's tied token embedding: a Gather table and the logits MatMul) is one
+        # quantizer to AIMET, which refuses two consumer kinds: each consumer gets its own copy (the binary has
+        # them apart anyway).
+        from aimet_onnx.utils import duplicate_shared_initializers
+        report["shared_initializers_copied"] = duplicate_shared_initializers(model.graph)
         if "cle" in techniques:
             model = _timed(report, "cle", lambda: _equalize(model))
             steps["done"] += 1
