@@ -100,8 +100,10 @@ def main() -> int:
         text = (repo / "models/mtcnn/model.toml").read_text()
         block = text[text.index(f"[graphs.{graph}]"):]
         gates[graph] = block[block.index("gate = {"):].split("metric = \"", 1)[1].split("\"", 1)[0]
-    print(f"MTCNN on {args.chip}, HTP emulator, whole evaluation set (worst output); AdaRound "
-          f"{args.adaround_iterations} iterations; doit exit code {proc.returncode} (gates may fail)\n")
+    adaround = f"; AdaRound {args.adaround_iterations} iterations" if "adaround" in methods else ""
+    load = os.getloadavg()[0]
+    print(f"MTCNN on {args.chip}, HTP emulator, whole evaluation set (worst output){adaround}; doit exit code "
+          f"{proc.returncode} (gates may fail); load average {load:.1f} at the end\n")
     print("| graph | variant | gate metric | cosine (worst output) | binary (KB) | quantizer time (s) | config |")
     print("|---|---|---|---|---|---|---|")
     for graph in graphs:
