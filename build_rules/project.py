@@ -31,7 +31,7 @@ STAGE_VERSIONS = {
     "check": 2,
     "package": 2,
     "calibration_stats": 1,
-    "report": 2,
+    "report": 3,
     "sensitivity": 1,
     "tune": 2,
     "diagnose": 1,
