@@ -20,6 +20,13 @@ TENSOR_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "bool")
 ACTIVATION_TYPES = ("uint8", "uint16")
 WEIGHT_TYPES = ("uint8", "int8", "uint16", "int4")
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+# Who quantizes a variant: onnxruntime.quantization's min-max recipe ("ort"), or Qualcomm's AIMET ("aimet", the
+# aimet-onnx package of the `aimet` extra) with its HTP QuantSim config and the techniques below.
+QUANTIZERS = ("ort", "aimet")
+TECHNIQUES = ("seq_mse", "adaround", "cle")  # aimet only; applied in the order given (cle first: it edits the model)
+TECHNIQUE_PARAMS = {"seq_mse": {"candidates": 20}, "adaround": {"iterations": 10000}}  # aimet-onnx's defaults
+AIMET_WEIGHTS = ("int8", "int4")  # AIMET's HTP configs quantize weights symmetrically: signed types only
+AIMET_CALIBRATION = ("minmax", "percentile")
 TOOLCHAINS = ("ort-qnn", "qairt", "auto")
 EXPORTERS = ("dynamo", "torchscript")
 QAIRT_FLOWS = ("model-lib", "dlc")  # qairt toolchain only: model libraries (the seeds' flow) or DLC files
@@ -121,6 +128,13 @@ class Variant:
     node_overrides: dict[str, str] = factory(dict)  # node -> activation type of its outputs
     # graph -> {"overrides": {...}, "node_overrides": {...}}: only that graph's quantize sees them
     graph_overrides: dict[str, dict[str, dict[str, str]]] = factory(dict)
+    quantizer: str = "ort"  # "aimet": the aimet stage makes the QDQ model and an encodings JSON
+    techniques: tuple[str, ...] = ()  # aimet techniques, in the order they are applied
+    technique_params: dict[str, dict[str, int]] = factory(dict)  # e.g. {"seq_mse": {"candidates": 20}}
+
+    @property
+    def is_aimet(self) -> bool:
+        return self.quantizer == "aimet"
 
     @property
     def is_fp16(self) -> bool:
@@ -145,7 +159,11 @@ class Variant:
                 "per_channel": self.per_channel, "calibration_method": self.calibration_method,
                 "calibration_samples": self.calibration_samples, "overrides": dict(sorted(self.overrides.items())),
                 **({"node_overrides": dict(sorted(self.node_overrides.items()))} if self.node_overrides else {}),
-                **({"graphs": self.graph_overrides} if self.graph_overrides else {})}
+                **({"graphs": self.graph_overrides} if self.graph_overrides else {}),
+                # only for aimet variants: an ort variant's settings (and so its task keys) stay as they were
+                **({"quantizer": "aimet", "techniques": list(self.techniques),
+                    "technique_params": {t: self.technique_params[t] for t in self.techniques
+                                         if t in self.technique_params}} if self.is_aimet else {})}
 
 
 @record
@@ -398,9 +416,9 @@ def _asked_samples(raw_variants: dict, where: str) -> int | None:
 
 
 VARIANT_KEYS = ("inherits", "precision", "activations", "weights", "per_channel", "calibration", "overrides",
-                "node_overrides", "graphs")
+                "node_overrides", "graphs", "quantizer", "techniques", *TECHNIQUE_PARAMS)
 # Tables a variant adds to the ones it inherits (key by key) instead of replacing them.
-MERGED_VARIANT_TABLES = ("overrides", "node_overrides", "graphs")
+MERGED_VARIANT_TABLES = ("overrides", "node_overrides", "graphs", *TECHNIQUE_PARAMS)
 
 
 def _merged_variant(name: str, raw_variants: dict, where: str, seen: tuple = ()) -> dict:
@@ -466,13 +484,58 @@ def _variant(t: _Table, name: str, raw_variants: dict, graphs: dict[str, Graph])
         own = {k: _override_table(g, k) for k in ("overrides", "node_overrides") if k in g.data}
         if any(own.values()):
             graph_overrides[graph_name] = own
+    quantizer, techniques, technique_params = _quantizer(t)
+    weights = t.get("weights", str, choices=WEIGHT_TYPES)
+    method = calibration.get("method", str, "minmax", choices=CALIBRATION_METHODS)
+    if quantizer == "aimet":
+        if weights not in AIMET_WEIGHTS:
+            raise t.error("weights", f"with quantizer = \"aimet\" expected one of {', '.join(map(repr, AIMET_WEIGHTS))} "
+                                     f"(AIMET's HTP configs quantize weights symmetrically), got {weights!r}")
+        if method not in AIMET_CALIBRATION:
+            raise calibration.error("method", f"with quantizer = \"aimet\" expected one of "
+                                              f"{', '.join(map(repr, AIMET_CALIBRATION))}, got {method!r}")
     return Variant(name=name, precision="quantized",
-                   activations=t.get("activations", str, choices=ACTIVATION_TYPES),
-                   weights=t.get("weights", str, choices=WEIGHT_TYPES),
-                   per_channel=t.get("per_channel", bool, True),
-                   calibration_method=calibration.get("method", str, "minmax", choices=CALIBRATION_METHODS),
+                   activations=t.get("activations", str, choices=ACTIVATION_TYPES), weights=weights,
+                   per_channel=t.get("per_channel", bool, True), calibration_method=method,
                    calibration_samples=samples, overrides=_override_table(t, "overrides"),
-                   node_overrides=_override_table(t, "node_overrides"), graph_overrides=graph_overrides)
+                   node_overrides=_override_table(t, "node_overrides"), graph_overrides=graph_overrides,
+                   quantizer=quantizer, techniques=techniques, technique_params=technique_params)
+
+
+def _quantizer(t: _Table) -> tuple[str, tuple[str, ...], dict[str, dict[str, int]]]:
+    """quantizer, techniques (checked: known, once each, cle first) and each technique's parameters."""
+    quantizer = t.get("quantizer", str, "ort", choices=QUANTIZERS)
+    techniques = t.get("techniques", list, [])
+    if techniques and quantizer != "aimet":
+        raise t.error("techniques", 'AIMET\'s techniques need quantizer = "aimet"')
+    for i, name in enumerate(techniques):
+        if name not in TECHNIQUES:
+            raise t.error("techniques", f"unknown technique {name!r} (allowed: {', '.join(map(repr, TECHNIQUES))})")
+        if name in techniques[:i]:
+            raise t.error("techniques", f"{name!r} is listed twice")
+    if "cle" in techniques and techniques[0] != "cle":
+        raise t.error("techniques", "'cle' must come first: cross-layer equalization changes the float model's "
+                                    "weights, which the other techniques then quantize")
+    params = {}
+    for name, defaults in TECHNIQUE_PARAMS.items():
+        if name not in t.data:
+            continue
+        table = t.table(name)
+        if name not in techniques:
+            raise table.error(next(iter(table.data), "iterations"),
+                              f"parameters for {name!r}, which is not in techniques = {techniques!r}")
+        table.check_keys(tuple(defaults))
+        given = {}
+        for key in defaults:
+            value = table.get(key, int, defaults[key])
+            if value < 1:
+                raise table.error(key, f"must be at least 1, got {value}")
+            given[key] = value
+        params[name] = given
+    for name in techniques:
+        if name in TECHNIQUE_PARAMS:
+            params.setdefault(name, dict(TECHNIQUE_PARAMS[name]))
+    return quantizer, tuple(techniques), params
 
 
 def load_model(folder: Path, chips: ChipTable) -> Model:

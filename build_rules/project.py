@@ -27,13 +27,14 @@ STAGE_VERSIONS = {
     "calibrate": 1,
     "quantize": 3,
     "fp16_lint": 1,
+    "aimet": 1,
     "compile": 1,
     "check": 2,
     "package": 2,
     "calibration_stats": 1,
-    "report": 2,
+    "report": 3,
     "sensitivity": 1,
-    "tune": 1,
+    "tune": 2,
     "diagnose": 1,
     "multi_soc": 1,
     "dist": 2,
@@ -49,13 +50,14 @@ STAGE_TOOLS = {
     "calibrate": ("numpy",),
     "quantize": ("onnxruntime", "onnx", "numpy"),
     "fp16_lint": ("onnxruntime", "onnx", "numpy"),
+    "aimet": ("aimet-onnx", "onnxruntime", "onnx", "numpy", "torch"),
     "compile": ("onnxruntime", "onnx"),
     "check": ("onnxruntime", "numpy"),
     "package": (),
     "calibration_stats": ("onnxruntime", "onnx", "numpy"),
     "report": ("onnxruntime", "numpy", "matplotlib"),
     "sensitivity": ("onnxruntime", "onnx", "numpy", "matplotlib"),
-    "tune": ("onnxruntime", "onnx", "numpy"),
+    "tune": ("onnxruntime", "onnx", "numpy", "aimet-onnx"),
     "diagnose": ("onnxruntime", "onnx", "numpy", "matplotlib"),
     "multi_soc": ("onnxruntime", "onnx"),
     "dist": ("onnxruntime", "onnx", "numpy"),
@@ -159,7 +161,7 @@ def stage_task(stage: str, name: str, params: dict, file_dep: list, targets: lis
 # Stages whose outputs do not depend on where their inputs and outputs live (no path is written into them): the
 # build cache keys them by content alone, so e.g. a new variant whose pnet quantizes to the same bytes as another
 # variant's gets that variant's pnet binaries from the cache.
-RELOCATABLE_STAGES = ("simplify", "verify", "calibration_stats", "quantize", "compile", "check")
+RELOCATABLE_STAGES = ("simplify", "verify", "calibration_stats", "quantize", "aimet", "compile", "check")
 
 
 def _relocatable(params, file_dep: list[str], targets: list[str]):

@@ -11,7 +11,7 @@ import functools
 import os
 import sys
 
-from . import diagnose_tasks, dist_tasks, interrupt, layout, remote_cache, tuning_tasks
+from . import aimet_tasks, diagnose_tasks, dist_tasks, interrupt, layout, remote_cache, tuning_tasks
 from .config import ConfigError, Model
 from .hashing import ContentChecker, use_stat_cache
 from .project import (STATE_DIR, chip_params, calibration_files, compile_input, model_data, hook_files, input_specs,
@@ -22,7 +22,7 @@ from .runner import remove_stale_staging, run_stage
 # What dodo.py imports: every stage and group generator in pipeline order (the order of `doit list`), plus
 # the doit configuration.
 __all__ = ["doit_config", "task_data", "task_export", "task_simplify", "task_verify", "task_calibrate",
-           "task_calibration_stats", "task_quantize", "task_fp16_lint", "task_convert", "task_model_libs", "task_htp_config",
+           "task_calibration_stats", "task_quantize", "task_aimet", "task_fp16_lint", "task_convert", "task_model_libs", "task_htp_config",
            "task_compile", "task_check", "task_evaluate", "task_package", "task_report", "task_sensitivity",
            "task_tune", "task_diagnose", "task_multi_soc", "task_dist", "task_chips", "task_models"]
 
@@ -178,6 +178,8 @@ def _calibration_stats_tasks():
     for model, graph in model_graphs():
         done = set()
         for variant in quantized_variants(model):
+            if variant.is_aimet:
+                continue  # AIMET calibrates inside its own stage
             method, samples = variant.calibration_method, variant.calibration_samples
             if (method, samples) in done:
                 continue
@@ -201,6 +203,8 @@ def task_quantize():
 def _quantize_tasks():
     for model, graph in model_graphs():
         for variant in quantized_variants(model):
+            if variant.is_aimet:
+                continue  # its QDQ model comes from the aimet stage
             sim = layout.float_file(model.name, graph.name, ".sim.onnx")
             ranges = ranges_file(model, graph, variant)
             target = layout.variant_file(model.name, variant.name, graph.name, ".qdq.onnx")
@@ -235,6 +239,9 @@ def _fp16_lints(model: Model, chip_name: str | None = None) -> list[str]:
     """The fp16 lint tasks a group runs: those of the fp16 variants it builds (for one chip, or all)."""
     built = {v.name for v, c in variant_builds(model) if v.is_fp16 and chip_name in (None, c.name)}
     return [f"fp16_lint:{model.name}/{g}/{v}" for v in sorted(built) for g in model.graphs]
+def task_aimet():
+    """5 aimet: QDQ model + encodings JSON per variant with quantizer = "aimet" (AIMET's techniques, HTP config)"""
+    return aimet_tasks.aimet_tasks()
 
 
 def task_convert():
@@ -372,14 +379,14 @@ def _package_tasks():
                       "toolchain": project().toolchain,
                       "tools": {t: tool_version(t) for t in ("onnxruntime", "onnx", "onnxsim", "torch")},
                       "checkpoints": checkpoints, "graphs": graphs, "outputs": {"manifest": manifest}}
-            evaluation = []
+            reports = aimet_tasks.package_reports(model, variant, params)  # an aimet variant's QuantSim settings
             if model.evaluate and project().toolchain["name"] == "ort-qnn":
-                evaluation = [layout.chip_file(model.name, variant.name, chip.name, "evaluate.json")]
-                params["evaluate"] = evaluation[0]
+                reports.append(layout.chip_file(model.name, variant.name, chip.name, "evaluate.json"))
+                params["evaluate"] = reports[-1]
             yield {
                 "name": f"{model.name}/{variant.name}@{chip.name}",
                 "actions": [(_package, [params])],
-                "file_dep": [f for files in graphs.values() for f in files.values()] + checkpoints + evaluation,
+                "file_dep": [f for files in graphs.values() for f in files.values()] + checkpoints + reports,
                 "targets": [manifest],
                 "uptodate": [task_key("package", params)],
                 "clean": True,

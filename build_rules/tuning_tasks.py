@@ -4,7 +4,7 @@ task_report / task_sensitivity / task_tune creators call these. Loaded with the 
 """
 from __future__ import annotations
 
-from . import layout
+from . import aimet_tasks, layout
 from .config import Chip, Graph, Model, Variant
 from .project import (chip_params, model_data, hook_files, model_graphs, project, quantized_variants, ranges_file,
                       rel, stage_task, variant_builds)
@@ -34,6 +34,7 @@ def report_tasks():
         params = {"model": model.name, "cells": cells, "hooks": rel(model.hooks), "toolchain": project().toolchain,
                   "variants": {v.name: v.settings() for v in model.variants.values()}, "evaluations": evaluations,
                   "outputs": outputs, **data_params}
+        file_dep += aimet_tasks.report_reports(model, params)  # which QuantSim config each aimet variant used
         yield stage_task("report", model.name, params, [*file_dep, *hook_files(model), *data_dep],
                           list(outputs.values()), layout.report_file(model.name, ".log"))
 
@@ -59,7 +60,7 @@ def sensitivity_tasks():
         return
     for model, graph in model_graphs():
         data_params, data_dep = model_data(model)
-        for variant in quantized_variants(model):
+        for variant in aimet_tasks.ort_variants(model):
             g = _tuning_graph(model, graph, variant)
             outputs = {key: layout.tuning_file(model.name, variant.name, f"{graph.name}.sensitivity.{ext}")
                        for key, ext in (("json", "json"), ("markdown", "md"), ("png", "png"))}
@@ -76,7 +77,7 @@ def tune_tasks():
         return
     for model in project().models:
         data_params, data_dep = model_data(model)
-        for variant in quantized_variants(model):
+        for variant in aimet_tasks.ort_variants(model):
             graphs, file_dep = [], []
             for graph in model.graphs.values():
                 g = _tuning_graph(model, graph, variant)
@@ -87,7 +88,7 @@ def tune_tasks():
                 g.update(target=target.as_dict() if target else None,
                          sensitivity=layout.tuning_file(model.name, variant.name, f"{graph.name}.sensitivity.json"))
                 graphs.append(g)
-                file_dep += _tuning_deps(g)
+                file_dep += _tuning_deps(g) + aimet_tasks.tune_calibration(model, graph, variant, g)
             new_name = f"{variant.name}_tuned"
             number = 2
             while new_name in model.variants:

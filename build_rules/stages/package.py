@@ -48,5 +48,7 @@ def run(params: dict) -> dict:
     }
     if params.get("evaluate"):
         manifest["evaluate"] = json.loads(Path(params["evaluate"]).read_text())
+    if params.get("aimet"):  # quantizer = "aimet": per graph the QuantSim config, techniques, aimet-onnx version
+        manifest["aimet"] = {g: json.loads(Path(path).read_text()) for g, path in params["aimet"].items()}
     atomic_write_json(params["outputs"]["manifest"], manifest)
     return {"bytes": sum(g["bytes"] for g in graphs.values())}

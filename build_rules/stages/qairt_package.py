@@ -85,5 +85,7 @@ def run(params: dict) -> dict:
         "runtime_libraries": {name: f"runtime/{name}" for name in params["runtime_libs"]},
         "runtime": runtime_note(params["chip"]["dsp_arch"], runtime_dir.name),
     }
+    if params.get("aimet"):  # quantizer = "aimet": per graph the QuantSim config, techniques, aimet-onnx version
+        manifest["aimet"] = {g: json.loads(Path(path).read_text()) for g, path in params["aimet"].items()}
     atomic_write_json(params["outputs"]["manifest"], manifest)
     return {"bytes": sum(g["bytes"] for g in graphs.values())}

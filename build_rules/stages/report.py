@@ -59,7 +59,7 @@ def run(params: dict) -> dict:
                      "summary": summary, "float_score": metrics.get("float_score", {}), "gate": cell["gate"],
                      "passed": _passes(cell["gate"], summary, metrics.get("float_score", {})), "measured_by": source})
     report = {"model": params["model"], "toolchain": params["toolchain"], "variants": params["variants"],
-              "cells": rows, "evaluate": evaluations(params.get("evaluations", {}))}
+              "cells": rows, "evaluate": evaluations(params.get("evaluations", {})), "quantizers": quantizers(params)}
     atomic_write_json(params["outputs"]["json"], report)
     atomic_write_text(params["outputs"]["markdown"], markdown(report))
     plot(report, params["outputs"]["png"])
@@ -74,6 +74,27 @@ def evaluations(paths: dict) -> dict:
         result = results.last(path)
         if result is not None:
             found[name] = result
+    return found
+
+
+def quantizers(params: dict) -> dict[str, str]:
+    """Per variant who quantized it and how: "fp16", "ort minmax", "aimet seq_mse (htp_quantsim_config_v73.json)"."""
+    found = {}
+    for name, settings in params["variants"].items():
+        if settings.get("precision") == "fp16":
+            found[name] = "fp16"
+            continue
+        if settings.get("quantizer") != "aimet":
+            found[name] = f"ort {settings.get('calibration_method', '')}".strip()
+            continue
+        configs = set()
+        for path in params.get("aimet", {}).get(name, {}).values():
+            try:
+                configs.add(json.loads(Path(path).read_text())["config"]["file"])
+            except (OSError, ValueError, KeyError):
+                pass
+        techniques = " + ".join(settings.get("techniques") or []) or settings.get("calibration_method", "minmax")
+        found[name] = f"aimet {techniques}" + (f" ({', '.join(sorted(configs))})" if configs else "")
     return found
 
 
@@ -111,7 +132,7 @@ def markdown(report: dict) -> str:
              f"Measured on the HTP emulator ({report['toolchain'].get('name')} {report['toolchain'].get('build_id', '')}) "
              "against the float model; sizes are the context binaries. Rebuild with `doit report`.", ""]
     # Summary: one row per variant and chip, one column per graph (its gate metric, or cosine).
-    header = ["variant", "chip", "size (MB)", "compile (s)"]
+    header = ["variant", "quantizer", "weights/activations", "chip", "size (MB)", "compile (s)"]
     for g in graphs:
         gate = next((r["gate"] for r in rows if r["graph"] == g and r["gate"]), None)
         header.append(f"{g} {gate['metric'] if gate else 'cosine'}")
@@ -131,7 +152,10 @@ def markdown(report: dict) -> str:
             metric = (r["gate"] or {}).get("metric", "cosine") if r else None
             values.append(_fmt(r["summary"].get(metric)) if r else "–")
         failed = [g for g, r in cells.items() if r["passed"] is False]
-        lines.append(f"| {variant} | {chip} | {size:.3f} | {seconds:.2f} | " + " | ".join(values)
+        settings = report["variants"].get(variant, {})
+        bits = "fp16" if settings.get("precision") == "fp16" else f"{settings.get('weights')}/{settings.get('activations')}"
+        lines.append(f"| {variant} | {report.get('quantizers', {}).get(variant, '–')} | {bits} | {chip} | {size:.3f} | "
+                     f"{seconds:.2f} | " + " | ".join(values)
                      + f" | {'FAIL: ' + ', '.join(failed) if failed else 'pass'} |")
     lines += ["", "## Per graph", "",
               "| variant | chip | graph | size (KB) | compile (s) | cosine | SQNR (dB) | max abs | task metrics | gate |",

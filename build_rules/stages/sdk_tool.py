@@ -76,7 +76,10 @@ def check_converter_output(where: str, tool: str, code: int, text: str, onnx_pat
 
 def overrides_file(params: dict) -> str | None:
     """Write the graph's --quantization_overrides file (tensor and node overrides, resolved against its ONNX model)
-    when the task has one; its path for the command line, else None. Both converters take the same file."""
+    when the task has one; its path for the command line, else None. Both converters take the same file. A variant
+    quantized by AIMET passes the aimet stage's encodings instead (its overrides are already in them)."""
+    if params.get("encodings"):
+        return short(params["encodings"])
     path = params["outputs"].get("overrides")
     if not path:
         return None

@@ -31,22 +31,26 @@ from ..files import atomic_write_json, atomic_write_text
 from .precision import Candidates, clean, describe, meets
 from .precision import search as search_full
 from .sensitivity import ranking as sensitivity_ranking
+from . import tune_ladder
 
 VERSION = 1
 
 
 def run(params: dict) -> dict:
     started = time.perf_counter()
+    ladder = tune_ladder.search(params)  # whole variants across quantizers and bit widths, before 16-bit tensors
+    if ladder["chosen"]:
+        return tune_ladder.write(params, ladder, started)
     found, warnings = {}, []
-    for graph in params["graphs"]:
+    for graph in params["graphs"]:  # the ladder's measurements of the variant are reused
         built = as_built(params["model"], params["variant"], graph["name"])
-        found[graph["name"]] = _tune_graph(graph, params, built)
+        found[graph["name"]] = _tune_graph(graph, dict(params, _candidates=ladder["candidates"]), built)
         warnings += _other_chips_fail(graph["name"], found[graph["name"]], built, params)
     tuned = {"model": params["model"], "variant": params["variant"], "name": params["new_name"],
              "chip": params["chip"], "model_toml": params["model_toml"], "graphs": found,
-             "seconds": round(time.perf_counter() - started, 1)}
-    atomic_write_json(params["outputs"]["json"], tuned)
+             "seconds": round(time.perf_counter() - started, 1), **tune_ladder.summary(ladder, found, params)}
     atomic_write_text(params["outputs"]["toml"], toml_section(tuned, params))
+    atomic_write_json(params["outputs"]["json"], {k: v for k, v in tuned.items() if k != "ladder_comments"})
     for warning in warnings:
         print(f"warning: {warning}", flush=True)
     return {g: len(r["sixteen_bit"]) for g, r in found.items()} | ({"warnings": warnings} if warnings else {})
@@ -85,7 +89,8 @@ def _tune_graph(graph: dict, params: dict, built: dict) -> dict:
         verdict = {True: "passed", False: "FAILED", None: "not run"}[r["passed"]]
         print(f"{name}: as built on {chip}: check {verdict}" + (f" ({r['error'].split(': ', 1)[-1]})"
                                                                  if "error" in r else ""), flush=True)
-    c = Candidates(graph, params["chip"], params["samples"], params["hooks"], params.get("data_dir"))
+    c = params.get("_candidates", {}).get(name) or \
+        Candidates(graph, params["chip"], params["samples"], params["hooks"], params.get("data_dir"))
     progress.watch(lambda: c.evaluations, f"{name}: emulator measurements")  # a search: no total known ahead
     base = c.measure(set(), full=True)
     result = {"target": target, "candidates": len(c.candidates), "base": clean(base),
@@ -152,7 +157,8 @@ def toml_section(tuned: dict, params: dict) -> str:
     name, base, chip = tuned["name"], tuned["variant"], tuned["chip"]
     lines = [f"# Found by `doit tune:{tuned['model']}/{base}`: the fewest 16-bit activation tensors that meet each",
              f"# graph's target on the HTP emulator ({chip['name']}, soc {chip['soc_id']}), full evaluation set.",
-             "# Other chips can differ slightly: the gate still checks every chip when you build it."]
+             "# Other chips can differ slightly: the gate still checks every chip when you build it.",
+             *tuned.get("ladder_comments", [])]
     for graph, r in tuned["graphs"].items():
         if not r.get("target"):
             lines.append(f"#   {graph}: no target, unchanged")

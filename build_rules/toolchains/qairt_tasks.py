@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import layout
+from .. import aimet_tasks, layout
 from ..project import calibration_files, chip_params, model_data, project, rel, tool_version, variant_builds
 from ..hashing import TaskKey
 from ..runner import run_stage
@@ -138,11 +138,15 @@ def convert():
                 input_list = f"{layout.calibration_dir(m, g)}/input_list.txt"
                 file_dep += [input_list, *calibration_files(model, graph, variant.calibration_samples)]
         settings = variant.settings_for(g)  # the graph's own overrides and node_overrides too
-        if settings.get("overrides") or settings.get("node_overrides"):
+        encodings = None
+        if variant.is_aimet:  # AIMET's encodings (overrides applied in them) for the float model they belong to
+            sim, encodings = aimet_tasks.float_file(m, v, g), aimet_tasks.encodings_file(m, v, g)
+            file_dep = [sim, encodings, *file_dep[1:]]
+        elif settings.get("overrides") or settings.get("node_overrides"):
             outputs["overrides"] = layout.variant_file(m, v, g, ".quantization_overrides.json")
         params = {"sdk": str(sdk.root), "onnx": sim, "graph": g, "inputs": _inputs(graph),
                   "variant": settings, "input_list": input_list, "outputs": outputs,
-                  "per_row": False if dlc else _per_row(model, variant)}
+                  "per_row": False if dlc else _per_row(model, variant), **({"encodings": encodings} if encodings else {})}
         yield _stage_task("convert", f"{m}/{g}/{v}", params, file_dep, list(outputs.values()),
                           layout.variant_file(m, v, g, ".convert.log"))
 
@@ -294,6 +298,7 @@ def package():
                       "checkpoints": checkpoints, "graphs": graphs, "runtime_libs": runtime, "outputs": outputs}
             file_dep = [f for files in graphs.values() for k, f in files.items() if k != "model_libs"]
             file_dep += [f for files in graphs.values() for f in files.get("model_libs", {}).values()] + checkpoints
+            file_dep += aimet_tasks.package_reports(model, variant, params)
             yield {"name": f"{m}/{v}@{c}", "actions": [(_package, [params])], "file_dep": file_dep,
                    "targets": [manifest, *outputs["runtime"].values()], "uptodate": [_key("package", params)],
                    "clean": True}

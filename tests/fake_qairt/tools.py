@@ -314,6 +314,95 @@ def _meta_from_text(text: str, what: str) -> dict:
 
 
 # --------------------------------------------------------------------------------------------------------------
+# --quantization_overrides: AIMET's encodings formats, as the converters read them
+
+OVERRIDE_KEYS = ("version", "activation_encodings", "param_encodings", "quantizer_args", "producer", "excluded_layers")
+ENC_TYPES = ("PER_TENSOR", "PER_CHANNEL", "PER_BLOCK", "LPBQ", "VECTOR")
+
+
+def _read_overrides(path: str, model) -> dict:
+    """The overrides file checked against the model: the legacy form ({tensor: [{"bitwidth", ...}]}, no version or
+    "0.6.1") or AIMET's 1.0.0 list form; every tensor named must be in the graph (an activation: a node output or
+    graph input or a constant; a param: an initializer), and a 1.0.0 entry needs its fields with one scale/offset per channel.
+    Returns {"activations": {onnx name: entry}, "params": {...}} normalised to {bw, scale[], offset[]}."""
+    data = _read_json(path, "quantization overrides")
+    unknown = [k for k in data if k not in OVERRIDE_KEYS]
+    if unknown:
+        raise Fail(f"ERROR - quantization overrides {path}: unknown keys {unknown}")
+    version = data.get("version", "0.6.1")
+    if version not in ("0.6.1", "1.0.0"):
+        raise Fail(f"ERROR - quantization overrides {path}: encodings version {version!r} is not supported "
+                   "(0.6.1 or 1.0.0)")
+    initializers = {i.name: list(i.dims) for i in model.graph.initializer}
+    # activation encodings name any tensor of the graph (AIMET lists constant inputs it quantizes, such as a PRelu
+    # slope, there too); param encodings name weights
+    activations = {n for node in model.graph.node for n in node.output} | {i.name for i in model.graph.input} | \
+        set(initializers)
+    found = {}
+    for kind, known in (("activation_encodings", activations), ("param_encodings", initializers)):
+        section = data.get(kind, [] if version == "1.0.0" else {})
+        if version == "1.0.0":
+            if not isinstance(section, list):
+                raise Fail(f"ERROR - quantization overrides {path}: {kind} must be a list in version 1.0.0")
+            entries = [(e.get("name") if isinstance(e, dict) else None, e) for e in section]
+        else:
+            if not isinstance(section, dict):
+                raise Fail(f"ERROR - quantization overrides {path}: {kind} must be an object in version 0.6.1")
+            entries = list(section.items())
+        result = {}
+        for name, entry in entries:
+            if name not in known:
+                raise Fail(f"ERROR - quantization overrides {path}: {kind} names {name!r}, which is not a "
+                           f"{'tensor' if kind == 'activation_encodings' else 'parameter'} of the model")
+            result[name] = _override_entry(path, name, entry, version, initializers.get(name))
+        found["activations" if kind == "activation_encodings" else "params"] = result
+    return found
+
+
+def _override_entry(path: str, name: str, entry, version: str, dims) -> dict:
+    where = f"ERROR - quantization overrides {path}: {name}"
+    if version == "1.0.0":
+        required = {"name": str, "bw": int, "dtype": str, "enc_type": str, "is_sym": bool}
+        for key, kind in required.items():
+            if not isinstance(entry.get(key), kind):
+                raise Fail(f"{where}: {key!r} missing or not {kind.__name__}")
+        if entry["dtype"] not in ("INT", "FLOAT") or entry["enc_type"] not in ENC_TYPES:
+            raise Fail(f"{where}: dtype {entry['dtype']!r} / enc_type {entry['enc_type']!r} not known")
+        bw = entry["bw"]
+        scale, offset = entry.get("scale"), entry.get("offset")
+        if entry["dtype"] == "INT":
+            if not (isinstance(scale, list) and isinstance(offset, list) and len(scale) == len(offset) and scale):
+                raise Fail(f"{where}: an INT encoding needs equal-length scale and offset lists")
+            channels = 1 if entry["enc_type"] == "PER_TENSOR" else (dims[0] if dims else None)
+            if entry["enc_type"] in ("PER_TENSOR", "PER_CHANNEL") and channels is not None and len(scale) != channels:
+                raise Fail(f"{where}: {entry['enc_type']} with {len(scale)} scales, the tensor has {channels} "
+                           "channel(s)")
+    else:
+        if not (isinstance(entry, list) and entry and all(isinstance(e, dict) for e in entry)):
+            raise Fail(f"{where}: expected a list of encodings")
+        bw = entry[0].get("bitwidth")
+        scale = [e["scale"] for e in entry if "scale" in e] or None
+        offset = [e["offset"] for e in entry if "offset" in e] or None
+    if bw not in (4, 8, 16, 32):
+        raise Fail(f"{where}: bitwidth {bw!r} (4, 8, 16 or 32)")
+    return {"bw": bw, "scale": scale, "offset": offset}
+
+
+def _apply_overrides(meta: dict, overrides: dict | None) -> int:
+    """Overridden encodings of graph I/O tensors replace the calibrated ones (as the real quantizer's do); the
+    number of overridden activations and params is recorded."""
+    if not overrides:
+        return 0
+    for t in meta["inputs"] + meta["outputs"]:
+        entry = overrides["activations"].get(t["onnx_name"])
+        if entry and entry["scale"] and t["quant"] is not None:
+            t["data_type"] = UFIXED_16 if entry["bw"] == 16 else UFIXED_8
+            t["quant"] = {"scale": float(entry["scale"][0]), "offset": int(entry["offset"][0])}
+    meta["overridden"] = {"activations": len(overrides["activations"]), "params": len(overrides["params"])}
+    return len(overrides["activations"]) + len(overrides["params"])
+
+
+# --------------------------------------------------------------------------------------------------------------
 # model-lib flow
 
 def main_converter(argv: list[str], sdk: Path) -> int:
@@ -347,6 +436,7 @@ def main_converter(argv: list[str], sdk: Path) -> int:
         return 1
     _warnings(model)
 
+    overrides = _read_overrides(args.quantization_overrides, model) if args.quantization_overrides else None
     keep = bool(os.environ.get("FAKE_QAIRT_KEEP_LAYOUT"))
     perms = {}
     for value in list(graph_inputs) + list(model.graph.output):
@@ -366,6 +456,9 @@ def main_converter(argv: list[str], sdk: Path) -> int:
         _log("INFO", 301, f"Quantizing with {len(samples)} calibration samples: act {act_bits} bit, weights "
                           f"{args.weights_bitwidth or 8} bit, bias {args.bias_bitwidth or 8} bit")
         _quantize_io(meta, samples, act_bits)
+        if _apply_overrides(meta, overrides):
+            _log("INFO", 305, f"Applied quantization overrides from {args.quantization_overrides}: "
+                              f"{meta['overridden']['activations']} activation(s), {meta['overridden']['params']} param(s)")
         meta.update(act_bitwidth=act_bits, per_row=args.use_per_row_quantization)
     elif args.float_bitwidth == 16:
         _log("INFO", 302, "Converting float tensors to fp16")
@@ -633,7 +726,7 @@ def main_qairt_converter(argv: list[str], sdk: Path) -> int:
     for t in meta["inputs"] + meta["outputs"] + meta["nodes"]:
         t["name"] = t["onnx_name"] or t["name"]  # a DLC keeps the source names of tensors and nodes
     if args.quantization_overrides:
-        meta["overrides"] = _read_json(args.quantization_overrides, "quantization overrides")
+        meta["overrides"] = _read_overrides(args.quantization_overrides, model)
     meta["command"] = "qairt-converter " + " ".join(argv)
     _write_dlc(output, meta)
     _log("INFO", 410, f"DLC saved at: {output}")
@@ -672,6 +765,9 @@ def main_qairt_quantizer(argv: list[str], sdk: Path) -> int:
     _log("INFO", 301, f"Quantizing with {len(samples)} calibration samples: act {act_bits} bit, weights "
                       f"{args.weights_bitwidth or 8} bit, bias {args.bias_bitwidth or 8} bit")
     _quantize_io(meta, samples, act_bits)
+    if not args.ignore_quantization_overrides and _apply_overrides(meta, meta.get("overrides")):
+        _log("INFO", 305, f"Applied quantization overrides carried by {args.input_dlc}: "
+                          f"{meta['overridden']['activations']} activation(s), {meta['overridden']['params']} param(s)")
     meta.update(act_bitwidth=act_bits, per_row=args.use_per_row_quantization,
                 quantizer_command="qairt-quantizer " + " ".join(argv))
     output = Path(args.output_dlc or str(Path(args.input_dlc).with_suffix("")) + "_quantized.dlc")

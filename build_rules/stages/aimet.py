@@ -1,0 +1,184 @@
+"""Stage 5 (quantizer = "aimet"), aimet: float model + the shared calibration raw files -> QDQ model + encodings JSON,
+with Qualcomm's AIMET (aimet-onnx, the `aimet` extra).
+
+Steps: cross-layer equalization with batch-norm folding ("cle", on the float model), a QuantSim with the HTP QuantSim
+config of the oldest dsp_arch among the model's chips, the variant's per-tensor overrides as AIMET tensor precisions,
+then "seq_mse" / "adaround" on the weights in the order the variant lists them, activation encodings from the
+calibration samples, and the export:
+- <graph>.qdq.onnx: to_onnx_qdq(prequantize_constants=True, export_int32_bias=True), the model the ort-qnn compile
+  takes (the default export keeps float weights behind a Q/DQ pair, which does not compile for HTP);
+- <graph>.encodings.json: the same encodings in AIMET's format (1.0.0), which the qairt converters take as
+  --quantization_overrides, with
+- <graph>.aimet.onnx: the float model those encodings belong to (cle and adaround change the weights), which the
+  qairt converters then convert instead of the simplified model;
+- <graph>.aimet.json: the config used, what each technique cost, aimet-onnx's version (the manifest lists it).
+The HTP configs fuse Conv+PRelu, Conv+Relu, ... into supergroups, which leaves the Conv output unquantized:
+onnxruntime's QNN EP then puts that node on the CPU and the compile fails. The config is copied with its
+supergroups emptied, so every op output gets its own encoding (the emulator then matched the CPU QDQ model).
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from .. import progress
+from ..errors import BuildError
+from ..files import atomic_write_json
+from .common import read_input_list
+
+VERSION = 1
+ACTIVATION_TYPES = {"uint8": "int8", "uint16": "int16"}  # AIMET's activation quantizers are asymmetric: exported
+WEIGHT_TYPES = {"int8": "int8", "int4": "int4"}         # unsigned (force_activation_as="unsigned")
+SCHEMES = {"minmax": "min_max", "percentile": "percentile"}
+
+
+def config_file(arch: str) -> Path:
+    """AIMET's HTP QuantSim config for a dsp_arch ("v73"): that arch's file, else the newest one before it."""
+    folder = _aimet_folder() / "common" / "quantsim_config"
+    wanted = int(arch.lstrip("v"))
+    found = {}
+    for path in folder.glob("htp_quantsim_config_v*.json"):
+        number = path.stem.removeprefix("htp_quantsim_config_v")
+        if number.isdigit():
+            found[int(number)] = path
+    usable = [n for n in found if n <= wanted]
+    if not usable:
+        raise BuildError(f"aimet-onnx has no HTP QuantSim config for {arch} or older (it has "
+                         f"{', '.join(f'v{n}' for n in sorted(found)) or 'none'} in {folder})")
+    return found[max(usable)]
+
+
+def _aimet_folder() -> Path:
+    import aimet_onnx
+    return Path(aimet_onnx.__file__).parent
+
+
+def htp_config(arch: str, per_channel: bool, folder: Path) -> tuple[Path, dict]:
+    """A copy of the arch's config with no supergroups and the variant's per-channel choice; (path, what changed)."""
+    source = config_file(arch)
+    config = json.loads(source.read_text())
+    changes = {"supergroups_removed": len(config.get("supergroups", []))}
+    config["supergroups"] = []  # see the module doc: a fused Conv output would be left unquantized
+    if not per_channel:
+        config["defaults"]["per_channel_quantization"] = "False"
+        for settings in config.get("op_type", {}).values():
+            if settings.get("per_channel_quantization") == "True":
+                settings["per_channel_quantization"] = "False"
+        changes["per_channel"] = "off"
+    target = folder / source.name
+    target.write_text(json.dumps(config, indent=1))
+    return target, {"file": source.name, "hw_version": config["defaults"].get("hw_version"), **changes}
+
+
+def run(params: dict) -> dict:
+    report = quantize(params)
+    atomic_write_json(params["outputs"]["report"], report)
+    return {"config": report["config"]["file"], **{f"{t}_seconds": r["seconds"] for t, r in report["techniques"].items()}}
+
+
+def quantize(params: dict) -> dict:
+    """Writes outputs "onnx" (QDQ), "encodings" and "float_onnx"; returns the report. params: name, onnx, input_list,
+    inputs, variant (settings_for the graph), htp_arch, outputs (the tune stage calls this for its candidates)."""
+    import numpy as np
+    import onnx
+    import torch
+
+    v = params["variant"]
+    torch.manual_seed(0)  # AdaRound's optimisation starts from seeded state: the same inputs give the same result
+    np.random.seed(0)
+    samples = read_input_list(params["input_list"], params["inputs"], v["calibration_samples"])
+    if len(samples) < v["calibration_samples"]:
+        raise BuildError(f"{params['input_list']}: {len(samples)} calibration samples, "
+                         f"{params['name']} needs {v['calibration_samples']}")
+    import aimet_onnx
+    from aimet_onnx.quantsim import QuantizationSimModel
+
+    steps = {"done": 0}
+    techniques = list(v.get("techniques", []))
+    if params.get("progress", True):  # the tune stage keeps its own counter on the console
+        progress.watch(lambda: steps["done"], "steps (techniques, encodings, export)", len(techniques) + 2)
+    report = {"aimet_onnx": aimet_onnx.__version__, "htp_arch": params["htp_arch"], "techniques": {},
+              "samples": len(samples)}
+    model = onnx.load(params["onnx"])
+    with tempfile.TemporaryDirectory(prefix="aimet-") as tmp:
+        config, report["config"] = htp_config(params["htp_arch"], v["per_channel"], Path(tmp))
+        print(f"QuantSim config: {report['config']['file']} ({report['config']['supergroups_removed']} supergroups "
+              f"removed), weights {v['weights']}, activations {v['activations']}, {len(samples)} calibration samples",
+              flush=True)
+        # A weight two ops share (Whisper's tied token embedding: a Gather table and the logits MatMul) is one
+        # quantizer to AIMET, which refuses two consumer kinds: each consumer gets its own copy (the binary has
+        # them apart anyway).
+        from aimet_onnx.utils import duplicate_shared_initializers
+        report["shared_initializers_copied"] = duplicate_shared_initializers(model.graph)
+        if "cle" in techniques:
+            model = _timed(report, "cle", lambda: _equalize(model))
+            steps["done"] += 1
+        sim = QuantizationSimModel(model, param_type=WEIGHT_TYPES[v["weights"]],
+                                   activation_type=ACTIVATION_TYPES[v["activations"]],
+                                   quant_scheme=SCHEMES[v["calibration_method"]], config_file=str(config),
+                                   path=str(Path(tmp) / "sim"))
+        _apply_overrides(sim, params)
+        for technique in techniques:
+            if technique == "cle":
+                continue
+            settings = v.get("technique_params", {}).get(technique, {})
+            _timed(report, technique, lambda t=technique, s=settings: _apply(t, s, sim, samples), settings)
+            steps["done"] += 1
+        _timed(report, "compute_encodings", lambda: sim.compute_encodings(samples))
+        steps["done"] += 1
+        qdq = sim.to_onnx_qdq(prequantize_constants=True, export_int32_bias=True)
+        Path(params["outputs"]["onnx"]).parent.mkdir(parents=True, exist_ok=True)
+        onnx.save(qdq, params["outputs"]["onnx"])
+        sim.export(tmp, "model", export_int32_bias=True)
+        encodings = json.loads((Path(tmp) / "model.encodings").read_text())
+        onnx.save(onnx.load(str(Path(tmp) / "model.onnx")), params["outputs"]["float_onnx"])  # weights inline
+        steps["done"] += 1
+    atomic_write_json(params["outputs"]["encodings"], encodings)
+    report["encodings"] = {"version": encodings.get("version"), "activations": len(encodings["activation_encodings"]),
+                           "params": len(encodings["param_encodings"])}
+    return report
+
+
+def _timed(report: dict, name: str, action, settings: dict | None = None):
+    started = time.perf_counter()
+    print(f"{name}{' ' + json.dumps(settings) if settings else ''} ...", flush=True)
+    result = action()
+    seconds = round(time.perf_counter() - started, 2)
+    report["techniques"][name] = {"seconds": seconds, **(settings or {})}
+    print(f"{name}: {seconds} s", flush=True)
+    return result
+
+
+def _equalize(model):
+    """Cross-layer equalization; it folds batch norms into the convolutions before it scales them."""
+    from aimet_onnx.cross_layer_equalization import equalize_model
+    equalize_model(model)
+    return model
+
+
+def _apply(technique: str, settings: dict, sim, samples) -> None:
+    if technique == "seq_mse":
+        from aimet_onnx import apply_seq_mse
+        apply_seq_mse(sim, samples, num_candidates=settings["candidates"])
+    elif technique == "adaround":
+        from aimet_onnx import apply_adaround
+        apply_adaround(sim, samples, num_iterations=settings["iterations"])
+    else:
+        raise BuildError(f"{technique}: not an aimet technique")
+
+
+def _apply_overrides(sim, params: dict) -> None:
+    """The variant's overrides / node_overrides (this graph's) as AIMET tensor precisions; a name the float model
+    does not have fails with the closest one and the model.toml table to fix."""
+    from ..toolchains import qairt
+    v = params["variant"]
+    model_name, variant = params["name"].split(":", 1)[1].split("/")[0], params["name"].rsplit("/", 1)[1]
+    where = f"{params['name']} (fix overrides / node_overrides of [variants.{variant}] in models/{model_name}/model.toml)"
+    for tensor, qtype in qairt.tensor_overrides(params["onnx"], v, where).items():
+        try:
+            sim.set_tensor_precision(tensor, ACTIVATION_TYPES[qtype])
+        except ValueError as e:  # a tensor AIMET does not quantize (e.g. an int32 index)
+            raise BuildError(f"{where}: override of {tensor!r}: {e}") from None
+        print(f"override: {tensor} -> {qtype}", flush=True)

@@ -1,0 +1,292 @@
+"""The outer layer of `doit tune` (not a stage itself): before keeping tensors at 16 bit, try whole variants across
+quantizers, techniques and bit widths, and keep the smallest binary that meets every graph's target.
+
+Rungs, from a variant's own weights / per-channel / calibration:
+  W4A16 aimet seq_mse | W8A8 ort | W8A8 aimet | W8A8 aimet seq_mse      (aimet rungs need aimet-onnx)
+They run only when the variant misses a target. A rung is quantized (onnxruntime from the shared ranges, AIMET
+from the shared calibration files), compiled for the tuning chip (its size: the context binaries' bytes) and run on
+the HTP emulator graph by graph, the graphs that missed first; the first rung that meets every target on the
+tuning samples, then on the full evaluation set, is the result (rungs go by bit width, smallest first; the
+measured sizes are reported beside the metrics). When none meets, the mixed-precision search
+(tune.py, via precision.py) runs as before, and its size is shown beside W8A16's (every tensor at 16 bit), which
+can be the smaller one (measured on MTCNN: a mixed w8a8 came out larger than w8a16).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from ..files import atomic_write_json, atomic_write_text
+from .precision import Candidates, clean, meets
+
+AIMET_WEIGHTS = {"uint8": "int8", "int8": "int8", "uint16": "int8", "int4": "int4"}
+
+
+def rungs(variant: dict) -> list[dict]:
+    """The ladder for a variant's settings (one graph's: they differ only in overrides)."""
+    weights = variant["weights"]
+    eight = AIMET_WEIGHTS[weights]
+    found = [{"name": "w4a16_aimet_seq_mse", "quantizer": "aimet", "weights": "int4", "activations": "uint16",
+              "techniques": ["seq_mse"]},
+             {"name": "w8a8_ort", "quantizer": "ort", "weights": weights if weights != "int4" else "uint8",
+              "activations": "uint8", "techniques": []},
+             {"name": "w8a8_aimet", "quantizer": "aimet", "weights": eight, "activations": "uint8", "techniques": []},
+             {"name": "w8a8_aimet_seq_mse", "quantizer": "aimet", "weights": eight, "activations": "uint8",
+              "techniques": ["seq_mse"]}]
+    return found
+
+
+def w8a16(variant: dict) -> dict:
+    weights = variant["weights"] if variant["weights"] != "int4" else "uint8"
+    return {"name": "w8a16_ort", "quantizer": "ort", "weights": weights, "activations": "uint16", "techniques": []}
+
+
+def aimet_installed() -> bool:
+    return importlib.util.find_spec("aimet_onnx") is not None
+
+
+class Ladder:
+    """Quantize, compile and measure whole-variant candidates for every graph of a tune task."""
+
+    def __init__(self, params: dict):
+        self.params = params
+        self.work = Path(tempfile.mkdtemp(prefix="tune-ladder-"))
+        self.candidates = {g["name"]: Candidates(g, params["chip"], params["samples"], params["hooks"],
+                                                 params.get("data_dir"))
+                           for g in params["graphs"] if g.get("target")}
+        self.seconds = 0.0
+
+    def _graph(self, name: str) -> dict:
+        return next(g for g in self.params["graphs"] if g["name"] == name)
+
+    def quantize(self, rung: dict, graph: dict) -> Path:
+        from ..toolchains import ort_qnn
+        v = graph["variant"]
+        folder = self.work / rung["name"]
+        folder.mkdir(exist_ok=True)
+        path = folder / f"{graph['name']}.qdq.onnx"
+        if rung["quantizer"] == "ort":
+            ort_qnn.quantize(graph["onnx"], path, [], activations=rung["activations"], weights=rung["weights"],
+                             per_channel=v["per_channel"], method=v["calibration_method"],
+                             overrides=v.get("overrides"), node_overrides=v.get("node_overrides"),
+                             ranges=graph["ranges"])
+        else:
+            from . import aimet
+            settings = dict(v, weights=rung["weights"], activations=rung["activations"], quantizer="aimet",
+                            techniques=rung["techniques"], calibration_method="minmax",
+                            technique_params={"seq_mse": {"candidates": 20}})
+            calibration = graph["calibration"]
+            aimet.quantize({"name": f"{self.params['name']} {rung['name']}", "onnx": graph["onnx"],
+                            "input_list": calibration["input_list"], "inputs": calibration["inputs"],
+                            "variant": settings, "htp_arch": calibration["htp_arch"], "progress": False,
+                            "outputs": {"onnx": str(path), "encodings": str(folder / f"{graph['name']}.json"),
+                                        "float_onnx": str(folder / f"{graph['name']}.float.onnx")}})
+        return path
+
+    def size(self, path: Path, graph: str) -> int:
+        from ..toolchains import ort_qnn
+        chip = self.params["chip"]
+        result = ort_qnn.compile_context_binary(path, path.parent / f"{graph}.ctx", graph, soc_model=chip["soc_id"],
+                                                vtcm_mb=chip["vtcm_mb"], fp16=False)
+        return Path(result["binary"]).stat().st_size
+
+    def measure(self, path: Path, graph: str, full: bool) -> dict:
+        """The graph's summary metrics for a QDQ model on the emulator (as Candidates.measure does for its own)."""
+        from .check import measure, summarize
+        from .common import compare
+        c = self.candidates[graph]
+        started = time.perf_counter()
+        indices = list(range(len(c.inputs))) if full else c.subset
+        outputs = c.run(path, indices)
+        names = list(c.reference[0])
+        outputs = [{n: o[n] for n in names} for o in outputs]
+        inputs, reference = [c.inputs[i] for i in indices], [c.reference[i] for i in indices]
+        if full or c.score_on_subset:
+            try:
+                metrics = measure(c.hooks, graph, c.data_dir, inputs, reference, outputs)
+            except Exception:  # a score hook may insist on the whole evaluation set (Candidates.measure says so)
+                if full:
+                    raise
+                c.score_on_subset = False
+        if not (full or c.score_on_subset):
+            metrics = {"samples": len(indices), "outputs": compare(reference, outputs)}
+        summary = summarize(metrics)
+        summary["_float_score"] = metrics.get("float_score", {})
+        self.seconds += time.perf_counter() - started
+        return summary
+
+    def build_graph(self, rung: dict, graph: dict) -> dict:
+        """Quantize + compile one graph for a rung: {"path", "bytes"} or {"error"}."""
+        try:
+            path = self.quantize(rung, graph)
+            return {"path": str(path), "bytes": self.size(path, graph["name"])}
+        except Exception as e:  # a rung that does not quantize or compile is reported, not fatal
+            return {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+
+    def try_rung(self, rung: dict, order: list[str]) -> bool:
+        """Every graph in `order` meets its target with this rung (tuning samples, then the full set)."""
+        for full in (False, True):
+            for name in order:
+                graph = self._graph(name)
+                built = rung["graphs"].get(name) or rung["graphs"].setdefault(name, self.build_graph(rung, graph))
+                if "error" in built:
+                    print(f"ladder {rung['name']}: {name}: {built['error']}", flush=True)
+                    return False
+                if name not in self.candidates:
+                    continue  # no target: only its size counts
+                summary = self.measure(Path(built["path"]), name, full)
+                built["full" if full else "subset"] = clean(summary)
+                target = graph["target"]
+                if not full and target["metric"] not in summary:
+                    continue  # a task metric the score hook gives on the full set only: judged there
+                ok = meets(target, summary)
+                print(f"ladder {rung['name']}: {name} {built['bytes'] / 1e3:.1f} KB, {target['metric']} = "
+                      f"{summary[target['metric']]:.5g} on {'all' if full else 'the tuning'} samples: "
+                      f"{'meets' if ok else 'misses'} {target['metric']}", flush=True)
+                if not ok:
+                    return False
+        return True
+
+
+def search(params: dict) -> dict:
+    """Runs the ladder when the variant misses a target; returns {"rungs", "chosen" (a rung or None), "notes",
+    "candidates" (tune reuses their measurements), "seconds"}. Rungs go smallest first by bit width (W4 before W8),
+    and within a rung the graphs that missed first: a rung stops at its first miss, so only what is needed is
+    quantized, compiled and measured; every built graph's binary size is recorded."""
+    started = time.perf_counter()
+    ladder = Ladder(params)
+    found = {"rungs": [], "chosen": None, "notes": [], "ladder": ladder, "candidates": ladder.candidates}
+    base = {name: c.measure(set(), full=True) for name, c in ladder.candidates.items()}  # the variant as it is
+    missed = [name for name, summary in base.items() if not meets(ladder._graph(name)["target"], summary)]
+    if not missed:
+        found["notes"].append("the variant meets every target: no other variant tried")
+        return found
+    order = missed + [g["name"] for g in params["graphs"] if g["name"] not in missed]
+    variant = params["graphs"][0]["variant"]
+    for rung in rungs(variant):
+        if rung["quantizer"] == "aimet" and not aimet_installed():
+            found["notes"].append(f"{rung['name']}: skipped (aimet-onnx is not installed: pip install -e '.[aimet]')")
+            continue
+        if _same_as_variant(rung, variant):
+            found["notes"].append(f"{rung['name']}: the variant itself, which misses {', '.join(missed)}")
+            continue
+        result = {**rung, "graphs": {}}
+        found["rungs"].append(result)
+        if ladder.try_rung(result, order):
+            found["chosen"] = result
+            break
+    for rung in found["rungs"]:
+        rung["bytes"] = sum(g.get("bytes", 0) for g in rung["graphs"].values())
+        for g in rung["graphs"].values():
+            g.pop("path", None)
+    found["seconds"] = round(time.perf_counter() - started, 1)
+    return found
+
+
+def _same_as_variant(rung: dict, variant: dict) -> bool:
+    return rung["quantizer"] == "ort" and rung["weights"] == variant["weights"] and \
+        rung["activations"] == variant["activations"]
+
+
+def _values(rung: dict, params: dict) -> str:
+    parts = []
+    for graph in params["graphs"]:
+        target = graph.get("target")
+        measured = rung["graphs"].get(graph["name"], {})
+        summary = measured.get("full") or measured.get("subset")
+        if target and summary:
+            parts.append(f"{graph['name']} {target['metric']} = {summary[target['metric']]:.5g}")
+    return ", ".join(parts) or "not measured"
+
+
+def mixed_size(found: dict, results: dict, params: dict) -> dict:
+    """After the mixed-precision search: its binary size and W8A16's, measured the same way, for the comparison."""
+    ladder: Ladder = found["ladder"]
+    mixed, full16 = 0, w8a16(params["graphs"][0]["variant"])
+    built16 = {**full16, "graphs": {g["name"]: ladder.build_graph(full16, g) for g in params["graphs"]}}
+    if all("bytes" in g for g in built16["graphs"].values()):
+        built16["bytes"] = sum(g["bytes"] for g in built16["graphs"].values())
+    else:
+        built16["error"] = next(g["error"] for g in built16["graphs"].values() if "error" in g)
+    for graph in params["graphs"]:
+        c = ladder.candidates.get(graph["name"])
+        sixteen = results.get(graph["name"], {}).get("sixteen_bit", [])
+        path = ladder.work / "mixed" / f"{graph['name']}.qdq.onnx"
+        path.parent.mkdir(exist_ok=True)
+        if c is not None:
+            c.quantize(set(sixteen), path)
+        else:
+            path = Path(ladder.quantize({"name": "mixed", "quantizer": "ort", "weights": graph["variant"]["weights"],
+                                         "activations": graph["variant"]["activations"]}, graph))
+        mixed += ladder.size(path, graph["name"])
+    for g in built16["graphs"].values():
+        g.pop("path", None)
+    return {"mixed_bytes": mixed, "w8a16": built16}
+
+
+def toml_lines(found: dict, name: str, base: str, graphs: list[dict]) -> tuple[list[str], list[str]]:
+    """(comment lines: every rung with its size and numbers; the variant section of a chosen rung, or [])."""
+    lines = ["# Whole variants tried before keeping tensors at 16 bit (tuning chip; sizes: the graphs built):"]
+    for rung in found["rungs"]:
+        errors = [f"{g}: {r['error']}" for g, r in rung["graphs"].items() if "error" in r]
+        if errors:
+            lines.append(f"#   {rung['name']}: failed: {'; '.join(errors)}")
+            continue
+        status = "chosen" if rung is found["chosen"] else "misses a target"
+        values = ", ".join(f"{g} {k} {json.dumps(_short(m))}" for g, r in rung["graphs"].items()
+                           for k, m in (("full", r.get("full")), ("subset", r.get("subset"))) if m) or "-"
+        lines.append(f"#   {rung['name']}: {rung['bytes'] / 1e3:.1f} KB, {status} ({values})")
+    lines += [f"#   {n}" for n in found.get("notes", [])]
+    rung = found["chosen"]
+    if rung is None:
+        return lines, []
+    section = [f"[variants.{name}]", f"inherits = {json.dumps(base)}", f"weights = {json.dumps(rung['weights'])}",
+               f"activations = {json.dumps(rung['activations'])}"]
+    if rung["quantizer"] == "aimet":
+        section += ['quantizer = "aimet"', f"techniques = {json.dumps(rung['techniques'])}",
+                    f'calibration = {{ method = "minmax", samples = {graphs[0]["variant"]["calibration_samples"]} }}']
+    return lines, section + [""]
+
+
+def _short(summary: dict) -> dict:
+    return {k: round(v, 5) for k, v in summary.items() if k in ("cosine", "sqnr", "accuracy", "wer")}
+
+
+def summary(found: dict, results: dict, params: dict) -> dict:
+    """What tune's JSON and TOML get from the ladder when the mixed-precision search ran after it."""
+    extra = {"ladder": {k: found.get(k) for k in ("rungs", "notes", "seconds")}}
+    lines, _ = toml_lines(found, params["new_name"], params["variant"], params["graphs"])
+    if found.get("ladder") is not None and any(r.get("sixteen_bit") for r in results.values()):
+        sizes = mixed_size(found, results, params)
+        extra.update(sizes)
+        w16 = sizes["w8a16"]
+        lines.append(f"#   mixed precision below: {sizes['mixed_bytes'] / 1e3:.1f} KB; "
+                     + (f"w8a16 (every tensor at 16 bit): {w16['bytes'] / 1e3:.1f} KB" if "bytes" in w16
+                        else f"w8a16: {w16.get('error')}"))
+    extra["ladder_comments"] = lines
+    return extra
+
+
+def write(params: dict, found: dict, started: float) -> dict:
+    """A rung met every target: it is the tuned variant (no tensor kept at 16 bit)."""
+    rung = found["chosen"]
+    tuned = {"model": params["model"], "variant": params["variant"], "name": params["new_name"],
+             "chip": params["chip"], "model_toml": params["model_toml"], "chosen": rung["name"],
+             "ladder": {k: found.get(k) for k in ("rungs", "notes", "seconds")},
+             "graphs": {g: {"target": next(x["target"] for x in params["graphs"] if x["name"] == g),
+                            "tuned": r.get("full"), "bytes": r["bytes"], "sixteen_bit": []}
+                        for g, r in rung["graphs"].items()},
+             "seconds": round(time.perf_counter() - started, 1)}
+    atomic_write_json(params["outputs"]["json"], tuned)
+    chip = params["chip"]
+    comments, section = toml_lines(found, params["new_name"], params["variant"], params["graphs"])
+    text = [f"# Found by `doit tune:{params['model']}/{params['variant']}`: the smallest whole variant that meets every",
+            f"# graph's target on the HTP emulator ({chip['name']}, soc {chip['soc_id']}), full evaluation set: "
+            f"{rung['name']}, {rung['bytes'] / 1e3:.1f} KB.",
+            "# Other chips can differ slightly: the gate still checks every chip when you build it.", *comments,
+            f"# Keep it: python -m build_rules.tuning apply {params['final_outputs']['toml']}", "", *section]
+    atomic_write_text(params["outputs"]["toml"], "\n".join(text))
+    return {"chosen": rung["name"], "bytes": rung["bytes"]}
