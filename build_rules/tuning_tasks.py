@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from . import aimet_tasks, layout
 from .config import Chip, Graph, Model, Variant
-from .project import (chip_params, model_data, hook_files, model_graphs, project, quantized_variants, ranges_file,
+from .project import (chip_params, model_data, hook_files, model_graphs, project, ranges_file,
                       rel, stage_task, variant_builds)
 
 
