@@ -126,7 +126,7 @@ def test_a_second_clone_restores_every_stage_from_the_remote_and_runs_no_stage_p
     from build_rules import cache
     bucket = uploaded["store"] / BUCKET
     cacheable = stage_tasks(uploaded["ran"])
-    assert len(cacheable) == 28 and len(list((bucket / "tinynet/ac").iterdir())) == 28
+    assert len(cacheable) == 30 and len(list((bucket / "tinynet/ac").iterdir())) == 30
     objects = list((bucket / "tinynet/cas").iterdir())
     for obj in objects:  # content-addressed: each object's name is the sha256 of its bytes
         assert hashlib.sha256(obj.read_bytes()).hexdigest() == obj.name
@@ -149,9 +149,9 @@ def test_a_second_clone_restores_every_stage_from_the_remote_and_runs_no_stage_p
     monkeypatch.chdir(second)
     assert cache.main(["info"]) == 0
     info = capfd.readouterr().out
-    assert f"remote: {URL}/ (readwrite, endpoint {uploaded['endpoint']}): reachable, 28 manifests, " \
+    assert f"remote: {URL}/ (readwrite, endpoint {uploaded['endpoint']}): reachable, 30 manifests, " \
            f"{len(objects)} objects" in info
-    assert "this repo: 28 hits (100 % of 28 lookups), 0 misses, 0 missing or corrupt objects" in info
+    assert "this repo: 30 hits (100 % of 30 lookups), 0 misses, 0 missing or corrupt objects" in info
     assert run_doit(second).ran == set()  # restored targets are up to date
 
 
