@@ -12,7 +12,7 @@ import os
 import sys
 
 from . import dist_tasks, interrupt, layout, remote_cache, tuning_tasks
-from .config import ConfigError, Model
+from .config import ConfigError, Model, gate_dicts
 from .hashing import ContentChecker, use_stat_cache
 from .project import (STATE_DIR, chip_params, calibration_files, compile_input, model_data, hook_files, input_specs,
                       model_graphs, project, quantized_variants, ranges_file, rel, source_onnx,
@@ -278,7 +278,7 @@ def _check_tasks():
                 report = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.check.json")
                 data_params, data_dep = model_data(model)
                 params = {"ctx_model": ctx, "evaluation": evaluation, "hooks": rel(model.hooks),
-                          "graph": graph.name, "gate": graph.gate.as_dict() if graph.gate else None,
+                          "graph": graph.name, "gates": gate_dicts(graph.gates),
                           "outputs": {"report": report}, **data_params}
                 yield stage_task("check", f"{model.name}/{graph.name}/{variant.name}@{chip.name}", params,
                                   [ctx, binary, evaluation, *hook_files(model), *data_dep], [report],
@@ -288,7 +288,7 @@ def _check_tasks():
 def _evaluate_params(model: Model, graphs: dict, on: str, report: str) -> tuple[dict, list[str]]:
     data_params, data_dep = model_data(model)
     params = {"hooks": rel(model.hooks), "graphs": graphs, "on": on, "outputs": {"report": report},
-              "gate": model.evaluate_gate.as_dict() if model.evaluate_gate else None, **data_params}
+              "gates": gate_dicts(model.evaluate_gates), **data_params}
     return params, [*graphs.values(), *hook_files(model), *data_dep]
 
 
@@ -306,7 +306,7 @@ def _evaluate_tasks():
         float_report = layout.float_file(model.name, "model", ".evaluate.json")
         graphs = {g: layout.float_file(model.name, g, ".sim.onnx") for g in model.graphs}
         params, file_dep = _evaluate_params(model, graphs, "cpu", float_report)
-        params["gate"] = None  # the float model is the reference, not gated
+        params["gates"] = []  # the float model is the reference, not gated
         yield stage_task("evaluate", f"{model.name}/float", params, file_dep, [float_report],
                           layout.float_file(model.name, "model", ".evaluate.log"), key_stage="evaluate_float")
         for variant, chip in variant_builds(model):

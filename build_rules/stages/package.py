@@ -37,7 +37,8 @@ def run(params: dict) -> dict:
         check = json.loads(Path(files["check"]).read_text())
         graphs[graph] = {
             "binary": binary.name, "ctx_model": Path(files["ctx_model"]).name, "bytes": binary.stat().st_size,
-            "xxh3_128": file_digest(binary), "metrics": check["summary"], "gate": check.get("gate"),
+            "xxh3_128": file_digest(binary), "metrics": check["summary"],
+            "gates": check.get("gates", []), "gated": check.get("gated", []),
             **({"worst_output": check["worst_output"]} if check.get("worst_output") else {}),
         }
     manifest = {
@@ -50,3 +51,4 @@ def run(params: dict) -> dict:
         manifest["evaluate"] = json.loads(Path(params["evaluate"]).read_text())
     atomic_write_json(params["outputs"]["manifest"], manifest)
     return {"bytes": sum(g["bytes"] for g in graphs.values())}
+
