@@ -26,7 +26,7 @@ STAGE_VERSIONS = {
     "verify": 2,
     "calibrate": 1,
     "quantize": 3,
-    "compile": 1,
+    "compile": 2,
     "check": 3,
     "package": 3,
     "calibration_stats": 1,

@@ -360,6 +360,7 @@ def _result_text(result: dict | None, metrics_key: str = "summary") -> str:
 
 
 def _describe(manifest_path: str) -> str:
+    from .toolchains.qnn_graph import describe as describe_float_ops
     try:
         manifest = json.loads(Path(manifest_path).read_text())
     except (OSError, ValueError):
@@ -377,7 +378,8 @@ def _describe(manifest_path: str) -> str:
                     value += f" (worst: {info['worst_output'][metric]})"
                 values.append(value)
             gate_text = "".join(f" {v}" for v in values)  # "cosine 1 sqnr 41.2": graphs are split by commas
-        parts.append(f"{graph} {info['bytes'] / 1e6:.2f} MB{gate_text}")
+        float_text = describe_float_ops(info.get("float_ops"))  # a quantized variant that is partly float
+        parts.append(f"{graph} {info['bytes'] / 1e6:.2f} MB{gate_text}" + (f" [{float_text}]" if float_text else ""))
     evaluation = manifest.get("evaluate")
     if evaluation and evaluation.get("gated"):  # the model-level metrics, e.g. WER of encoder + decoder
         parts.append("model " + " ".join(f"{m} {evaluation['metrics'].get(m, float('nan')):.4g}"

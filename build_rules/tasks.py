@@ -276,12 +276,13 @@ def _check_tasks():
                 binary = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.bin")
                 evaluation = layout.float_file(model.name, graph.name, ".evaluation.npz")
                 report = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.check.json")
+                compiled = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.compile.json")
                 data_params, data_dep = model_data(model)
                 params = {"ctx_model": ctx, "evaluation": evaluation, "hooks": rel(model.hooks),
-                          "graph": graph.name, "gates": gate_dicts(graph.gates),
+                          "graph": graph.name, "gates": gate_dicts(graph.gates), "compile_report": compiled,
                           "outputs": {"report": report}, **data_params}
                 yield stage_task("check", f"{model.name}/{graph.name}/{variant.name}@{chip.name}", params,
-                                  [ctx, binary, evaluation, *hook_files(model), *data_dep], [report],
+                                  [ctx, binary, compiled, evaluation, *hook_files(model), *data_dep], [report],
                                   layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.check.log"))
 
 
@@ -320,6 +321,17 @@ def _evaluate_tasks():
                               layout.chip_file(model.name, variant.name, chip.name, "evaluate.log"))
 
 
+def _fp16_sibling(model: Model, variant, chip) -> dict:
+    """The binaries of the model's first fp16 variant on the same chip, for a quantized variant ({} if none)."""
+    if variant.is_fp16 or not chip.fp16:
+        return {}
+    fp16 = next((v for v in model.variants.values() if v.is_fp16), None)
+    if fp16 is None:
+        return {}
+    return {"variant": fp16.name,
+            "binaries": {g: layout.chip_file(model.name, fp16.name, chip.name, f"{g}.bin") for g in model.graphs}}
+
+
 def _package(params: dict):
     from .stages import package
     return package.run(params)
@@ -350,10 +362,14 @@ def _package_tasks():
             if model.evaluate and project().toolchain["name"] == "ort-qnn":
                 evaluation = [layout.chip_file(model.name, variant.name, chip.name, "evaluate.json")]
                 params["evaluate"] = evaluation[0]
+            sibling = _fp16_sibling(model, variant, chip)
+            if sibling:  # a quantized variant's binaries must be smaller than fp16's: the package stage says if not
+                params["fp16_sibling"] = sibling
             yield {
                 "name": f"{model.name}/{variant.name}@{chip.name}",
                 "actions": [(_package, [params])],
-                "file_dep": [f for files in graphs.values() for f in files.values()] + checkpoints + evaluation,
+                "file_dep": [f for files in graphs.values() for f in files.values()] + checkpoints + evaluation
+                            + list(sibling.get("binaries", {}).values()),
                 "targets": [manifest],
                 "uptodate": [task_key("package", params)],
                 "clean": True,

@@ -117,6 +117,8 @@ def decide(params: dict, metrics: dict, key: dict | None = None) -> dict:
               "worst_output": worst_outputs(metrics), "gates": params["gates"]}
     if key is not None:
         report["inputs"] = key
+    if params.get("compile_report"):  # what the binary runs in float (a quantized variant), from its compile
+        report["float_ops"] = json.loads(Path(params["compile_report"]).read_text()).get("float_ops")
     try:
         report["gated"] = gates.judge(params["name"], params["gates"], summary, metrics.get("float_score"))
     except BuildError as e:  # the numbers stay in the memo, marked failed (each gate's verdict too); the task fails

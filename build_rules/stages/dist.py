@@ -79,6 +79,10 @@ def _bundle(params: dict, variant: str, spec: dict, bundle: Path) -> dict:
                        "metrics": {g: manifest["graphs"][g].get("metrics") for g in entry["graphs"]},
                        "gates": {g: manifest["graphs"][g].get("gated", []) for g in entry["graphs"]},
                        "runtime": _runtime(toolchain, arch, entry, runtime_files)}
+        float_ops = {g: manifest["graphs"][g]["float_ops"] for g in entry["graphs"]
+                     if manifest["graphs"][g].get("float_ops") is not None}
+        if float_ops:  # a quantized variant: what its binaries run in float all the same (qnn_graph.py)
+            chips[chip]["float_ops"] = float_ops
     for rel, source in sorted(runtime_files.items()):
         _copy(source, bundle / rel)
 

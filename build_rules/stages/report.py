@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from .. import gates, results
+from ..toolchains.qnn_graph import describe as describe_float_ops
 from ..files import atomic_write_json, atomic_write_text
 from .check import measurement, measurement_key, summarize
 
@@ -50,7 +51,7 @@ def run(params: dict) -> dict:
                      "summary": summary, "float_score": metrics.get("float_score", {}), "gates": cell["gates"],
                      "gated": gates.results(cell["gates"], summary, metrics.get("float_score", {})),
                      "passed": gates.passes_all(cell["gates"], summary, metrics.get("float_score", {})),
-                     "measured_by": source})
+                     "measured_by": source, "float_ops": compiled.get("float_ops")})
     report = {"model": params["model"], "toolchain": params["toolchain"], "variants": params["variants"],
               "cells": rows, "evaluate": evaluations(params.get("evaluations", {}))}
     atomic_write_json(params["outputs"]["json"], report)
@@ -92,6 +93,14 @@ def _gated_metrics(rows: list[dict], graph: str) -> list[str]:
     return list(dict.fromkeys(g["metric"] for g in gated)) or ["cosine"]
 
 
+def _float_text(row: dict) -> str:
+    """What a quantized binary runs in float: 'none', '3 LSTM ran in float (98.9 % of the weights)'; fp16: '–'."""
+    info = row.get("float_ops")
+    if info is None:
+        return "–"
+    return describe_float_ops(info) or ("unknown" if info.get("error") else "none")
+
+
 def _task_metrics(row: dict) -> str:
     parts = []
     for name, value in row["summary"].items():
@@ -131,13 +140,13 @@ def markdown(report: dict) -> str:
         lines.append(f"| {variant} | {chip} | {size:.3f} | {seconds:.2f} | " + " | ".join(values)
                      + f" | {'FAIL: ' + ', '.join(failed) if failed else 'pass'} |")
     lines += ["", "## Per graph", "",
-              "| variant | chip | graph | size (KB) | compile (s) | cosine | SQNR (dB) | max abs | task metrics | gate |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| variant | chip | graph | size (KB) | compile (s) | cosine | SQNR (dB) | max abs | task metrics | gate "
+              "| float ops |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r["summary"]
         lines.append(f"| {r['variant']} | {r['chip']} | {r['graph']} | {r['bytes'] / 1e3:.1f} | "
                      f"{r['compile_seconds']:.2f} | {_fmt(s['cosine'], 6)} | {_fmt(s['sqnr'])} | {_fmt(s['max_abs'])} | "
-                     f"{_task_metrics(r)} | {_gate_text(r)} |")
+                     f"{_task_metrics(r)} | {_gate_text(r)} | {_float_text(r)} |")
     if report.get("evaluate"):
         lines += ["", "## Model-level evaluation", "", "| variant@chip | metrics | gate |", "|---|---|---|"]
         for name, value in report["evaluate"].items():
