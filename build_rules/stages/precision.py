@@ -27,15 +27,20 @@ def evenly_spaced(count: int, wanted: int) -> list[int]:
     return sorted({round(i * (count - 1) / (wanted - 1)) for i in range(wanted)})
 
 
+describe = gates.describe_all
+
+
 def meets(target, summary: dict) -> bool:
     """Whether every gate of `target` (one gate, a list of them, or None) holds for these measurements."""
+    if not target:
+        return True
     for gate in gates.as_list(target):
         if gate["metric"] not in summary:
             raise KeyError(f"target metric {gate['metric']!r} was not measured (measured: {', '.join(summary)})")
-    return gates.passes_all(target, summary, summary.get("_float_score", {})) is not False
-
-
-describe = gates.describe_all
+    verdict = gates.passes_all(target, summary, summary.get("_float_score", {}))
+    if verdict is None:  # a relative target without the float model's value: never count it as met
+        raise ValueError(f"target {describe(target)} cannot be judged: the float model's value is unknown")
+    return verdict
 
 
 class Candidates:

@@ -522,10 +522,9 @@ def compile_context_binary(model: Path, out_dir: Path, graph: str, *, soc_model:
             # The op trace names every node the EP rejects; it does not change the binary's bytes.
             "enable_framework_op_trace": "1",
             "framework_op_trace_dir": str(trace_work),
-            # The QNN graph as JSON: which ops run in float (qnn_graph.py). Same bytes with and without it.
-            "dump_json_qnn_graph": "1",
-            "json_qnn_graph_dir": str(work / "qnn_graph"),
         }
+        if not fp16:  # the QNN graph as JSON: which ops still run in float (qnn_graph.py); the same binary bytes
+            provider_options.update(dump_json_qnn_graph="1", json_qnn_graph_dir=str(work / "qnn_graph"))
         try:
             seconds, _ = _compile_in_child(model, work_ctx, provider_options)
         except _CompileFailed as failure:
