@@ -37,7 +37,7 @@ def test_the_lstms_of_a_quantized_variant_are_named_as_float_in_the_check_report
     float_ops = check["float_ops"]
     assert float_ops["count"] == 3 and float_ops["op_types"] == {"LSTM": 3}
     assert len(float_ops["nodes"]) == 3 and float_ops["weights_share"] == 0.9941
-    assert float_ops["qnn_ops"]["Lstm"] == 36  # QNN unrolls each LSTM: one float cell per frame (12) and layer
+    assert float_ops["qnn_ops"]["Lstm"] == 24  # QNN unrolls each LSTM: one float cell per frame (8) and layer
     assert check["float_ops"] == json.loads((out / "w8a16/SM8750/encoder.compile.json").read_text())["float_ops"]
     assert json.loads((out / "fp16/SM8750/encoder.check.json").read_text())["float_ops"] is None  # fp16: all float
     # The labels of evaluation_inputs() reached score(): accuracy against them, agreement with the float model.

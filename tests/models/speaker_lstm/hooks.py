@@ -2,7 +2,7 @@
 with noise), evaluation samples labelled with the speaker, so score() gets (inputs, label) pairs' labels."""
 import numpy as np
 
-SPEAKERS, FRAMES, BINS, HIDDEN = 4, 12, 20, 32
+SPEAKERS, FRAMES, BINS, HIDDEN = 4, 8, 20, 32
 
 
 def module_class():
