@@ -47,9 +47,10 @@ def test_the_lstms_of_a_quantized_variant_are_named_as_float_in_the_check_report
 
 def test_the_summary_names_the_float_ops_and_warns_that_the_binary_is_not_smaller(speaker):
     repo, output = speaker
-    assert re.search(rf"^  built out/speaker_lstm/w8a16/SM8750: encoder 0\.\d\d MB accuracy 1 agreement 1 "
+    assert re.search(rf"^  built now   out/speaker_lstm/w8a16/SM8750: encoder 0\.\d\d MB accuracy 1 agreement 1 "
                      rf"\[{re.escape(FLOAT_LSTM)}\]$", output, re.M), output
-    assert re.search(r"^  built out/speaker_lstm/fp16/SM8750: encoder 0\.\d\d MB accuracy 1 agreement 1$", output, re.M)
+    assert re.search(r"^  built now   out/speaker_lstm/fp16/SM8750: encoder 0\.\d\d MB accuracy 1 agreement 1$", output,
+                     re.M)
     warning = re.search(r"^  warning: package:speaker_lstm/w8a16@SM8750: encoder\.bin \((\d\.\d\d) MB\) is not "
                         rf"smaller than fp16's \((\d\.\d\d) MB\): {re.escape(FLOAT_LSTM)}$", output, re.M)
     assert warning, output
