@@ -37,7 +37,7 @@ INPUT_LAYOUTS = ("NCDHW", "NDHWC", "NCHW", "NHWC", "NCF", "NFC", "NTF", "TNF", "
 COMPARISON_METRICS = ("cosine", "sqnr", "max_abs", "frame_cosine")
 METRICS_HIGHER_IS_BETTER = ("accuracy", "cosine", "sqnr", "frame_cosine")
 METRICS_LOWER_IS_BETTER = ("max_abs", "wer")
-BOUND_KEYS = ("min", "max", "max_decrease", "max_increase")
+BOUND_KEYS = ("min", "max", "max_decrease", "max_increase", "max_change")
 METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 
@@ -79,17 +79,23 @@ class TensorSpec:
 
 @record
 class Threshold:
-    """A metric with a bound: `min` for higher-is-better metrics, `max` for lower-is-better; or, with
-    relative=True, the most the metric may lose against the float model (`max_decrease`/`max_increase`)."""
+    """A metric with a bound (build_rules/gates.py): `min` / `max` absolute; `max_decrease` / `max_increase` the
+    most it may lose against the float model's value; `max_change` within that much of it, either way."""
     metric: str
+    key: str  # one of BOUND_KEYS
     bound: float
-    higher_is_better: bool
-    relative: bool = False
+
+    @property
+    def relative(self) -> bool:
+        return self.key in ("max_decrease", "max_increase", "max_change")
 
     def as_dict(self) -> dict:
-        if self.relative:
-            return {"metric": self.metric, ("max_decrease" if self.higher_is_better else "max_increase"): self.bound}
-        return {"metric": self.metric, ("min" if self.higher_is_better else "max"): self.bound}
+        return {"metric": self.metric, self.key: self.bound}
+
+
+def gate_dicts(thresholds) -> list[dict]:
+    """The gates as the stages take them (task keys, reports): one dict per gate, [] for none."""
+    return [t.as_dict() for t in thresholds]
 
 
 @record
@@ -111,7 +117,7 @@ class Graph:
     outputs: tuple[str, ...]
     calibration_samples: int
     verify: Threshold
-    gate: Threshold | None
+    gates: tuple[Threshold, ...]  # all must pass; () for none
     export: ExportSettings = ExportSettings()
 
 
@@ -171,7 +177,7 @@ class Tuning:
     """[tuning] of model.toml: where and how the sensitivity and tune tasks measure (HTP emulator)."""
     chip: str | None = None  # default: the model's first chip
     samples: int = 32  # evaluation samples per candidate during the search (evenly spaced); the final check uses all
-    targets: dict[str, Threshold] = factory(dict)  # graph -> target; default: the graph's gate
+    targets: dict[str, tuple[Threshold, ...]] = factory(dict)  # graph -> targets (all met); default: its gates
 
 
 @record
@@ -199,7 +205,7 @@ class Model:
     trusted_checkpoints: bool = False  # allow torch.load(weights_only=False): pickles can run code
     data: tuple[str, ...] | None = None  # sources of the prepare_data hook (a data stage), if any
     data_tools: tuple[str, ...] = ()  # programs that hook runs (e.g. espeak-ng): their files are in its key
-    evaluate_gate: Threshold | None = None
+    evaluate_gates: tuple[Threshold, ...] = ()  # [evaluate] gate: all must pass
     evaluate: bool = False  # [evaluate]: the evaluate(run_graph) hook scores all graphs together
     tuning: "Tuning | None" = None  # [tuning]: chip, samples and targets of `doit sensitivity` / `doit tune`
     dist: Dist = Dist()  # [dist]: what `doit dist` ships
@@ -321,12 +327,29 @@ def load_chips(path: Path) -> ChipTable:
 # --- models/<name>/model.toml ----------------------------------------------------------------
 
 def _threshold(t: _Table, key: str, comparison_only: bool = False) -> Threshold | None:
+    """One bound on a metric (`verify`), or None when the key is absent."""
+    if key not in t.data:
+        return None
+    return _bound(t.table(key), comparison_only)
+
+
+def _gates(t: _Table, key: str) -> tuple[Threshold, ...]:
+    """`gate = { ... }` or a list of them, `gate = [{ ... }, { ... }]` (all must pass); () when the key is absent."""
+    if key not in t.data:
+        return ()
+    value = t.data[key]
+    if isinstance(value, dict):
+        return (_bound(t.table(key)),)
+    if not isinstance(value, list) or not value:
+        raise t.error(key, f"expected a table {{ metric = ..., min = ... }} or a list of them, got {value!r}")
+    place = f"{t.where} {key}" if t.where else key
+    return tuple(_bound(_Table(t.path, f"{place}[{i}]", item)) for i, item in enumerate(value))
+
+
+def _bound(s: _Table, comparison_only: bool = False) -> Threshold:
     """A bound on a metric: any metric the check measures or a hook returns, or with comparison_only (verify: ONNX vs
     source) the comparison metrics. The bound key gives the direction (build_rules/gates.py); relative bounds need
     a float-model value, which only task metrics have."""
-    if key not in t.data:
-        return None
-    s = t.table(key)
     s.check_keys(("metric",) + BOUND_KEYS)
     if comparison_only:
         metric = s.get("metric", str, choices=COMPARISON_METRICS)
@@ -338,20 +361,23 @@ def _threshold(t: _Table, key: str, comparison_only: bool = False) -> Threshold 
     if len(given) != 1:
         raise s.error(" and ".join(given) or "min", ("two bounds" if given else "missing") + ": give exactly one of "
                       "min (higher is better), max (lower is better), max_decrease / max_increase (against the float "
-                      "model)")
+                      "model), max_change (either way from the float model); several bounds: a list of gates")
     bound_key = given[0]
-    higher = bound_key in ("min", "max_decrease")
-    relative = bound_key in ("max_decrease", "max_increase")
+    relative = bound_key in ("max_decrease", "max_increase", "max_change")
+    natural = None
     if metric in METRICS_HIGHER_IS_BETTER + METRICS_LOWER_IS_BETTER:
         natural = metric in METRICS_HIGHER_IS_BETTER
-        if natural != higher:
+        higher = bound_key in ("min", "max_decrease")
+        if bound_key != "max_change" and natural != higher:
             right = ("min" if natural else "max") + (" or max_decrease" if natural else " or max_increase")
             raise s.error(bound_key, f"{metric!r} is {'higher' if natural else 'lower'}-is-better: use {right}")
     if relative and metric in COMPARISON_METRICS:
         raise s.error(bound_key, f"{metric!r} is already measured against the float model: give an absolute "
-                                 f"{'min' if higher else 'max'}")
-    return Threshold(metric=metric, bound=float(s.get(bound_key, (int, float))), higher_is_better=higher,
-                     relative=relative)
+                                 f"{'min' if natural else 'max'}")
+    value = float(s.get(bound_key, (int, float)))
+    if bound_key in ("max_decrease", "max_increase", "max_change") and value < 0:
+        raise s.error(bound_key, f"must be 0 or more (how far from the float model's value), got {value:g}")
+    return Threshold(metric=metric, key=bound_key, bound=value)
 
 
 def _graph(t: _Table, name: str, onnx_entry: bool, default_samples: int, default_export: dict) -> Graph:
@@ -381,12 +407,12 @@ def _graph(t: _Table, name: str, onnx_entry: bool, default_samples: int, default
     samples = t.get("calibration_samples", int, default_samples)
     if samples < 1:
         raise t.error("calibration_samples", f"must be at least 1, got {samples}")
-    verify = _threshold(t, "verify", comparison_only=True) or Threshold("max_abs", 1e-4, False)
+    verify = _threshold(t, "verify", comparison_only=True) or Threshold("max_abs", "max", 1e-4)
     export = _export_settings(_Table(t.path, t._sub("export"), {**default_export, **t.table("export", {}).data}))
     if onnx_entry and "export" in t.data:
         raise t.error("export", "this model enters as an ONNX file ([model] onnx): there is no export to configure")
     return Graph(name=name, checkpoints=tuple(t.get("checkpoints", list, [])), inputs=inputs,
-                 outputs=tuple(outputs), calibration_samples=samples, verify=verify, gate=_threshold(t, "gate"),
+                 outputs=tuple(outputs), calibration_samples=samples, verify=verify, gates=_gates(t, "gate"),
                  export=export)
 
 
@@ -586,7 +612,7 @@ def load_model(folder: Path, chips: ChipTable) -> Model:
                   checkpoints=tuple(m.get("checkpoints", list, [])), chips=model_chips, graphs=graphs,
                   variants=variants, trusted_checkpoints=m.get("trusted_checkpoints", bool, False),
                   data=_data_sources(m, folder), data_tools=_data_tools(m), evaluate="evaluate" in root.data,
-                  evaluate_gate=_evaluate_gate(root), tuning=_tuning(root, graphs, model_chips),
+                  evaluate_gates=_evaluate_gates(root), tuning=_tuning(root, graphs, model_chips),
                   dist=_dist(root, folder))
     for graph in graphs.values():
         model.checkpoint_paths(graph)  # fail now, naming the file, rather than in the middle of a build
@@ -631,7 +657,7 @@ def _tuning(root: _Table, graphs: dict[str, Graph], model_chips: tuple[str, ...]
     for graph_name in targets_table.data:
         if graph_name not in graphs:
             raise targets_table.error(graph_name, f"no graph {graph_name!r} (graphs: {', '.join(graphs)})")
-        targets[graph_name] = _threshold(targets_table, graph_name)
+        targets[graph_name] = _gates(targets_table, graph_name)
     return Tuning(chip=chip, samples=samples, targets=targets)
 
 
@@ -655,12 +681,12 @@ def _dist(root: _Table, folder: Path) -> Dist:
                 license_file=license_file)
 
 
-def _evaluate_gate(root: _Table) -> Threshold | None:
+def _evaluate_gates(root: _Table) -> tuple[Threshold, ...]:
     if "evaluate" not in root.data:
-        return None
+        return ()
     t = root.table("evaluate")
     t.check_keys(("gate",))
-    return _threshold(t, "gate")
+    return _gates(t, "gate")
 
 
 def load_models(models_dir: Path, chips: ChipTable) -> list[Model]:

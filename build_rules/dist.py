@@ -627,6 +627,15 @@ def describe(index_path: str | os.PathLike) -> list[str]:
                 for chip, entry in index["chips"].items()}
     lines = [f"bundle {bundle} ({len(index['chips'])} chip(s): {', '.join(index['chips'])}) -> "
              f"{bundle.parent / index['tarball']}"]
+    from .toolchains.qnn_graph import describe as describe_float_ops
+    floats = {}  # graph -> text -> chips: one line per graph and finding, not per chip
+    for chip, entry in index["chips"].items():
+        for graph, info in entry.get("float_ops", {}).items():
+            if describe_float_ops(info):
+                floats.setdefault(graph, {}).setdefault(describe_float_ops(info), []).append(chip)
+    for graph, texts in floats.items():
+        for text, chips in texts.items():
+            lines.append(f"  {graph}: {text} on {', '.join(chips)}")
     multi = index.get("multi_soc")
     if multi:
         if multi.get("error"):

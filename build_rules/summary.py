@@ -355,33 +355,35 @@ def _result_text(result: dict | None, metrics_key: str = "summary") -> str:
         message = str(result.get("error", "")).splitlines()[0] if result.get("error") else ""
         message = message.split(": ", 1)[1] if ": " in message else message
         return f"FAILED: {message.removeprefix('gate failed: ')}"
-    gate = result.get("gate")
-    metric = (gate.get("metric") if isinstance(gate, dict) else None) or "cosine"
-    value = metrics.get(metric)
-    return f"{metric} {value:.4g}" if isinstance(value, (int, float)) else ""
+    shown = list(dict.fromkeys(r["metric"] for r in result.get("gated") or [])) or ["cosine"]  # each gated value
+    return " ".join(f"{m} {metrics[m]:.4g}" for m in shown if isinstance(metrics.get(m), (int, float)))
 
 
 def _describe(manifest_path: str) -> str:
+    from .toolchains.qnn_graph import describe as describe_float_ops
     try:
         manifest = json.loads(Path(manifest_path).read_text())
     except (OSError, ValueError):
         return manifest_path
     parts = []
     for graph, info in manifest["graphs"].items():
-        gate = info.get("gate")
         gate_text = ""
         if info.get("check") == "not run":  # qairt without qnn-net-run: no metric was measured
             gate_text = " (check not run)"
-        elif gate:
-            metric = gate["metric"]
-            gate_text = f" {metric} {info['metrics'].get(metric, float('nan')):.4g}"
-            if metric in info.get("worst_output", {}):  # several outputs: the one that sets the value
-                gate_text += f" (worst: {info['worst_output'][metric]})"
-        parts.append(f"{graph} {info['bytes'] / 1e6:.2f} MB{gate_text}")
+        else:
+            values = []
+            for metric in dict.fromkeys(r["metric"] for r in info.get("gated", [])):  # every gated value, once
+                value = f"{metric} {info['metrics'].get(metric, float('nan')):.4g}"
+                if metric in info.get("worst_output", {}):  # several outputs: the one that sets the value
+                    value += f" (worst: {info['worst_output'][metric]})"
+                values.append(value)
+            gate_text = "".join(f" {v}" for v in values)  # "cosine 1 sqnr 41.2": graphs are split by commas
+        float_text = describe_float_ops(info.get("float_ops"))  # a quantized variant that is partly float
+        parts.append(f"{graph} {info['bytes'] / 1e6:.2f} MB{gate_text}" + (f" [{float_text}]" if float_text else ""))
     evaluation = manifest.get("evaluate")
-    if evaluation and evaluation.get("gate"):  # the model-level metric, e.g. WER of encoder + decoder
-        metric = evaluation["gate"]["metric"]
-        parts.append(f"model {metric} {evaluation['metrics'].get(metric, float('nan')):.4g}")
+    if evaluation and evaluation.get("gated"):  # the model-level metrics, e.g. WER of encoder + decoder
+        parts.append("model " + " ".join(f"{m} {evaluation['metrics'].get(m, float('nan')):.4g}"
+                                          for m in dict.fromkeys(r["metric"] for r in evaluation["gated"])))
     return f"{Path(manifest_path).parent}: " + ", ".join(parts)
 
 

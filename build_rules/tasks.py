@@ -12,7 +12,7 @@ import os
 import sys
 
 from . import aimet_tasks, diagnose_tasks, dist_tasks, interrupt, layout, remote_cache, tuning_tasks
-from .config import ConfigError, Model
+from .config import ConfigError, Model, gate_dicts
 from .hashing import ContentChecker, use_stat_cache
 from .project import (STATE_DIR, chip_params, calibration_files, compile_input, model_data, hook_files, input_specs,
                       model_graphs, project, quantized_variants, ranges_file, rel, source_onnx,
@@ -309,19 +309,20 @@ def _check_tasks():
                 binary = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.bin")
                 evaluation = layout.float_file(model.name, graph.name, ".evaluation.npz")
                 report = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.check.json")
+                compiled = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.compile.json")
                 data_params, data_dep = model_data(model)
                 params = {"ctx_model": ctx, "evaluation": evaluation, "hooks": rel(model.hooks),
-                          "graph": graph.name, "gate": graph.gate.as_dict() if graph.gate else None,
+                          "graph": graph.name, "gates": gate_dicts(graph.gates), "compile_report": compiled,
                           "outputs": {"report": report}, **data_params}
                 yield stage_task("check", f"{model.name}/{graph.name}/{variant.name}@{chip.name}", params,
-                                  [ctx, binary, evaluation, *hook_files(model), *data_dep], [report],
+                                  [ctx, binary, compiled, evaluation, *hook_files(model), *data_dep], [report],
                                   layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.check.log"))
 
 
 def _evaluate_params(model: Model, graphs: dict, on: str, report: str) -> tuple[dict, list[str]]:
     data_params, data_dep = model_data(model)
     params = {"hooks": rel(model.hooks), "graphs": graphs, "on": on, "outputs": {"report": report},
-              "gate": model.evaluate_gate.as_dict() if model.evaluate_gate else None, **data_params}
+              "gates": gate_dicts(model.evaluate_gates), **data_params}
     return params, [*graphs.values(), *hook_files(model), *data_dep]
 
 
@@ -339,7 +340,7 @@ def _evaluate_tasks():
         float_report = layout.float_file(model.name, "model", ".evaluate.json")
         graphs = {g: layout.float_file(model.name, g, ".sim.onnx") for g in model.graphs}
         params, file_dep = _evaluate_params(model, graphs, "cpu", float_report)
-        params["gate"] = None  # the float model is the reference, not gated
+        params["gates"] = []  # the float model is the reference, not gated
         yield stage_task("evaluate", f"{model.name}/float", params, file_dep, [float_report],
                           layout.float_file(model.name, "model", ".evaluate.log"), key_stage="evaluate_float")
         for variant, chip in variant_builds(model):
@@ -351,6 +352,17 @@ def _evaluate_tasks():
                                           for g in model.graphs]
             yield stage_task("evaluate", f"{model.name}/{variant.name}@{chip.name}", params, file_dep, [report],
                               layout.chip_file(model.name, variant.name, chip.name, "evaluate.log"))
+
+
+def _fp16_sibling(model: Model, variant, chip) -> dict:
+    """The binaries of the model's first fp16 variant on the same chip, for a quantized variant ({} if none)."""
+    if variant.is_fp16 or not chip.fp16:
+        return {}
+    fp16 = next((v for v in model.variants.values() if v.is_fp16), None)
+    if fp16 is None:
+        return {}
+    return {"variant": fp16.name,
+            "binaries": {g: layout.chip_file(model.name, fp16.name, chip.name, f"{g}.bin") for g in model.graphs}}
 
 
 def _package(params: dict):
@@ -383,10 +395,14 @@ def _package_tasks():
             if model.evaluate and project().toolchain["name"] == "ort-qnn":
                 reports.append(layout.chip_file(model.name, variant.name, chip.name, "evaluate.json"))
                 params["evaluate"] = reports[-1]
+            sibling = _fp16_sibling(model, variant, chip)
+            if sibling:  # a quantized variant's binaries must be smaller than fp16's: the package stage says if not
+                params["fp16_sibling"] = sibling
             yield {
                 "name": f"{model.name}/{variant.name}@{chip.name}",
                 "actions": [(_package, [params])],
-                "file_dep": [f for files in graphs.values() for f in files.values()] + checkpoints + reports,
+                "file_dep": [f for files in graphs.values() for f in files.values()] + checkpoints + reports
+                            + list(sibling.get("binaries", {}).values()),
                 "targets": [manifest],
                 "uptodate": [task_key("package", params)],
                 "clean": True,

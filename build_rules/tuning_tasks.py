@@ -5,7 +5,7 @@ task_report / task_sensitivity / task_tune creators call these. Loaded with the 
 from __future__ import annotations
 
 from . import aimet_tasks, layout
-from .config import Chip, Graph, Model, Variant
+from .config import Chip, Graph, Model, Variant, gate_dicts
 from .project import (chip_params, model_data, hook_files, model_graphs, project, ranges_file,
                       rel, stage_task, variant_builds)
 
@@ -24,7 +24,7 @@ def report_tasks():
                               "compile": chip_file(".compile.json"), "ctx_model": chip_file("_ctx.onnx"),
                               "check": chip_file(".check.json"), "memo": chip_file(".measure.json"),
                               "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
-                              "gate": graph.gate.as_dict() if graph.gate else None})
+                              "gates": gate_dicts(graph.gates)})
                 file_dep += [chip_file(".compile.json"), chip_file("_ctx.onnx"), chip_file(".bin")]
         file_dep += [layout.float_file(model.name, g, ".evaluation.npz") for g in model.graphs]
         evaluations = {f"{v.name}@{c.name}": layout.chip_file(model.name, v.name, c.name, "evaluate.json")
@@ -81,11 +81,11 @@ def tune_tasks():
             graphs, file_dep = [], []
             for graph in model.graphs.values():
                 g = _tuning_graph(model, graph, variant)
-                target = (model.tuning.targets.get(graph.name) if model.tuning else None) or graph.gate
+                targets = (model.tuning.targets.get(graph.name) if model.tuning else None) or graph.gates
                 # The sensitivity result is reused when present and made from the same inputs (its key says),
                 # else tune measures the ranking itself: no dependency, so graphs that already meet their
                 # target cost one emulator run, not a sensitivity analysis.
-                g.update(target=target.as_dict() if target else None,
+                g.update(target=gate_dicts(targets) or None,  # every target must be met
                          sensitivity=layout.tuning_file(model.name, variant.name, f"{graph.name}.sensitivity.json"))
                 graphs.append(g)
                 file_dep += _tuning_deps(g) + aimet_tasks.tune_calibration(model, graph, variant, g)

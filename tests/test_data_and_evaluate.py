@@ -55,7 +55,8 @@ def make(tmp_path, gate='{ metric = "accuracy", max_decrease = 0.5 }'):
 
 
 def test_data_stage_feeds_the_hooks_and_evaluate_gates_against_float(tmp_path):
-    repo = make(tmp_path)
+    # [evaluate] takes a list of gates too: all must pass, each gated value is in the report
+    repo = make(tmp_path, gate='[{ metric = "accuracy", max_decrease = 0.5 }, { metric = "images", min = 4 }]')
     result = run_doit(repo)
     assert result.code == 0, result.output
     assert {"data:tinynet", "evaluate:tinynet/float", "evaluate:tinynet/w8a16@SM8750",
@@ -64,9 +65,12 @@ def test_data_stage_feeds_the_hooks_and_evaluate_gates_against_float(tmp_path):
     assert sorted(listing) == ["image_3.npy", "image_4.npy", "image_5.npy", "image_6.npy"]
     manifest = json.loads((repo / "out/tinynet/w8a16/SM8750/manifest.json").read_text())
     assert manifest["evaluate"]["metrics"]["images"] == 4
-    assert manifest["evaluate"]["gate"] == {"metric": "accuracy", "max_decrease": 0.5}
+    assert manifest["evaluate"]["gates"] == [{"metric": "accuracy", "max_decrease": 0.5}, {"metric": "images", "min": 4}]
     float_value = json.loads((repo / "out/tinynet/float/model.evaluate.json").read_text())["metrics"]["accuracy"]
-    assert manifest["evaluate"]["bound"] == float_value - 0.5
+    accuracy, images = manifest["evaluate"]["gated"]
+    assert accuracy["low"] == float_value - 0.5 and accuracy["float"] == float_value and accuracy["passed"]
+    assert images == {"gate": "images >= 4", "metric": "images", "value": 4.0, "passed": True, "low": 4.0,
+                      "high": None}
 
     # new data: the stages that read it run again, nothing upstream of them
     (repo / "models/tinynet/seeds.txt").write_text("3 4 5 7\n")

@@ -145,10 +145,10 @@ def test_the_report_shows_a_failed_model_evaluation_from_its_memo(tmp_path):
     passed.parent.mkdir(parents=True)
     failed.parent.mkdir(parents=True)
     gate = {"metric": "wer", "max_increase": 0.05}
-    passed.write_text(json.dumps({"on": "emulator", "metrics": {"wer": 0.053}, "gate": gate, "bound": 0.103}))
+    passed.write_text(json.dumps({"on": "emulator", "metrics": {"wer": 0.053}, "gates": [gate]}))
     message = "evaluate:w/w8a16@SM8750: gate failed: wer = 0.2100, needs <= 0.103 (over by 0.107; float model 0.053)"
     results.keep_failed(str(failed.with_name("evaluate.measure.json")),
-                        {"on": "emulator", "metrics": {"wer": 0.21}, "gate": gate}, message, {"k": 1}, {"wer": 0.21})
+                        {"on": "emulator", "metrics": {"wer": 0.21}, "gates": [gate]}, message, {"k": 1}, {"wer": 0.21})
     found = report.evaluations({"fp16@SM8750": str(passed), "w8a16@SM8750": str(failed),
                                 "w8a8@SM8750": str(tmp_path / "w8a8/SM8750/evaluate.json")})  # never evaluated
     assert set(found) == {"fp16@SM8750", "w8a16@SM8750"}

@@ -13,7 +13,7 @@ from pathlib import Path
 from .. import gates, layout, results
 from ..errors import BuildError
 from ..files import atomic_write_json
-from .common import compare, load_evaluation, load_hooks, worst
+from .common import compare, load_evaluation, load_hooks, load_labels, score, worst
 
 VERSION = 2  # 2: frame_cosine measured; worst output per metric in the report
 
@@ -26,19 +26,22 @@ def run(params: dict) -> dict:
 
 
 def judge(params: dict, inputs: list[dict], reference: list[dict], outputs: list[dict]) -> dict:
-    """Metrics of the binary's outputs against the float reference, the gate, and the report (both toolchains)."""
-    return decide(params, measure(params["hooks"], params["graph"], params.get("data_dir"), inputs, reference, outputs))
+    """Metrics of the binary's outputs against the float reference, the gates, and the report (both toolchains)."""
+    return decide(params, measure(params["hooks"], params["graph"], params.get("data_dir"), inputs, reference, outputs,
+                                  load_labels(params["evaluation"])))
 
 
 def measure(hooks_path: str, graph: str, data_dir, inputs: list[dict], reference: list[dict],
-            outputs: list[dict]) -> dict:
-    """Per-output cosine/SQNR/max abs against the float reference, plus the score hook's task metrics."""
+            outputs: list[dict], labels: list | None = None) -> dict:
+    """Per-output cosine/SQNR/max abs against the float reference, plus the score hook's task metrics: of the
+    binary's outputs and of the float model's (the reference of relative gates). A hook that takes float_outputs
+    gets the float model's outputs both times (so an agreement metric of the float model with itself is its top)."""
     metrics = {"samples": len(inputs), "outputs": compare(reference, outputs, frames=True)}
     hooks = load_hooks(hooks_path, data_dir)
     if hasattr(hooks, "score"):
-        metrics["score"] = {k: float(v) for k, v in hooks.score(graph, inputs, outputs).items()}
-        reference_score = {k: float(v) for k, v in hooks.score(graph, inputs, reference).items()}
-        metrics["float_score"] = reference_score
+        where = f"{hooks_path}: score({graph!r})"
+        metrics["score"] = score(hooks, graph, inputs, outputs, reference, labels, where)
+        metrics["float_score"] = score(hooks, graph, inputs, reference, reference, labels, where)
     return metrics
 
 
@@ -83,7 +86,7 @@ def measurement(ctx_model: str, evaluation: str, hooks: str, graph: str, data_di
     from ..toolchains import ort_qnn
     inputs, reference = load_evaluation(evaluation)
     outputs = ort_qnn.run_context_binary(ctx_model, inputs)
-    metrics = measure(hooks, graph, data_dir, inputs, reference, outputs)
+    metrics = measure(hooks, graph, data_dir, inputs, reference, outputs, load_labels(evaluation))
     atomic_write_json(memo, {"key": key, "metrics": metrics})
     return metrics, key
 
@@ -119,17 +122,19 @@ def decide(params: dict, metrics: dict, key: dict | None = None) -> dict:
     """The report (<graph>.check.json) and the gate."""
     summary = summarize(metrics)
     report = {"samples": metrics["samples"], "summary": summary, **{k: v for k, v in metrics.items() if k != "samples"},
-              "worst_output": worst_outputs(metrics), "gate": params["gate"]}
+              "worst_output": worst_outputs(metrics), "gates": params["gates"]}
     if key is not None:
         report["inputs"] = key
-    if params["gate"]:
-        try:
-            gates.judge(params["name"], params["gate"], summary, metrics.get("float_score"))
-        except BuildError as e:  # the numbers stay in the memo, marked failed; the task fails
-            if "gate failed" in str(e):
-                e = BuildError(f"{e}{diagnose_hint(params)}")
-            results.keep_failed(layout.memo_file(params["final_outputs"]["report"]), report, str(e), key, metrics)
-            raise e from None
+    if params.get("compile_report"):  # what the binary runs in float (a quantized variant), from its compile
+        report["float_ops"] = json.loads(Path(params["compile_report"]).read_text()).get("float_ops")
+    try:
+        report["gated"] = gates.judge(params["name"], params["gates"], summary, metrics.get("float_score"))
+    except BuildError as e:  # the numbers stay in the memo, marked failed (each gate's verdict too); the task fails
+        report["gated"] = gates.results(params["gates"], summary, metrics.get("float_score"))
+        if any(g["passed"] is False for g in report["gated"]):  # a gate missed, not one that could not be judged
+            e = BuildError(f"{e}{diagnose_hint(params)}")
+        results.keep_failed(layout.memo_file(params["final_outputs"]["report"]), report, str(e), key, metrics)
+        raise e from None
     results.clear_failed(layout.memo_file(params["final_outputs"]["report"]))
     atomic_write_json(params["outputs"]["report"], report)
     return {"summary": summary}

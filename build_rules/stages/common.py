@@ -192,9 +192,89 @@ def load_evaluation(path: str, limit: int | None = None) -> tuple[list[dict], li
         inputs = [{} for _ in range(count)]
         outputs = [{} for _ in range(count)]
         for key in data.files:
-            if key == "count":
+            if "/" not in key:  # count, labels
                 continue
             index, kind, name = key.split("/", 2)
-            if int(index) < count:
+            if kind in ("input", "output") and int(index) < count:
                 (inputs if kind == "input" else outputs)[int(index)][name] = data[key]
     return inputs, outputs
+
+
+# --- labels: evaluation_inputs() may return (inputs, label) pairs; verify keeps the labels for score() ----------
+
+LABEL_KINDS = ("value", "dict")  # the npz's "labels" entry: one label per sample, or a dict of them
+
+
+def split_labels(samples: list, where: str) -> tuple[list, list | None]:
+    """(inputs, labels) of a data hook's samples: each a {name: array} dict, or every one an (inputs, label) pair.
+    labels is None when the hook returned plain dicts."""
+    pairs = [isinstance(s, (tuple, list)) and len(s) == 2 and isinstance(s[0], dict) for s in samples]
+    if not any(pairs):
+        return samples, None
+    if not all(pairs):
+        first = pairs.index(not pairs[0])
+        raise BuildError(f"{where}: sample {first} is {'an (inputs, label) pair' if pairs[first] else 'a plain dict'} "
+                         f"but sample 0 is {'an (inputs, label) pair' if pairs[0] else 'a plain dict'}: return "
+                         "(inputs, label) pairs for every sample or for none")
+    return [s[0] for s in samples], [s[1] for s in samples]
+
+
+def label_arrays(labels: list, where: str) -> dict[str, np.ndarray]:
+    """The labels as npz entries: `<i>/label/value`, or `<i>/label/<key>` for dict labels, and `labels` (the kind).
+    A label is a number, a string, a bool, an array (or a rectangular list), or a dict of those by name."""
+    kinds = {isinstance(label, dict) for label in labels}
+    if len(kinds) > 1:
+        raise BuildError(f"{where}: some labels are dicts and some are not: give every sample the same kind of label")
+    arrays = {"labels": np.array(LABEL_KINDS[1] if kinds == {True} else LABEL_KINDS[0])}
+    for i, label in enumerate(labels):
+        for name, value in (label.items() if isinstance(label, dict) else [("value", label)]):
+            if not isinstance(name, str) or not name or "/" in name:
+                raise BuildError(f"{where}: sample {i}: label key {name!r} must be a non-empty string without '/'")
+            try:
+                array = np.asarray(value)
+            except ValueError:  # numpy refuses ragged nested lists
+                array = np.empty(0, dtype=object)
+            if value is None or array.dtype == object:
+                raise BuildError(f"{where}: sample {i}: label{'' if name == 'value' else f' {name!r}'} of type "
+                                 f"{type(value).__name__} cannot be kept for score(): use a number, a string, an array "
+                                 "(a ragged list: one array per field in a dict label), or a dict of those")
+            arrays[f"{i}/label/{name}"] = array
+    return arrays
+
+
+def load_labels(path: str) -> list | None:
+    """The labels verify kept beside the evaluation inputs (None when the hook returned none): per sample a number,
+    string or array, or a dict of them, as evaluation_inputs returned them (0-d arrays back to Python scalars)."""
+    def plain(array):
+        return array.item() if array.ndim == 0 else array
+
+    with np.load(path) as data:
+        if "labels" not in data.files:
+            return None
+        kind, count = str(data["labels"]), int(data["count"])
+        labels = [{} for _ in range(count)]
+        for key in data.files:
+            parts = key.split("/", 2)
+            if len(parts) == 3 and parts[1] == "label":
+                labels[int(parts[0])][parts[2]] = plain(data[key])
+    return labels if kind == "dict" else [label["value"] for label in labels]
+
+
+def score(hooks, graph: str, inputs: list[dict], outputs: list[dict], float_outputs: list[dict],
+          labels: list | None, where: str) -> dict[str, float]:
+    """The score hook's task metrics. score(graph, inputs, outputs) as ever; a hook that names a `float_outputs` or
+    `labels` parameter (or takes **kwargs) also gets the float model's outputs for the same inputs and the labels of
+    evaluation_inputs(), by keyword."""
+    import inspect
+    parameters = inspect.signature(hooks.score).parameters
+    any_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    extra = {}
+    if any_keyword or "float_outputs" in parameters:
+        extra["float_outputs"] = float_outputs
+    if any_keyword or "labels" in parameters:
+        wanted = parameters.get("labels")
+        if labels is None and wanted is not None and wanted.default is inspect.Parameter.empty:
+            raise BuildError(f"{where}: score() takes labels, but evaluation_inputs({graph!r}) returned none: return "
+                             "(inputs, label) pairs from it, or give labels a default (labels=None)")
+        extra["labels"] = labels
+    return {k: float(v) for k, v in hooks.score(graph, inputs, outputs, **extra).items()}

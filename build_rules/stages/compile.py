@@ -58,6 +58,9 @@ def run(params: dict) -> dict:
     values = {"seconds": round(result["seconds"], 3), "bytes": Path(result["binary"]).stat().st_size,
               "target": target}
     if "report" in params["outputs"]:  # what `doit report` reads: size and compile time of this binary
-        atomic_write_json(params["outputs"]["report"], {**values, "ops": result["ops"], "chip": chip["name"]})
+        report = {**values, "ops": result["ops"], "chip": chip["name"]}
+        if result.get("float_ops") is not None:  # quantized: the ops QNN runs in float all the same
+            report["float_ops"] = result["float_ops"]
+        atomic_write_json(params["outputs"]["report"], report)
     return values
 

@@ -77,7 +77,12 @@ def _bundle(params: dict, variant: str, spec: dict, bundle: Path) -> dict:
         chips[chip] = {"name": entry["chip"]["marketing_name"], "soc_model": entry["chip"]["soc_id"],
                        "ro.soc.model": chip, "dsp_arch": arch, "vtcm_mb": entry["chip"]["vtcm_mb"], "files": files,
                        "metrics": {g: manifest["graphs"][g].get("metrics") for g in entry["graphs"]},
+                       "gates": {g: manifest["graphs"][g].get("gated", []) for g in entry["graphs"]},
                        "runtime": _runtime(toolchain, arch, entry, runtime_files)}
+        float_ops = {g: manifest["graphs"][g]["float_ops"] for g in entry["graphs"]
+                     if manifest["graphs"][g].get("float_ops") is not None}
+        if float_ops:  # a quantized variant: what its binaries run in float all the same (qnn_graph.py)
+            chips[chip]["float_ops"] = float_ops
     for rel, source in sorted(runtime_files.items()):
         _copy(source, bundle / rel)
 

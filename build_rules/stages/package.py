@@ -37,9 +37,12 @@ def run(params: dict) -> dict:
         check = json.loads(Path(files["check"]).read_text())
         graphs[graph] = {
             "binary": binary.name, "ctx_model": Path(files["ctx_model"]).name, "bytes": binary.stat().st_size,
-            "xxh3_128": file_digest(binary), "metrics": check["summary"], "gate": check.get("gate"),
+            "xxh3_128": file_digest(binary), "metrics": check["summary"],
+            "gates": check.get("gates", []), "gated": check.get("gated", []),
             **({"worst_output": check["worst_output"]} if check.get("worst_output") else {}),
+            **({"float_ops": check["float_ops"]} if check.get("float_ops") is not None else {}),
         }
+    warnings = not_smaller(params, graphs)
     manifest = {
         "model": {**params["model"], "commit": model_commit(params["model_folder"])},
         "variant": params["variant"], "chip": params["chip"], "toolchain": params["toolchain"],
@@ -50,5 +53,28 @@ def run(params: dict) -> dict:
         manifest["evaluate"] = json.loads(Path(params["evaluate"]).read_text())
     if params.get("aimet"):  # quantizer = "aimet": per graph the QuantSim config, techniques, aimet-onnx version
         manifest["aimet"] = {g: json.loads(Path(path).read_text()) for g, path in params["aimet"].items()}
+    if warnings:
+        manifest["warnings"] = warnings
     atomic_write_json(params["outputs"]["manifest"], manifest)
-    return {"bytes": sum(g["bytes"] for g in graphs.values())}
+    return {"bytes": sum(g["bytes"] for g in graphs.values()), **({"warnings": warnings} if warnings else {})}
+
+
+def not_smaller(params: dict, graphs: dict) -> list[str]:
+    """A quantized variant whose binary is not smaller than its fp16 sibling's on the same chip is not what its
+    name says (an LSTM QNN runs in float, a Gather table kept at 16 bit): one warning per such graph, with what
+    ran in float. Records the sibling's size in the graph's entry."""
+    from ..toolchains.qnn_graph import describe
+    sibling = params.get("fp16_sibling")
+    if not sibling:
+        return []
+    found = []
+    for graph, entry in graphs.items():
+        fp16_bytes = Path(sibling["binaries"][graph]).stat().st_size
+        entry["fp16_bytes"] = fp16_bytes
+        if entry["bytes"] < fp16_bytes:
+            continue
+        why = describe(entry.get("float_ops")) or "no op ran in float: look for weights kept at 16 bit (docs/models.md)"
+        found.append(f"package:{params['model']['name']}/{params['variant']['name']}@{params['chip']['name']}: "
+                     f"{graph}.bin ({entry['bytes'] / 1e6:.2f} MB) is not smaller than {sibling['variant']}'s "
+                     f"({fp16_bytes / 1e6:.2f} MB): {why}")
+    return found

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .. import gates
 from .check import measure, summarize
-from .common import compare, load_evaluation
+from .common import compare, load_evaluation, load_labels
 
 SIXTEEN = "uint16"
 
@@ -27,16 +27,20 @@ def evenly_spaced(count: int, wanted: int) -> list[int]:
     return sorted({round(i * (count - 1) / (wanted - 1)) for i in range(wanted)})
 
 
-def meets(target: dict | None, summary: dict) -> bool:
+describe = gates.describe_all
+
+
+def meets(target, summary: dict) -> bool:
+    """Whether every gate of `target` (one gate, a list of them, or None) holds for these measurements."""
     if not target:
         return True
-    value = summary.get(target["metric"])
-    if value is None:
-        raise KeyError(f"target metric {target['metric']!r} was not measured (measured: {', '.join(summary)})")
-    return gates.passes(target, value, summary.get("_float_score", {}).get(target["metric"]))
-
-
-describe = gates.describe
+    for gate in gates.as_list(target):
+        if gate["metric"] not in summary:
+            raise KeyError(f"target metric {gate['metric']!r} was not measured (measured: {', '.join(summary)})")
+    verdict = gates.passes_all(target, summary, summary.get("_float_score", {}))
+    if verdict is None:  # a relative target without the float model's value: never count it as met
+        raise ValueError(f"target {describe(target)} cannot be judged: the float model's value is unknown")
+    return verdict
 
 
 class Candidates:
@@ -47,6 +51,7 @@ class Candidates:
         self.chip = chip
         self.hooks, self.data_dir = hooks, data_dir
         self.inputs, self.reference = load_evaluation(graph["evaluation"])
+        self.labels = load_labels(graph["evaluation"])
         self.subset = evenly_spaced(len(self.inputs), samples)
         self.work = Path(tempfile.mkdtemp(prefix=f"tuning-{graph['name']}-"))
         self.evaluations = 0
@@ -109,7 +114,8 @@ class Candidates:
         outputs = [{n: o[n] for n in names} for o in outputs]
         inputs, reference = [self.inputs[i] for i in indices], [self.reference[i] for i in indices]
         try:
-            metrics = measure(self.hooks, self.graph["name"], self.data_dir, inputs, reference, outputs)
+            labels = None if self.labels is None else [self.labels[i] for i in indices]
+            metrics = measure(self.hooks, self.graph["name"], self.data_dir, inputs, reference, outputs, labels)
         except Exception as e:  # a score hook may insist on the whole evaluation set: no task metrics on a subset
             if full:
                 raise
@@ -126,11 +132,12 @@ class Candidates:
         return summary
 
 
-def search(c: "Candidates", target: dict | None) -> bool:
-    """Whether searching for `target` must use the full evaluation set (the subset cannot measure its metric)."""
-    if not target or target["metric"] in ("cosine", "sqnr", "max_abs"):
+def search(c: "Candidates", target) -> bool:
+    """Whether searching for `target` must use the full evaluation set (the subset cannot measure its metrics)."""
+    metrics = [g["metric"] for g in gates.as_list(target) if g["metric"] not in ("cosine", "sqnr", "max_abs")]
+    if not metrics:
         return False
-    return target["metric"] not in c.measure(set()) or not c.score_on_subset
+    return any(m not in c.measure(set()) for m in metrics) or not c.score_on_subset
 
 
 def clean(summary: dict) -> dict:

@@ -45,7 +45,7 @@ def run(params: dict) -> dict:
         reason = f"not run: no qnn-net-run in {sdk.tool('qnn-net-run').parent}"
         print(reason, flush=True)
         atomic_write_json(report_path, {"status": "not run", "reason": reason, "summary": {},
-                                        "gate": params["gate"]})
+                                        "gates": params["gates"]})
         return {"status": "not run"}
 
     import numpy as np

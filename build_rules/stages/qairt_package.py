@@ -66,7 +66,8 @@ def run(params: dict) -> dict:
         graphs[graph] = {
             "binary": binary.name, "bytes": binary.stat().st_size, "xxh3_128": file_digest(binary),
             "metrics": check.get("summary", {}), "check": check.get("status", "ran"),
-            "check_note": check.get("reason"), "gate": check.get("gate"), "io": io,
+            "check_note": check.get("reason"), "gates": check.get("gates", []),
+            "gated": check.get("gated", []), "io": io,
             "quantization_warnings": warnings,
             "model_libs": {target: os.path.relpath(path, binary.parent)
                            for target, path in files.get("model_libs", {}).items()},

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from .. import gates, results
+from ..toolchains.qnn_graph import describe as describe_float_ops
 from ..files import atomic_write_json, atomic_write_text
 from .check import measurement, measurement_key, summarize
 
@@ -36,15 +37,6 @@ def _cell_metrics(cell: dict, hooks: str, data_dir) -> tuple[dict, str]:
     return metrics, "memo" if remembered else "emulator"
 
 
-def _passes(gate: dict | None, summary: dict, float_score: dict) -> bool | None:
-    if not gate or gate["metric"] not in summary:
-        return None
-    reference = float_score.get(gate["metric"])
-    if gates.is_relative(gate) and reference is None:
-        return None
-    return gates.passes(gate, summary[gate["metric"]], reference)
-
-
 def run(params: dict) -> dict:
     rows = []
     measured = 0
@@ -56,8 +48,10 @@ def run(params: dict) -> dict:
         print(f"{cell['variant']}@{cell['chip']} {cell['graph']}: {source}", flush=True)
         rows.append({"variant": cell["variant"], "chip": cell["chip"], "graph": cell["graph"],
                      "bytes": compiled["bytes"], "compile_seconds": compiled["seconds"], "samples": metrics["samples"],
-                     "summary": summary, "float_score": metrics.get("float_score", {}), "gate": cell["gate"],
-                     "passed": _passes(cell["gate"], summary, metrics.get("float_score", {})), "measured_by": source})
+                     "summary": summary, "float_score": metrics.get("float_score", {}), "gates": cell["gates"],
+                     "gated": gates.results(cell["gates"], summary, metrics.get("float_score", {})),
+                     "passed": gates.passes_all(cell["gates"], summary, metrics.get("float_score", {})),
+                     "measured_by": source, "float_ops": compiled.get("float_ops")})
     report = {"model": params["model"], "toolchain": params["toolchain"], "variants": params["variants"],
               "cells": rows, "evaluate": evaluations(params.get("evaluations", {})), "quantizers": quantizers(params)}
     atomic_write_json(params["outputs"]["json"], report)
@@ -109,9 +103,23 @@ def _fmt(value, digits=4) -> str:
 
 
 def _gate_text(row: dict) -> str:
-    if row["passed"] is None:
+    """Each gate with its verdict: 'pass (cosine >= 0.98); **FAIL** (f1 within 0.1 of float)'."""
+    verdicts = {True: "pass", False: "**FAIL**", None: "–"}
+    return "; ".join(f"{verdicts[r['passed']]} ({r['gate']})" for r in row["gated"]) or "–"
+
+
+def _gated_metrics(rows: list[dict], graph: str) -> list[str]:
+    """The metrics a graph's summary column shows: its gates' (every gate of the first cell that has any), or cosine."""
+    gated = next((r["gates"] for r in rows if r["graph"] == graph and r["gates"]), [])
+    return list(dict.fromkeys(g["metric"] for g in gated)) or ["cosine"]
+
+
+def _float_text(row: dict) -> str:
+    """What a quantized binary runs in float: 'none', '3 LSTM ran in float (98.9 % of the weights)'; fp16: '–'."""
+    info = row.get("float_ops")
+    if info is None:
         return "–"
-    return f"{'pass' if row['passed'] else '**FAIL**'} ({gates.describe(row['gate'])})"
+    return describe_float_ops(info) or ("unknown" if info.get("error") else "none")
 
 
 def _task_metrics(row: dict) -> str:
@@ -131,11 +139,10 @@ def markdown(report: dict) -> str:
     lines = [f"# {report['model']}: variants x chips", "",
              f"Measured on the HTP emulator ({report['toolchain'].get('name')} {report['toolchain'].get('build_id', '')}) "
              "against the float model; sizes are the context binaries. Rebuild with `doit report`.", ""]
-    # Summary: one row per variant and chip, one column per graph (its gate metric, or cosine).
+    # Summary: one row per variant and chip, one column per graph (its gated metrics, or cosine).
     header = ["variant", "quantizer", "weights/activations", "chip", "size (MB)", "compile (s)"]
     for g in graphs:
-        gate = next((r["gate"] for r in rows if r["graph"] == g and r["gate"]), None)
-        header.append(f"{g} {gate['metric'] if gate else 'cosine'}")
+        header.append(f"{g} {' / '.join(_gated_metrics(rows, g))}")
     header.append("gates")
     lines += ["## Summary", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     pairs = []
@@ -149,8 +156,7 @@ def markdown(report: dict) -> str:
         values = []
         for g in graphs:
             r = cells.get(g)
-            metric = (r["gate"] or {}).get("metric", "cosine") if r else None
-            values.append(_fmt(r["summary"].get(metric)) if r else "–")
+            values.append(" / ".join(_fmt(r["summary"].get(m)) for m in _gated_metrics(rows, g)) if r else "–")
         failed = [g for g, r in cells.items() if r["passed"] is False]
         settings = report["variants"].get(variant, {})
         bits = "fp16" if settings.get("precision") == "fp16" else f"{settings.get('weights')}/{settings.get('activations')}"
@@ -158,17 +164,17 @@ def markdown(report: dict) -> str:
                      f"{seconds:.2f} | " + " | ".join(values)
                      + f" | {'FAIL: ' + ', '.join(failed) if failed else 'pass'} |")
     lines += ["", "## Per graph", "",
-              "| variant | chip | graph | size (KB) | compile (s) | cosine | SQNR (dB) | max abs | task metrics | gate |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| variant | chip | graph | size (KB) | compile (s) | cosine | SQNR (dB) | max abs | task metrics | gate "
+              "| float ops |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r["summary"]
         lines.append(f"| {r['variant']} | {r['chip']} | {r['graph']} | {r['bytes'] / 1e3:.1f} | "
                      f"{r['compile_seconds']:.2f} | {_fmt(s['cosine'], 6)} | {_fmt(s['sqnr'])} | {_fmt(s['max_abs'])} | "
-                     f"{_task_metrics(r)} | {_gate_text(r)} |")
+                     f"{_task_metrics(r)} | {_gate_text(r)} | {_float_text(r)} |")
     if report.get("evaluate"):
         lines += ["", "## Model-level evaluation", "", "| variant@chip | metrics | gate |", "|---|---|---|"]
         for name, value in report["evaluate"].items():
-            gate = "–" if not value.get("gate") or value.get("passed") is None else \
+            gate = "–" if not value.get("gates") or value.get("passed") is None else \
                 ("pass" if value["passed"] else f"**FAIL** ({value.get('error', '').split(': ', 1)[-1]})")
             lines.append(f"| {name} | {json.dumps(value.get('summary', value.get('metrics', value)))[:200]} | {gate} |")
     lines += ["", "## Variants", ""]

@@ -25,7 +25,7 @@ import time
 
 from pathlib import Path
 
-from .. import layout, progress, results
+from .. import gates, layout, progress, results
 from ..errors import BuildError
 from ..files import atomic_write_json, atomic_write_text
 from .precision import Candidates, clean, describe, meets
@@ -64,7 +64,7 @@ def as_built(model: str, variant: str, graph: str) -> dict:
     for chip_dir in sorted(p for p in folder.glob("*") if p.is_dir()):
         result = results.last(str(chip_dir / f"{graph}.check.json"))
         if result is not None:
-            found[chip_dir.name] = {"passed": result["passed"], "gate": result.get("gate"),
+            found[chip_dir.name] = {"passed": result["passed"], "gates": result.get("gates", []),
                                     "summary": result.get("summary", {}),
                                     **({"error": result["error"]} if "error" in result else {})}
     return found
@@ -141,8 +141,9 @@ def _done(result: dict, c: Candidates) -> dict:
     return result
 
 
-def _value(target: dict, summary: dict) -> str:
-    return f"{target['metric']} = {summary[target['metric']]:.5g}"
+def _value(target, summary: dict) -> str:
+    """'cosine = 0.99912' (one per gate of the target)."""
+    return ", ".join(f"{m} = {summary[m]:.5g}" for m in gates.metrics(target))
 
 
 def _key(name: str) -> str:
@@ -163,11 +164,10 @@ def toml_section(tuned: dict, params: dict) -> str:
         if not r.get("target"):
             lines.append(f"#   {graph}: no target, unchanged")
             continue
-        metric = r["target"]["metric"]
-        line = f"#   {graph}: target {describe(r['target'])}: {base} {r['base'][metric]:.5g}"
+        line = f"#   {graph}: target {describe(r['target'])}: {base} {_value(r['target'], r['base'])}"
         if r["sixteen_bit"] or "all_16bit" in r:
-            line += (f" -> {r['tuned'][metric]:.5g} with {len(r['sixteen_bit'])} of {r['candidates']} "
-                     f"activation tensors at 16 bit (all at 16 bit: {r['all_16bit'][metric]:.5g})")
+            line += (f" -> {_value(r['target'], r['tuned'])} with {len(r['sixteen_bit'])} of {r['candidates']} "
+                     f"activation tensors at 16 bit (all at 16 bit: {_value(r['target'], r['all_16bit'])})")
         else:
             line += " (already meets it)"
         lines.append(line)

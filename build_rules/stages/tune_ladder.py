@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .. import gates
 from ..files import atomic_write_json, atomic_write_text
 from .precision import Candidates, clean, meets
 
@@ -139,13 +140,14 @@ class Ladder:
                     continue  # no target: only its size counts
                 summary = self.measure(Path(built["path"]), name, full)
                 built["full" if full else "subset"] = clean(summary)
-                target = graph["target"]
-                if not full and target["metric"] not in summary:
+                metrics = gates.metrics(graph["target"])
+                if not full and any(m not in summary for m in metrics):
                     continue  # a task metric the score hook gives on the full set only: judged there
-                ok = meets(target, summary)
-                print(f"ladder {rung['name']}: {name} {built['bytes'] / 1e3:.1f} KB, {target['metric']} = "
-                      f"{summary[target['metric']]:.5g} on {'all' if full else 'the tuning'} samples: "
-                      f"{'meets' if ok else 'misses'} {target['metric']}", flush=True)
+                ok = meets(graph["target"], summary)
+                values = ", ".join(f"{m} = {summary[m]:.5g}" for m in metrics)
+                print(f"ladder {rung['name']}: {name} {built['bytes'] / 1e3:.1f} KB, {values} on "
+                      f"{'all' if full else 'the tuning'} samples: {'meets' if ok else 'misses'} "
+                      f"{' and '.join(metrics)}", flush=True)
                 if not ok:
                     return False
         return True
@@ -198,9 +200,8 @@ def _values(rung: dict, params: dict) -> str:
         measured = rung["graphs"].get(graph["name"], {})
         summary = measured.get("full") or measured.get("subset")
         if target and summary:
-            parts.append(f"{graph['name']} {target['metric']} = {summary[target['metric']]:.5g}")
+            parts += [f"{graph['name']} {m} = {summary[m]:.5g}" for m in gates.metrics(target) if m in summary]
     return ", ".join(parts) or "not measured"
-
 
 def mixed_size(found: dict, results: dict, params: dict) -> dict:
     """After the mixed-precision search: its binary size and W8A16's, measured the same way, for the comparison."""

@@ -11,16 +11,19 @@ from pathlib import Path
 from .. import gates
 from ..errors import BuildError
 from ..files import atomic_write_json
-from .common import build_module, check_sample, compare, load_hooks, save_arrays, transformed, worst
+from .common import (build_module, check_sample, compare, label_arrays, load_hooks, save_arrays, split_labels,
+                     transformed, worst)
 
 VERSION = 2  # 2: frame_cosine
 
 
-def evaluation_samples(hooks, params) -> list[dict]:
+def evaluation_samples(hooks, params) -> tuple[list[dict], list | None]:
+    """(inputs, labels): evaluation_inputs() may return (inputs, label) pairs; labels is None without them."""
     graph, specs = params["graph"], params["inputs"]
+    labels = None
     if hasattr(hooks, "evaluation_inputs"):
-        samples = list(hooks.evaluation_inputs(graph))
         source = "evaluation_inputs"
+        samples, labels = split_labels(list(hooks.evaluation_inputs(graph)), f"{params['hooks']}: {source}({graph!r})")
     elif hasattr(hooks, "calibration_inputs"):
         samples = list(hooks.calibration_inputs(graph, params["default_evaluation_count"]))
         source = "calibration_inputs"
@@ -28,7 +31,8 @@ def evaluation_samples(hooks, params) -> list[dict]:
         raise BuildError(f"{params['hooks']}: needs evaluation_inputs(graph) or calibration_inputs(graph, count)")
     if not samples:
         raise BuildError(f"{params['hooks']}: {source}({graph!r}) returned no samples")
-    return [check_sample(s, specs, f"{params['hooks']}: {source}({graph!r}) sample {i}") for i, s in enumerate(samples)]
+    return ([check_sample(s, specs, f"{params['hooks']}: {source}({graph!r}) sample {i}") for i, s in enumerate(samples)],
+            labels)
 
 
 def _run_onnx(path, samples):
@@ -88,7 +92,9 @@ def run(params: dict) -> dict:
     import numpy as np
 
     hooks = load_hooks(params["hooks"], params.get("data_dir"), params.get("checkpoints"))
-    samples = evaluation_samples(hooks, params)
+    samples, labels = evaluation_samples(hooks, params)
+    where = f"{params['hooks']}: evaluation_inputs({params['graph']!r})"
+    label_entries = {} if labels is None else label_arrays(labels, where)  # checked before the slow part
     onnx_outputs = _run_onnx(params["onnx"], samples)
     if params.get("source_onnx"):
         source = params["source_onnx"]
@@ -112,5 +118,5 @@ def run(params: dict) -> dict:
     for i, (sample, reference) in enumerate(zip(samples, onnx_outputs)):
         arrays.update({f"{i}/input/{k}": v for k, v in sample.items()})
         arrays.update({f"{i}/output/{k}": v for k, v in reference.items()})
-    save_arrays(params["outputs"]["evaluation"], {"count": np.array(len(samples)), **arrays})
+    save_arrays(params["outputs"]["evaluation"], {"count": np.array(len(samples)), **arrays, **label_entries})
     return {"value": value}

@@ -491,7 +491,8 @@ def compile_context_binary(model: Path, out_dir: Path, graph: str, *, soc_model:
     happens even when the compile fails.
     Raises UnsupportedOpsError when any node except graph-input QuantizeLinear or graph-output DequantizeLinear would
     run on the CPU.
-    Returns {"binary", "ctx_model", "seconds", "target", "ops": {"qnn": n, "cpu_io": [names]}}.
+    Returns {"binary", "ctx_model", "seconds", "target", "ops": {"qnn": n, "cpu_io": [names]}, "float_ops"}: the
+    last is what a quantized model runs in float (qnn_graph.float_ops), None for fp16.
     """
     model, out_dir = Path(model), Path(out_dir)
     if not _GRAPH_NAME.match(graph or ""):
@@ -522,6 +523,8 @@ def compile_context_binary(model: Path, out_dir: Path, graph: str, *, soc_model:
             "enable_framework_op_trace": "1",
             "framework_op_trace_dir": str(trace_work),
         }
+        if not fp16:  # the QNN graph as JSON: which ops still run in float (qnn_graph.py); the same binary bytes
+            provider_options.update(dump_json_qnn_graph="1", json_qnn_graph_dir=str(work / "qnn_graph"))
         try:
             seconds, _ = _compile_in_child(model, work_ctx, provider_options)
         except _CompileFailed as failure:
@@ -552,6 +555,8 @@ def compile_context_binary(model: Path, out_dir: Path, graph: str, *, soc_model:
             raise RuntimeError("expected an external context binary (embed_mode 0)")
         work_bin = work / attrs["ep_cache_context"].s.decode()
         target = read_binary_target(work_bin)
+        from . import qnn_graph
+        float_ops = None if fp16 else qnn_graph.float_ops(source, qnn_graph.read_dump(work / "qnn_graph"))
         if target["soc_type"].startswith("UNKNOWN"):
             raise RuntimeError(f"compiling {model} gave a {target['soc_type']} binary: soc_model {soc_model} "
                                "was not applied")
@@ -571,7 +576,7 @@ def compile_context_binary(model: Path, out_dir: Path, graph: str, *, soc_model:
 
     source_nodes = len(source.graph.node)
     return {"binary": bin_path, "ctx_model": ctx_path, "seconds": seconds, "target": target,
-            "ops": {"qnn": source_nodes - len(cpu_io), "cpu_io": cpu_io}}
+            "ops": {"qnn": source_nodes - len(cpu_io), "cpu_io": cpu_io}, "float_ops": float_ops}
 
 
 class _CompileFailed(Exception):
@@ -586,7 +591,7 @@ def _qnn_log(model: Path, work: Path, provider_options: dict[str, str]) -> list[
     """QNN's error lines for a compile that failed. onnxruntime prints them only at verbose level, so the failed
     compile runs once more with that on: the failing path only, the binaries are compiled with the log off."""
     from .qnn_errors import qnn_log_lines
-    options = {k: v for k, v in provider_options.items() if "op_trace" not in k}
+    options = {k: v for k, v in provider_options.items() if "op_trace" not in k and "json_qnn_graph" not in k}
     try:
         _, stderr = _compile_in_child(model, work / "qnn_log_ctx.onnx", options, verbose=True)
     except _CompileFailed as failure:

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from .. import aimet_tasks, layout
+from ..config import gate_dicts
 from ..project import calibration_files, chip_params, model_data, project, rel, tool_version, variant_builds
 from ..hashing import TaskKey
 from ..runner import run_stage
@@ -250,7 +251,7 @@ def check():
         hooks = rel(model.hooks)
         params = {"sdk": str(sdk.root), "net_run": sdk.net_run is not None, "binary": binary, "io": io,
                   "flow": flow(), "evaluation": evaluation, "hooks": hooks, "graph": g, "inputs": _inputs(graph),
-                  "gate": graph.gate.as_dict() if graph.gate else None,
+                  "gates": gate_dicts(graph.gates),
                   "outputs": {"report": layout.chip_file(m, v, c, f"{g}.check.json")}}
         data_params, data_dep = model_data(model)  # score() finds the data folder in DATA_DIR, as with ort-qnn
         params.update(data_params)

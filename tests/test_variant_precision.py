@@ -1,0 +1,83 @@
+"""A variant must be what it says (issue 19, item 2): the ops of a quantized variant that QNN HTP runs in float are
+named, counted and weighed in the check report, the summary, `doit report` and the bundle index, and the summary
+warns when a quantized binary is not smaller than its fp16 sibling.
+
+The model is a 3-layer nn.LSTM speaker classifier (tests/models/speaker_lstm, weights trained here in a few seconds):
+the QDQ recipe puts Q/DQ around each ONNX LSTM, but QNN HTP has no quantized LSTM, so its w8a16 binary runs the
+three LSTMs in float and is no smaller than fp16's. The tiny CNN is the control: all of it is quantized.
+"""
+from __future__ import annotations
+
+import json
+import re
+import runpy
+from pathlib import Path
+
+import pytest
+
+from conftest import TEST_MODELS, make_repo, run_doit
+
+FLOAT_LSTM = "3 LSTM ran in float (99.4 % of the weights)"  # 23808 of the model's 23950 parameters are the LSTMs'
+
+
+@pytest.fixture(scope="module")
+def speaker(tmp_path_factory) -> tuple[Path, str]:
+    repo = make_repo(tmp_path_factory.mktemp("speaker"), {"speaker_lstm": TEST_MODELS / "speaker_lstm"})
+    folder = repo / "models/speaker_lstm"
+    runpy.run_path(str(folder / "hooks.py"))["train"](folder / "encoder.pt")
+    built = run_doit(repo)
+    assert built.code == 0, built.output
+    return repo, built.output
+
+
+def test_the_lstms_of_a_quantized_variant_are_named_as_float_in_the_check_report(speaker):
+    repo, _ = speaker
+    out = repo / "out/speaker_lstm"
+    check = json.loads((out / "w8a16/SM8750/encoder.check.json").read_text())
+    float_ops = check["float_ops"]
+    assert float_ops["count"] == 3 and float_ops["op_types"] == {"LSTM": 3}
+    assert len(float_ops["nodes"]) == 3 and float_ops["weights_share"] == 0.9941
+    assert float_ops["qnn_ops"]["Lstm"] == 24  # QNN unrolls each LSTM: one float cell per frame (8) and layer
+    assert check["float_ops"] == json.loads((out / "w8a16/SM8750/encoder.compile.json").read_text())["float_ops"]
+    assert json.loads((out / "fp16/SM8750/encoder.check.json").read_text())["float_ops"] is None  # fp16: all float
+    # The labels of evaluation_inputs() reached score(): accuracy against them, agreement with the float model.
+    assert check["float_score"] == {"accuracy": 1.0, "agreement": 1.0}
+    assert [r["gate"] for r in check["gated"]] == ["accuracy >= float - 0.25", "agreement >= 0.5"]
+
+
+def test_the_summary_names_the_float_ops_and_warns_that_the_binary_is_not_smaller(speaker):
+    repo, output = speaker
+    assert re.search(rf"^  built now   out/speaker_lstm/w8a16/SM8750: encoder 0\.\d\d MB accuracy 1 agreement 1 "
+                     rf"\[{re.escape(FLOAT_LSTM)}\]$", output, re.M), output
+    assert re.search(r"^  built now   out/speaker_lstm/fp16/SM8750: encoder 0\.\d\d MB accuracy 1 agreement 1$", output,
+                     re.M)
+    warning = re.search(r"^  warning: package:speaker_lstm/w8a16@SM8750: encoder\.bin \((\d\.\d\d) MB\) is not "
+                        rf"smaller than fp16's \((\d\.\d\d) MB\): {re.escape(FLOAT_LSTM)}$", output, re.M)
+    assert warning, output
+    manifest = json.loads((repo / "out/speaker_lstm/w8a16/SM8750/manifest.json").read_text())
+    entry = manifest["graphs"]["encoder"]
+    assert entry["bytes"] >= entry["fp16_bytes"] == (repo / "out/speaker_lstm/fp16/SM8750/encoder.bin").stat().st_size
+    assert manifest["warnings"] == [warning.group(0).removeprefix("  warning: ")]
+    assert run_doit(repo).ran == set()  # computed by the stages: a no-op build recomputes nothing
+
+
+def test_the_report_and_the_bundle_index_say_what_ran_in_float(speaker):
+    repo, _ = speaker
+    result = run_doit(repo, "report:speaker_lstm", "dist:speaker_lstm")
+    assert result.code == 0, result.output
+    assert not result.ran_stage("check") and not result.ran_stage("compile")
+    rows = {line.split(" | ")[0]: line for line in (repo / "out/speaker_lstm/report.md").read_text().splitlines()
+            if line.startswith(("| w8a16 | SM8750 | encoder", "| fp16 | SM8750 | encoder"))}
+    assert rows["| w8a16"].endswith(f"| pass (accuracy >= float - 0.25); pass (agreement >= 0.5) | {FLOAT_LSTM} |")
+    assert rows["| fp16"].endswith("| – |")  # fp16 is float by design: no float-op finding
+    index = json.loads((repo / "out/speaker_lstm/dist/w8a16/index.json").read_text())
+    assert index["chips"]["SM8750"]["float_ops"]["encoder"]["op_types"] == {"LSTM": 3}
+    assert [r["passed"] for r in index["chips"]["SM8750"]["gates"]["encoder"]] == [True, True]
+    assert "float_ops" not in json.loads((repo / "out/speaker_lstm/dist/fp16/index.json").read_text())["chips"]["SM8750"]
+    assert f"  encoder: {FLOAT_LSTM} on SM8750" in result.output  # the dist summary line
+
+
+def test_a_fully_quantized_variant_reports_no_float_op(built_tinynet):
+    for graph in ("encoder", "head"):
+        float_ops = json.loads((built_tinynet / f"out/tinynet/w8a16/SM8750/{graph}.compile.json").read_text())["float_ops"]
+        assert float_ops["count"] == 0 and float_ops["op_types"] == {} and float_ops["weights"] > 0
