@@ -31,8 +31,8 @@ STAGE_VERSIONS = {
     "package": 2,
     "calibration_stats": 1,
     "report": 1,
-    "sensitivity": 1,
-    "tune": 1,
+    "sensitivity": 2,
+    "tune": 2,
     "multi_soc": 1,
     "dist": 1,
 }
