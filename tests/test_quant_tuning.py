@@ -246,8 +246,8 @@ def test_sensitivity_ranks_every_candidate_tensor_and_bisect_finds_the_exhaustiv
     result = run_doit(tinynet_repo, "sensitivity:tinynet/encoder/w8a16")
     assert result.code == 0, result.output
     fast = json.loads((folder / "encoder.sensitivity.json").read_text())
-    assert re.search(r"^progress: \d+ emulator measurements, .*elapsed$", (folder / "encoder.sensitivity.log").read_text(),
-                     re.M)
+    log = (folder / "encoder.sensitivity.log").read_text()
+    assert re.search(r"^progress: \d+ emulator measurements, .*elapsed$", log, re.M)
     tensors = [r["tensor"] for r in fast["tensors"]]
     assert set(tensors) == {"conv2d", "relu", "conv2d_1", "relu_1", "view", "features"}  # the dynamo exporter's names
     assert [r["rank"] for r in fast["tensors"]] == list(range(1, len(tensors) + 1))
@@ -341,19 +341,24 @@ def mtcnn_without_onet(tmp_path: Path) -> Path:
     return repo
 
 
-def test_automatic_mixed_precision_finds_a_variant_that_passes_its_gate(tmp_path):
+def test_automatic_mixed_precision_finds_a_variant_that_passes_its_gate(tmp_path, monkeypatch):
     from build_rules import tuning
     repo = mtcnn_without_onet(tmp_path)
     result = run_doit(repo, "-n", "2", "-P", "thread", "--continue")
     assert result.code != 0
     assert "check:mtcnn/rnet/w8a8@SM8750: gate failed: cosine = 0.99" in result.output
 
+    monkeypatch.setenv("BUILD_RULES_PROGRESS_SECONDS", "0.5")
     result = run_doit(repo, "tune:mtcnn/w8a8")
     assert result.code == 0, result.output
+    assert re.search(r"^   tune:mtcnn/w8a8: .*\b\d+ emulator measurements for rnet, .*elapsed$", result.output, re.M)
     tuned = json.loads((repo / "out/mtcnn/tuning/w8a8.tuned.json").read_text())
     rnet = tuned["graphs"]["rnet"]
     assert rnet["base"]["cosine"] < 0.999 <= rnet["tuned"]["cosine"]
     assert 0 < len(rnet["sixteen_bit"]) < rnet["candidates"]
+    # the default search: ranked on the CPU, fewer emulator runs than the exhaustive one's 2n + 3 (33 here)
+    assert rnet["search"] == "bisect" and rnet["ranking"] == "the CPU QDQ model (gain and cost per tensor)"
+    assert rnet["cpu_evaluations"] > rnet["candidates"] and rnet["evaluations"] < 2 * rnet["candidates"] + 3
     assert tuned["graphs"]["pnet"]["sixteen_bit"] == []  # P-Net meets its gate at 8 bit
     assert run_doit(repo, "tune:mtcnn/w8a8").ran == set()  # a finished search is not repeated
 

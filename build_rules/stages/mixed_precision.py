@@ -52,7 +52,7 @@ def search(graph: dict, target: dict | None, *, chip: dict, samples: int, hooks:
         raise ValueError(f"unknown search {method!r}; expected one of {', '.join(SEARCHES)}")
     c = Candidates(graph, chip, samples, hooks, data_dir)
     from .. import progress
-    progress.watch(lambda: c.evaluations, f"{name}: emulator measurements")  # a search: no total known ahead
+    progress.watch(lambda: c.evaluations, f"emulator measurements for {name}")  # a search: no total known ahead
     base = c.measure(set(), full=True)
     result = {"target": target, "search": method, "candidates": len(c.candidates), "base": clean(base),
               "float_score": base.get("_float_score", {})}
