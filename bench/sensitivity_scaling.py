@@ -131,6 +131,8 @@ def probe_times(repo: Path, model: str, graph: str, variant: str, probes: int) -
 
 
 def fmt(seconds: float) -> str:
+    if seconds >= 7200:
+        return f"{seconds / 3600:.1f} h"
     return f"{seconds / 60:.1f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 
