@@ -29,6 +29,7 @@ AIMET_WEIGHTS = ("int8", "int4")  # AIMET's HTP configs quantize weights symmetr
 AIMET_CALIBRATION = ("minmax", "percentile")
 TOOLCHAINS = ("ort-qnn", "qairt", "auto")
 EXPORTERS = ("dynamo", "torchscript")
+TUNING_SEARCHES = ("bisect", "exhaustive")  # [tuning] search: how sensitivity and tune measure (see Tuning)
 QAIRT_FLOWS = ("model-lib", "dlc")  # qairt toolchain only: model libraries (the seeds' flow) or DLC files
 # QNN converter input layouts (qnn-onnx-converter --input_layout); one letter per dim.
 INPUT_LAYOUTS = ("NCDHW", "NDHWC", "NCHW", "NHWC", "NCF", "NFC", "NTF", "TNF", "NF", "NC", "F")
@@ -178,6 +179,10 @@ class Tuning:
     chip: str | None = None  # default: the model's first chip
     samples: int = 32  # evaluation samples per candidate during the search (evenly spaced); the final check uses all
     targets: dict[str, tuple[Threshold, ...]] = factory(dict)  # graph -> targets (all met); default: its gates
+    # "bisect": rank on the CPU QDQ model, then confirm and search over groups of tensors on the emulator (scales to
+    # hundreds of tensors); "exhaustive": every tensor on the emulator, one at a time (2 runs a tensor)
+    search: str = "bisect"
+    max_measurements: int = 48  # bisect: emulator measurements per graph and task (16-bit ones are slow); then it stops
 
 
 @record
@@ -645,20 +650,24 @@ def _tuning(root: _Table, graphs: dict[str, Graph], model_chips: tuple[str, ...]
     if "tuning" not in root.data:
         return None
     t = root.table("tuning")
-    t.check_keys(("chip", "samples", "targets"))
+    t.check_keys(("chip", "samples", "targets", "search", "max_measurements"))
     chip = t.get("chip", str, None)
     if chip is not None and chip not in model_chips:
         raise t.error("chip", f"{chip!r} is not one of the model's chips ({', '.join(model_chips)})")
     samples = t.get("samples", int, 32)
     if samples < 1:
         raise t.error("samples", f"must be at least 1, got {samples}")
+    search = t.get("search", str, "bisect", choices=TUNING_SEARCHES)
+    max_measurements = t.get("max_measurements", int, 48)
+    if max_measurements < 8:
+        raise t.error("max_measurements", f"must be at least 8, got {max_measurements}")
     targets_table = t.table("targets", {})
     targets = {}
     for graph_name in targets_table.data:
         if graph_name not in graphs:
             raise targets_table.error(graph_name, f"no graph {graph_name!r} (graphs: {', '.join(graphs)})")
         targets[graph_name] = _gates(targets_table, graph_name)
-    return Tuning(chip=chip, samples=samples, targets=targets)
+    return Tuning(chip=chip, samples=samples, targets=targets, search=search, max_measurements=max_measurements)
 
 
 def _dist(root: _Table, folder: Path) -> Dist:

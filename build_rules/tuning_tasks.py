@@ -5,7 +5,7 @@ task_report / task_sensitivity / task_tune creators call these. Loaded with the 
 from __future__ import annotations
 
 from . import aimet_tasks, layout
-from .config import Chip, Graph, Model, Variant, gate_dicts
+from .config import Chip, Graph, Model, Tuning, Variant, gate_dicts
 from .project import (chip_params, model_data, hook_files, model_graphs, project, ranges_file,
                       rel, stage_task, variant_builds)
 
@@ -44,6 +44,12 @@ def _tuning_chip(model: Model) -> Chip:
     return project().chips.chips[name]
 
 
+def _search(model: Model) -> dict:
+    """How sensitivity and tune search ([tuning] search, max_measurements): part of both tasks' parameters."""
+    tuning = model.tuning or Tuning()
+    return {"method": tuning.search, "max_measurements": tuning.max_measurements}
+
+
 def _tuning_graph(model: Model, graph: Graph, variant: Variant) -> dict:
     return {"name": graph.name, "onnx": layout.float_file(model.name, graph.name, ".sim.onnx"),
             "ranges": ranges_file(model, graph, variant),
@@ -65,8 +71,8 @@ def sensitivity_tasks():
             outputs = {key: layout.tuning_file(model.name, variant.name, f"{graph.name}.sensitivity.{ext}")
                        for key, ext in (("json", "json"), ("markdown", "md"), ("png", "png"))}
             params = {"graph": g, "chip": chip_params(_tuning_chip(model)), "variant_name": variant.name,
-                      "samples": model.tuning.samples if model.tuning else 32, "hooks": rel(model.hooks),
-                      "outputs": outputs, **data_params}
+                      "samples": model.tuning.samples if model.tuning else 32, "search": _search(model),
+                      "hooks": rel(model.hooks), "outputs": outputs, **data_params}
             yield stage_task("sensitivity", f"{model.name}/{graph.name}/{variant.name}", params,
                               [*_tuning_deps(g), *hook_files(model), *data_dep], list(outputs.values()),
                               layout.tuning_file(model.name, variant.name, f"{graph.name}.sensitivity.log"))
@@ -97,7 +103,7 @@ def tune_tasks():
                        "json": layout.tuning_file(model.name, variant.name, ".tuned.json")}
             params = {"model": model.name, "variant": variant.name, "new_name": new_name, "graphs": graphs,
                       "chip": chip_params(_tuning_chip(model)), "model_toml": rel(model.toml_path),
-                      "samples": model.tuning.samples if model.tuning else 32, "hooks": rel(model.hooks),
-                      "outputs": outputs, **data_params}
+                      "samples": model.tuning.samples if model.tuning else 32, "search": _search(model),
+                      "hooks": rel(model.hooks), "outputs": outputs, **data_params}
             yield stage_task("tune", f"{model.name}/{variant.name}", params, [*file_dep, *hook_files(model), *data_dep],
                               list(outputs.values()), layout.tuning_file(model.name, variant.name, ".tune.log"))

@@ -120,6 +120,8 @@ def test_node_and_per_graph_overrides_reach_only_their_graph(tinynet_repo):
     ('[variants.w8a16.graphs.head]\nnode_overrides = { "fc" = "uint12" }\n',
      "[variants.w8a16.graphs.head.node_overrides] fc: expected one of 'uint8', 'uint16', got 'uint12'"),
     ('[tuning]\nchip = "SM8650"\n', "[tuning] chip: 'SM8650' is not one of the model's chips (SM8550, SM8750)"),
+    ('[tuning]\nsearch = "greedy"\n', "[tuning] search: expected one of 'bisect', 'exhaustive', got 'greedy'"),
+    ('[tuning]\nmax_measurements = 2\n', "[tuning] max_measurements: must be at least 8, got 2"),
     ('[tuning]\ntargets = { tail = { metric = "cosine", min = 0.9 } }\n',
      "[tuning.targets] tail: no graph 'tail' (graphs: encoder, head)"),
 ])
@@ -232,23 +234,95 @@ def test_report_lists_every_variant_and_chip_with_the_check_numbers(tinynet_repo
 
 # --- sensitivity ------------------------------------------------------------------------------------------
 
-def test_sensitivity_ranks_every_candidate_tensor_on_the_emulator(tinynet_repo):
+def test_sensitivity_ranks_every_candidate_tensor_and_bisect_finds_the_exhaustive_top(tinynet_repo, monkeypatch):
+    """The default search (bisect: the CPU for every tensor, the emulator for groups and the few that matter) ranks
+    every tensor and measures the tensors that matter alone to the same numbers as the exhaustive search (every
+    tensor alone on the emulator), with fewer emulator runs. "The same top tensors": every tensor whose 8 bit alone
+    costs something in the exhaustive result (a tensor the quantizer does not keep at 16 bit through its neighbours)
+    heads the bisect ranking with the same cost, and the exhaustive result's best tensor at 16 bit alone has the same
+    gain in both."""
+    monkeypatch.setenv("BUILD_RULES_PROGRESS_SECONDS", "0.05")
+    folder = tinynet_repo / "out/tinynet/tuning/w8a16"
     result = run_doit(tinynet_repo, "sensitivity:tinynet/encoder/w8a16")
     assert result.code == 0, result.output
-    folder = tinynet_repo / "out/tinynet/tuning/w8a16"
-    ranking = json.loads((folder / "encoder.sensitivity.json").read_text())
-    tensors = [r["tensor"] for r in ranking["tensors"]]
+    fast = json.loads((folder / "encoder.sensitivity.json").read_text())
+    log = (folder / "encoder.sensitivity.log").read_text()
+    assert re.search(r"^progress: \d+ emulator measurements, .*elapsed$", log, re.M)
+    tensors = [r["tensor"] for r in fast["tensors"]]
     assert set(tensors) == {"conv2d", "relu", "conv2d_1", "relu_1", "view", "features"}  # the dynamo exporter's names
-    assert [r["rank"] for r in ranking["tensors"]] == list(range(1, len(tensors) + 1))
-    costs = [r["cost_db"] for r in ranking["tensors"]]
-    assert costs == sorted(costs, reverse=True)
-    assert ranking["all_16bit"]["sqnr"] > ranking["base"]["sqnr"]
+    assert [r["rank"] for r in fast["tensors"]] == list(range(1, len(tensors) + 1))
+    assert fast["search"] == "bisect" and fast["all_16bit"]["sqnr"] > fast["base"]["sqnr"]
+    assert all(r["cpu_gain_db"] is not None for r in fast["tensors"]) and fast["cpu_evaluations"] > len(tensors)
+    assert fast["groups"][0]["size"] == len(tensors) and len(fast["groups"]) > 1  # halves of the graph measured
     # qdq_loss_debug on CPU matched activations (pitfall a: opset 21 first) and weights are not wrapped (pitfall b)
-    assert any(r.get("cpu_xmodel_sqnr_db") is not None for r in ranking["tensors"])
-    assert all(r["weight_sqnr_db"] > 30 for r in ranking["tensors"] if r.get("weight_sqnr_db") is not None)
-    assert any(r.get("weight_sqnr_db") is not None for r in ranking["tensors"])
+    assert any(r.get("cpu_xmodel_sqnr_db") is not None for r in fast["tensors"])
+    assert all(r["weight_sqnr_db"] > 30 for r in fast["tensors"] if r.get("weight_sqnr_db") is not None)
+    assert any(r.get("weight_sqnr_db") is not None for r in fast["tensors"])
     assert "| 1 | `" in (folder / "encoder.sensitivity.md").read_text()
-    assert (folder / "encoder.sensitivity.png").is_file()
+    assert (folder / "encoder.sensitivity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    toml = tinynet_repo / "models/tinynet/model.toml"
+    toml.write_text(toml.read_text() + '\n[tuning]\nsearch = "exhaustive"\n')
+    result = run_doit(tinynet_repo, "sensitivity:tinynet/encoder/w8a16")
+    assert result.ran == {"sensitivity:tinynet/encoder/w8a16"}, result.output  # the search is part of the task
+    exhaustive = json.loads((folder / "encoder.sensitivity.json").read_text())
+    assert re.search(r"^progress: \d+/14 emulator measurements", (folder / "encoder.sensitivity.log").read_text(), re.M)
+    assert exhaustive["evaluations"] == 2 + 2 * len(tensors) > fast["evaluations"]
+    costs = [r["cost_db"] for r in exhaustive["tensors"]]
+    assert costs == sorted(costs, reverse=True)
+    assert exhaustive["base"] == fast["base"] and exhaustive["all_16bit"] == fast["all_16bit"]  # the same emulator runs
+    by_tensor = {r["tensor"]: r for r in fast["tensors"]}
+    from build_rules.stages.sensitivity import GAIN_THRESHOLD
+    matters = max(0.1, GAIN_THRESHOLD * (exhaustive["all_16bit"]["sqnr"] - exhaustive["base"]["sqnr"]))
+    costly = [r["tensor"] for r in exhaustive["tensors"] if r["cost_db"] >= matters]
+    assert costly, "the exhaustive search found no tensor that costs anything alone"
+    assert tensors[:len(costly)] == costly
+    for r in exhaustive["tensors"]:  # measured alone, or 0 without a run: the tensor's neighbours keep it 16 bit
+        assert by_tensor[r["tensor"]]["cost_db"] == pytest.approx(r["cost_db"], abs=1e-9), r["tensor"]
+    best = max(exhaustive["tensors"], key=lambda r: r["gain_db"])
+    assert by_tensor[best["tensor"]]["gain_db"] == pytest.approx(best["gain_db"], abs=1e-9)
+
+
+def test_bisect_tune_needs_no_more_16_bit_tensors_than_the_exhaustive_one_even_with_a_blind_ranking(tinynet_repo):
+    """tune's search (mixed_precision.search, callable on its own) on the tiny encoder at w8a8 with a target between
+    all-8-bit (cosine 0.99979 on the tuning chip) and all-16-bit (0.99988): the bisect search with the CPU ranking,
+    and with a ranking blind to what matters (reversed graph order: the first convolution's output, the one tensor
+    nothing else keeps at 16 bit, comes last), meets the target on the emulator with no more 16-bit tensors than the
+    exhaustive search, with fewer emulator runs."""
+    from build_rules.stages import mixed_precision
+    from build_rules.tuning_tasks import _tuning_graph, _tuning_chip
+    from build_rules.project import chip_params, project, rel
+    toml = tinynet_repo / "models/tinynet/model.toml"
+    toml.write_text(toml.read_text() + '\n[variants.w8a8]\ninherits = "w8a16"\nactivations = "uint8"\n')
+    import os
+    cwd = os.getcwd()
+    os.chdir(tinynet_repo)
+    try:
+        from build_rules import tasks
+        tasks.project.cache_clear()
+        model = project().models[0]
+        graph = _tuning_graph(model, model.graphs["encoder"], model.variants["w8a8"])
+        settings = dict(chip=chip_params(_tuning_chip(model)), samples=4, hooks=rel(model.hooks))
+        target = {"metric": "cosine", "min": 0.99985}
+        lines = []
+        exhaustive = mixed_precision.search(graph, target, method="exhaustive", log=lines.append, **settings)
+        fast = mixed_precision.search(graph, target, log=lines.append, **settings)
+        blind = mixed_precision.search(graph, target, order=list(reversed(graph_candidates(graph, settings))),
+                                       log=lines.append, **settings)
+    finally:
+        tasks.project.cache_clear()
+        os.chdir(cwd)
+    for result in (exhaustive, fast, blind):
+        assert result["base"]["cosine"] < 0.99985 <= result["tuned"]["cosine"], result
+        assert 0 < len(result["sixteen_bit"]) <= len(exhaustive["sixteen_bit"]), result
+    assert fast["ranking"] == "the CPU QDQ model (gain and cost per tensor)" and fast["cpu_evaluations"] > 0
+    assert blind["ranking"] == "given" and "even the top 1 miss: the search starts from all 6" in "\n".join(lines)
+    assert fast["evaluations"] < exhaustive["evaluations"] and blind["evaluations"] < exhaustive["evaluations"]
+
+
+def graph_candidates(graph: dict, settings: dict) -> list[str]:
+    from build_rules.stages.precision import Candidates
+    return Candidates(graph, settings["chip"], settings["samples"], settings["hooks"]).candidates
 
 
 # --- automatic mixed precision on MTCNN ---------------------------------------------------------------------
@@ -269,19 +343,24 @@ def mtcnn_without_onet(tmp_path: Path) -> Path:
     return repo
 
 
-def test_automatic_mixed_precision_finds_a_variant_that_passes_its_gate(tmp_path):
+def test_automatic_mixed_precision_finds_a_variant_that_passes_its_gate(tmp_path, monkeypatch):
     from build_rules import tuning
     repo = mtcnn_without_onet(tmp_path)
     result = run_doit(repo, "-n", "2", "-P", "thread", "--continue")
     assert result.code != 0
     assert "check:mtcnn/rnet/w8a8@SM8750: gate failed: cosine = 0.99" in result.output
 
+    monkeypatch.setenv("BUILD_RULES_PROGRESS_SECONDS", "0.5")
     result = run_doit(repo, "tune:mtcnn/w8a8")
     assert result.code == 0, result.output
+    assert re.search(r"^   tune:mtcnn/w8a8: .*\b\d+ emulator measurements for rnet, .*elapsed$", result.output, re.M)
     tuned = json.loads((repo / "out/mtcnn/tuning/w8a8.tuned.json").read_text())
     rnet = tuned["graphs"]["rnet"]
     assert rnet["base"]["cosine"] < 0.999 <= rnet["tuned"]["cosine"]
     assert 0 < len(rnet["sixteen_bit"]) < rnet["candidates"]
+    # the default search: ranked on the CPU, fewer emulator runs than the exhaustive one's 2n + 3 (33 here)
+    assert rnet["search"] == "bisect" and rnet["ranking"] == "the CPU QDQ model (gain and cost per tensor)"
+    assert rnet["cpu_evaluations"] > rnet["candidates"] and rnet["evaluations"] < 2 * rnet["candidates"] + 3
     assert tuned["graphs"]["pnet"]["sixteen_bit"] == []  # P-Net meets its gate at 8 bit
     assert run_doit(repo, "tune:mtcnn/w8a8").ran == set()  # a finished search is not repeated
 

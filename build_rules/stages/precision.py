@@ -78,6 +78,27 @@ class Candidates:
                     order.append(out)
         return order
 
+    def effective(self, sixteen) -> set[str]:
+        """The candidate tensors the quantizer writes at 16 bit when `sixteen` are asked for: a 16-bit tensor makes
+        every output of its producer and of its consumers 16 bit too (onnxruntime's
+        MixedPrecisionTensorQuantOverridesFixer gives such a node the same type on all inputs and outputs, with a
+        convert on an input whose producer stays 8-bit: that input's values keep 8-bit precision)."""
+        if not hasattr(self, "_neighbourhood"):
+            from ..toolchains import ort_qnn
+            model = ort_qnn.preprocessed_model(self.graph["onnx"])
+            producer, consumers = {}, {}
+            for node in model.graph.node:
+                outs = [o for o in node.output if o]
+                for o in outs:
+                    producer[o] = outs
+                for i in node.input:
+                    consumers.setdefault(i, []).append(outs)
+            candidates = set(self.candidates)
+            self._neighbourhood = {t: candidates & {t, *producer.get(t, ()), *(o for outs in consumers.get(t, ())
+                                                                             for o in outs)}
+                                   for t in self.candidates}
+        return set().union(*(self._neighbourhood.get(t, {t}) for t in sixteen)) if sixteen else set()
+
     def producers(self) -> dict[str, tuple[str, str]]:
         """tensor -> (node name, op type)."""
         from ..toolchains import ort_qnn

@@ -1,14 +1,10 @@
 """Tune (ort-qnn, `doit tune:<model>/<variant>`): the cheapest mixed precision that meets each graph's target.
 
 Cheapest = fewest activation tensors at 16 bit (the rest 8 bit; the variant's weights, per-channel and calibration
-stay). Per graph, on the HTP emulator for the tuning chip:
-1. the variant with every candidate at 8 bit, on the full evaluation set: if it meets the target, no tensor is needed;
-2. every candidate at 16 bit: if even that misses the target, the stage fails (activations alone cannot get there);
-3. backward elimination in the order of the sensitivity ranking (the sensitivity task's result when it is current,
-   else measured here: cost only), least costly first: a tensor goes back to 8 bit
-   when the target still holds without it (on the evenly spaced tuning samples); every step is measured, so
-   interactions between tensors are accounted for, unlike a cut of the ranking;
-4. the result on the full evaluation set; while it misses, the most sensitive removed tensor comes back.
+stay). Per graph, on the HTP emulator for the tuning chip, mixed_precision.search (its docstring has the steps of
+[tuning] search = "bisect", the default, and "exhaustive"): the variant at 8 bit on the full evaluation set (if it
+meets the target, no tensor is needed), every candidate at 16 bit (if even that misses, the stage fails), the search
+on the evenly spaced tuning samples, and the result on the full evaluation set.
 Writes <variant>.tuned.toml (a [variants.<name>] section, with the measured numbers as comments, for the user to
 keep: `python -m build_rules.tuning apply ...`) and <variant>.tuned.json.
 
@@ -25,15 +21,13 @@ import time
 
 from pathlib import Path
 
-from .. import gates, layout, progress, results
-from ..errors import BuildError
+from .. import layout, results
 from ..files import atomic_write_json, atomic_write_text
-from .precision import Candidates, clean, describe, meets
-from .precision import search as search_full
-from .sensitivity import ranking as sensitivity_ranking
+from .mixed_precision import search, values
+from .precision import describe
 from . import tune_ladder
 
-VERSION = 1
+VERSION = 2
 
 
 def run(params: dict) -> dict:
@@ -44,7 +38,7 @@ def run(params: dict) -> dict:
     found, warnings = {}, []
     for graph in params["graphs"]:  # the ladder's measurements of the variant are reused
         built = as_built(params["model"], params["variant"], graph["name"])
-        found[graph["name"]] = _tune_graph(graph, dict(params, _candidates=ladder["candidates"]), built)
+        found[graph["name"]] = _tune_graph(graph, params, built, ladder["candidates"].get(graph["name"]))
         warnings += _other_chips_fail(graph["name"], found[graph["name"]], built, params)
     tuned = {"model": params["model"], "variant": params["variant"], "name": params["new_name"],
              "chip": params["chip"], "model_toml": params["model_toml"], "graphs": found,
@@ -80,70 +74,20 @@ def _other_chips_fail(graph: str, result: dict, built: dict, params: dict) -> li
             f"for that chip, set chip = \"{failing[0]}\" under [tuning] in {params['model_toml']}"]
 
 
-def _tune_graph(graph: dict, params: dict, built: dict) -> dict:
-    name, target = graph["name"], graph["target"]
-    if not target:
-        print(f"{name}: no target (no gate and no [tuning] target): left as it is", flush=True)
-        return {"target": None, "sixteen_bit": [], "note": "no target"}
+def _tune_graph(graph: dict, params: dict, built: dict, candidates) -> dict:
+    """What the build measured on every chip (the log), then the search (mixed_precision.search)."""
     for chip, r in built.items():  # what the build measured, before this search
         verdict = {True: "passed", False: "FAILED", None: "not run"}[r["passed"]]
-        print(f"{name}: as built on {chip}: check {verdict}" + (f" ({r['error'].split(': ', 1)[-1]})"
-                                                                 if "error" in r else ""), flush=True)
-    c = params.get("_candidates", {}).get(name) or \
-        Candidates(graph, params["chip"], params["samples"], params["hooks"], params.get("data_dir"))
-    progress.watch(lambda: c.evaluations, f"{name}: emulator measurements")  # a search: no total known ahead
-    base = c.measure(set(), full=True)
-    result = {"target": target, "candidates": len(c.candidates), "base": clean(base),
-              "float_score": base.get("_float_score", {})}
-    print(f"{name}: target {describe(target)}; {params['variant']}: {_value(target, base)}", flush=True)
-    if meets(target, base):
-        result.update(sixteen_bit=[], tuned=clean(base), note="the variant already meets the target")
-        return _done(result, c)
-    ranking, source = sensitivity_ranking(c, params["hooks"], graph.get("sensitivity"))
-    result["ranking"] = source
-    print(f"{name}: ranking from {source}", flush=True)
-    everything = set(ranking)
-    top = c.measure(everything, full=True)
-    result["all_16bit"] = clean(top)
-    print(f"{name}: all {len(ranking)} candidates at 16 bit: {_value(target, top)}", flush=True)
-    if not meets(target, top):
-        raise BuildError(f"{params['name']}: {name}: even with all {len(ranking)} activation tensors at 16 bit, "
-                         f"{_value(target, top)} misses the target {describe(target)} on {params['chip']['name']}; "
-                         "relax the target, or change weights / per_channel / calibration of the variant")
-    kept = set(ranking)
-    removed = []
-    full = search_full(c, target)
-    for tensor in reversed(ranking):  # least costly first
-        trial = kept - {tensor}
-        summary = c.measure(trial, full=full)
-        if meets(target, summary):
-            kept = trial
-            removed.append(tensor)
-        print(f"  {tensor}: {'8 bit' if kept == trial else 'stays 16 bit'} ({_value(target, summary)} "
-              f"on {len(c.inputs) if full else len(c.subset)} samples)", flush=True)
-    final = c.measure(kept, full=True)
-    for tensor in [t for t in ranking if t in removed]:  # most sensitive first
-        if meets(target, final):
-            break
-        kept.add(tensor)
-        final = c.measure(kept, full=True)
-        print(f"  full set misses: {tensor} back to 16 bit -> {_value(target, final)}", flush=True)
-    if not meets(target, final):
-        raise BuildError(f"{params['name']}: {name}: no mixed precision met {describe(target)} on the full set")
-    result.update(sixteen_bit=[t for t in ranking if t in kept], tuned=clean(final))
-    print(f"{name}: {len(kept)} of {len(ranking)} tensors at 16 bit: {_value(target, final)}", flush=True)
-    return _done(result, c)
+        print(f"{graph['name']}: as built on {chip}: check {verdict}" + (f" ({r['error'].split(': ', 1)[-1]})"
+                                                                          if "error" in r else ""), flush=True)
+    return search(graph, graph["target"], chip=params["chip"], samples=params["samples"], hooks=params["hooks"],
+                  data_dir=params.get("data_dir"), sensitivity=graph.get("sensitivity"),
+                  method=params["search"]["method"], budget=params["search"]["max_measurements"],
+                  variant=params["variant"], where=params["name"], log=_print, candidates=candidates)
 
 
-def _done(result: dict, c: Candidates) -> dict:
-    result.update(evaluations=c.evaluations, emulator_seconds=round(c.seconds, 1), samples=len(c.subset),
-                  full_samples=len(c.inputs))
-    return result
-
-
-def _value(target, summary: dict) -> str:
-    """'cosine = 0.99912' (one per gate of the target)."""
-    return ", ".join(f"{m} = {summary[m]:.5g}" for m in gates.metrics(target))
+def _print(line: str) -> None:
+    print(line, flush=True)
 
 
 def _key(name: str) -> str:
@@ -164,13 +108,17 @@ def toml_section(tuned: dict, params: dict) -> str:
         if not r.get("target"):
             lines.append(f"#   {graph}: no target, unchanged")
             continue
-        line = f"#   {graph}: target {describe(r['target'])}: {base} {_value(r['target'], r['base'])}"
+        line = f"#   {graph}: target {describe(r['target'])}: {base} {values(r['target'], r['base'])}"
         if r["sixteen_bit"] or "all_16bit" in r:
-            line += (f" -> {_value(r['target'], r['tuned'])} with {len(r['sixteen_bit'])} of {r['candidates']} "
-                     f"activation tensors at 16 bit (all at 16 bit: {_value(r['target'], r['all_16bit'])})")
+            line += (f" -> {values(r['target'], r['tuned'])} with {len(r['sixteen_bit'])} of {r['candidates']} "
+                     f"activation tensors at 16 bit (all at 16 bit: {values(r['target'], r['all_16bit'])})")
         else:
             line += " (already meets it)"
         lines.append(line)
+        if "evaluations" in r:
+            cpu = f", {r['cpu_evaluations']} CPU QDQ runs" if r.get("cpu_evaluations") else ""
+            lines.append(f"#     search {r.get('search', 'exhaustive')}: {r['evaluations']} emulator measurements "
+                         f"({r['emulator_seconds']:.0f} s){cpu}")
     already_8_bit = all(g["variant"].get("activations") == "uint8" for g in params["graphs"])
     if already_8_bit and not any(r["sixteen_bit"] for r in tuned["graphs"].values()):
         # The tuned variant would be the variant itself: write no section, so `apply` adds no duplicate.

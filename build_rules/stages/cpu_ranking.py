@@ -1,0 +1,154 @@
+"""Mixed precision on the CPU (not a stage): rank activation tensors in seconds, before the emulator confirms.
+
+One onnxruntime CPU session of the variant's QDQ model with every candidate tensor at 8 bit, in which each
+candidate's 8-bit Quantize/DequantizeLinear pair gets a switch: a boolean scalar graph input `s` and
+    y = where(s, clip(x, lo, hi), dq8)
+where x is the float tensor the pair quantizes, dq8 its 8-bit value and [lo, hi] the 8-bit grid's range. s = false
+is the 8-bit tensor (the QDQ model exactly as quantize() wrote it); s = true is the tensor at 16 bit, taken as its value
+clipped to the same range (a 16-bit step is 1/257 of the 8-bit one: its rounding is left out, the clipping, which
+a folded Relu relies on, is kept). So one session measures any set of 16-bit tensors in one run per sample,
+without quantizing or compiling anything: 0.13 s of CPU a sample on PP-OCRv4's detector (297 tensors), where the
+emulator takes 0.8 s (activations at 8 bit) to 20 s (at 16 bit) a sample, plus 5-10 s to quantize and compile
+each set. The quantizer's own rule decides which tensors a set makes 16 bit (precision.Candidates.effective).
+
+What it cannot see: anything the HTP does differently from the CPU (research/ort-qnn.md §4: HTP u8 deviates more
+than CPU QDQ, fused ops, the converts between 8- and 16-bit neighbours). Its numbers order the emulator's work;
+they never decide a result.
+"""
+from __future__ import annotations
+
+import time
+
+SWITCH = "build_rules_16bit_switch_"  # prefix of the switch inputs (one scalar per candidate tensor)
+
+
+class SwitchModel:
+    """The all-8-bit CPU QDQ model of a Candidates object, with one 8/16-bit switch per candidate tensor."""
+
+    def __init__(self, c):
+        import numpy as np
+        import onnx
+        from onnx import helper, numpy_helper
+
+        from ..toolchains import ort_qnn
+
+        self.c = c
+        self.evaluations = 0
+        self.seconds = 0.0
+        self._memo: dict = {}
+        started = time.perf_counter()
+        model = onnx.load(str(c.quantize(set(), c.work / "cpu_switch_base.onnx")))
+        graph = model.graph
+        inits = {i.name: i for i in graph.initializer}
+        consumers: dict[str, list] = {}
+        for node in graph.node:
+            for i in node.input:
+                consumers.setdefault(i, []).append(node)
+        by_name = {n.name: n for n in graph.node}
+        outputs = {o.name for o in graph.output}
+        self.switches: dict[str, str] = {}  # candidate tensor -> its switch input
+        after: dict[str, list] = {}  # DequantizeLinear node name -> the switch nodes that follow it
+        for j, tensor in enumerate(c.candidates):
+            q = by_name.get(f"{tensor}_QuantizeLinear")
+            if q is None or q.op_type != "QuantizeLinear" or len(q.input) < 3 or q.input[1] not in inits:
+                continue  # not quantized as one pair (e.g. fused away): the emulator still measures it
+            dqs = [n for n in consumers.get(q.output[0], []) if n.op_type == "DequantizeLinear"]
+            if len(dqs) != 1 or not dqs[0].name:
+                continue
+            dq = dqs[0]
+            scale = numpy_helper.to_array(inits[q.input[1]]).astype(np.float64)
+            zero = numpy_helper.to_array(inits[q.input[2]])
+            if scale.size != 1:
+                continue  # per-channel activations: not written by the QNN recipe
+            info = np.iinfo(zero.dtype)
+            zero = int(zero.reshape(-1)[0])
+            lo, hi = float((info.min - zero) * scale.reshape(-1)[0]), float((info.max - zero) * scale.reshape(-1)[0])
+            switch = f"{SWITCH}{j}"
+            value, mixed = dq.output[0], f"{dq.output[0]}_build_rules_mixed"
+            if value in outputs:  # keep the graph output's name on the switched value
+                dq.output[0] = f"{value}_build_rules_8bit"
+                value, mixed = dq.output[0], value
+            else:
+                for node in consumers.get(value, []):
+                    node.input[:] = [mixed if i == value else i for i in node.input]
+            lo_name, hi_name = f"{switch}_lo", f"{switch}_hi"
+            graph.initializer.extend([numpy_helper.from_array(np.array(lo, np.float32), lo_name),
+                                      numpy_helper.from_array(np.array(hi, np.float32), hi_name)])
+            clipped = f"{switch}_clip"
+            after[dq.name] = [helper.make_node("Clip", [q.input[0], lo_name, hi_name], [clipped], name=clipped),
+                              helper.make_node("Where", [switch, clipped, value], [mixed], name=f"{switch}_where")]
+            graph.input.append(helper.make_tensor_value_info(switch, onnx.TensorProto.BOOL, []))
+            self.switches[tensor] = switch
+        nodes = [n for node in graph.node for n in [node, *after.get(node.name, [])]]
+        del graph.node[:]
+        graph.node.extend(nodes)  # each switch right after its pair: the graph stays topologically sorted
+        ort = ort_qnn._ort()
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(model.SerializeToString(), sess_options=options,
+                                            providers=["CPUExecutionProvider"])
+        self.names = list(c.reference[0])
+        self.build_seconds = time.perf_counter() - started
+
+    def measure(self, sixteen) -> dict:
+        """Summary metrics (as Candidates.measure) with `sixteen` asked for at 16 bit (and the neighbours the
+        quantizer adds, Candidates.effective), on the CPU, on the tuning samples."""
+        import numpy as np
+
+        from .check import measure, summarize
+        from .common import compare
+
+        key = frozenset(t for t in self.c.effective(sixteen) if t in self.switches)
+        if key in self._memo:
+            return self._memo[key]
+        started = time.perf_counter()
+        c = self.c
+        switches = {s: np.array(t in key) for t, s in self.switches.items()}
+        outputs = [dict(zip(self.names, self.session.run(self.names, {**c.inputs[i], **switches}))) for i in c.subset]
+        inputs, reference = [c.inputs[i] for i in c.subset], [c.reference[i] for i in c.subset]
+        try:
+            metrics = measure(c.hooks, c.graph["name"], c.data_dir, inputs, reference, outputs)
+        except Exception:  # as on the emulator: a score hook that needs the whole set gives no task metric here
+            metrics = {"samples": len(inputs), "outputs": compare(reference, outputs)}
+        summary = summarize(metrics)
+        summary["_float_score"] = metrics.get("float_score", {})
+        self.evaluations += 1
+        self.seconds += time.perf_counter() - started
+        self._memo[key] = summary
+        return summary
+
+
+def costs(switched: SwitchModel, tensors: list[str]) -> dict[str, dict]:
+    """Per tensor on the CPU: cpu_gain_db (SQNR won when only it is asked for at 16 bit) and cpu_cost_db (SQNR lost
+    when only it is left at 8 bit). A tensor whose neighbours make it 16 bit anyway (Candidates.effective) costs 0
+    without a run: in the graphs tried, all but the first tensor after an input. None: no switch (not quantized
+    as one Q/DQ pair)."""
+    from .sensitivity import _delta
+    c = switched.c
+    everything = set(tensors)
+    top, base = switched.measure(everything), switched.measure(set())
+    all_16 = c.effective(everything)
+    out = {}
+    for t in tensors:
+        if t not in switched.switches and not (c.effective({t}) & set(switched.switches)):
+            out[t] = {"cpu_cost_db": None, "cpu_gain_db": None}
+            continue
+        covered = c.effective(everything - {t}) == all_16
+        cost = 0.0 if covered else _delta(top["sqnr"], switched.measure(everything - {t})["sqnr"])
+        out[t] = {"cpu_cost_db": round(cost, 3),
+                  "cpu_gain_db": round(_delta(switched.measure({t})["sqnr"], base["sqnr"]), 3)}
+    return out
+
+
+def order(tensors: list[str], cpu: dict[str, dict]) -> list[str]:
+    """Most costly at 8 bit first (then most gained at 16 bit alone, then graph order); tensors the CPU could not
+    switch last, in graph order."""
+    position = {t: i for i, t in enumerate(tensors)}
+
+    def key(t):
+        row = cpu.get(t) or {}
+        if row.get("cpu_cost_db") is None:
+            return (1, 0.0, 0.0, position[t])
+        return (0, -row["cpu_cost_db"], -(row.get("cpu_gain_db") or 0.0), position[t])
+    return sorted(tensors, key=key)
+

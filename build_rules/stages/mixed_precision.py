@@ -1,0 +1,205 @@
+"""The mixed-precision search of `doit tune`, as one function (not a stage): the fewest 16-bit activation tensors of
+one graph that meet a target on the HTP emulator. tune.py calls it per graph; an outer search (other weight settings,
+quantization techniques) can call it per setting: `search(graph, target, ...)` -> result.
+
+Two methods ([tuning] search):
+- "bisect" (default), for graphs of hundreds of tensors. Every accepted step is an emulator measurement; the CPU only
+  orders the work (research/ort-qnn.md §4: CPU QDQ and HTP disagree):
+  1. order the candidates: the sensitivity task's ranking when it is current, else the CPU ranking (cpu_ranking.py:
+     one CPU session, one run a tensor, no quantize or compile);
+  2. forward along that order while the sets are small: the top 1, 2, 4, ... tensors at 16 bit (up to a quarter of
+     them), and on a hit, halving between the last miss and the hit: the smallest such prefix, in about 2 log2(k)
+     runs for k tensors. Small sets first because 16-bit activations can be slow on the emulator (a measurement
+     of PP-OCRv4's detector with its activations at 16 bit takes ~24x one at 8 bit). No hit: the order is not
+     telling, and the search starts from all the candidates;
+  3. from that set, groups of tensors go back to 8 bit, halving: a group (in graph order) is dropped in one run when
+     the target still holds without it, else its halves are tried later, largest groups first, down to single
+     tensors or until max_measurements is spent (then the groups left stay 16 bit, and the log says so). A region
+     the ranking is blind to (an HTP-only divergence) is a group the emulator refuses to drop: it is found in about
+     2 log2(n) runs per region, wherever it is; when the search completes, every tensor left is needed (dropping it
+     alone misses the target);
+  4. the result on the full evaluation set; while it misses, the groups dropped last come back, then the rest of
+     the ranking.
+- "exhaustive": the search before "bisect": one emulator run per tensor for the ranking (unless the sensitivity
+  task's is current), then one tensor at a time back to 8 bit, least costly first (2n runs). For comparisons.
+"""
+from __future__ import annotations
+
+from .. import gates
+from ..errors import BuildError
+from .precision import Candidates, clean, describe, meets
+from .precision import search as search_full
+
+SEARCHES = ("bisect", "exhaustive")
+
+
+def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_dir=None,
+           sensitivity: str | None = None, method: str = "bisect", budget: int = 48, order: list[str] | None = None,
+           variant: str = "the variant", where: str = "tune", log=print, candidates: Candidates | None = None) -> dict:
+    """graph: {"name", "onnx", "ranges", "evaluation", "variant": settings} (tuning_tasks._tuning_graph);
+    target: a gate dict or a list of them, all to be met (gates.py judges them, through precision.meets), or None;
+    candidates: the graph's Candidates when the caller has measured with them already (tune's ladder); budget: emulator measurements the
+    bisect search may make between the all-16-bit check and the final check; order: a ranking to use instead of the
+    sensitivity task's or the CPU's (candidates, most important first; others are appended in graph order);
+    where: the task, for errors.
+    Returns the result written to <variant>.tuned.json:
+    sixteen_bit (the tensors to override, in ranking order), base / all_16bit / tuned summaries (the emulator, full
+    evaluation set), and how much was measured (evaluations, emulator_seconds on the emulator; cpu_evaluations,
+    cpu_seconds on the CPU). Raises BuildError when even every tensor at 16 bit misses the target."""
+    name = graph["name"]
+    if not target:
+        log(f"{name}: no target (no gate and no [tuning] target): left as it is")
+        return {"target": None, "sixteen_bit": [], "note": "no target"}
+    if method not in SEARCHES:
+        raise ValueError(f"unknown search {method!r}; expected one of {', '.join(SEARCHES)}")
+    c = candidates or Candidates(graph, chip, samples, hooks, data_dir)
+    from .. import progress
+    progress.watch(lambda: c.evaluations, f"emulator measurements for {name}")  # a search: no total known ahead
+    base = c.measure(set(), full=True)
+    result = {"target": target, "search": method, "candidates": len(c.candidates), "base": clean(base),
+              "float_score": base.get("_float_score", {})}
+    log(f"{name}: target {describe(target)}; {variant}: {values(target, base)}")
+    if meets(target, base):
+        result.update(sixteen_bit=[], tuned=clean(base), note="the variant already meets the target")
+        return _done(result, c)
+    if order is not None:
+        order = [t for t in order if t in c.candidates]
+        order, source, cpu = order + [t for t in c.candidates if t not in order], "given", None
+    else:
+        order, source, cpu = _order(c, hooks, sensitivity, method, log)
+    result["ranking"] = source
+    log(f"{name}: ranking from {source}")
+    top = c.measure(set(order), full=True)
+    result["all_16bit"] = clean(top)
+    log(f"{name}: all {len(order)} candidates at 16 bit: {values(target, top)}")
+    if not meets(target, top):
+        raise BuildError(f"{where}: {name}: even with all {len(order)} activation tensors at 16 bit, "
+                         f"{values(target, top)} misses the target {describe(target)} on {chip['name']}; "
+                         "relax the target, or change weights / per_channel / calibration of the variant")
+    full = search_full(c, target)
+    if method == "exhaustive":
+        kept, dropped = _one_at_a_time(c, target, order, full, log)
+    else:
+        kept, dropped = _bisect(c, target, order, full, budget, log)
+    final = c.measure(kept, full=True)
+    # The search ran on the tuning samples: while the full set misses, the groups dropped last come back (the
+    # closest to the result), then the rest of the ranking in doubling chunks (all of it meets: measured above).
+    rest = [t for t in order if t not in kept and not any(t in g for g in dropped)]
+    chunks = [rest[2 ** i - 1:2 ** (i + 1) - 1] for i in range(len(rest).bit_length())]
+    for group in [*reversed(dropped), *chunks]:
+        if meets(target, final):
+            break
+        kept |= set(group)
+        final = c.measure(kept, full=True)
+        log(f"  full set misses: {_names(group)} back to 16 bit -> {values(target, final)}")
+    if not meets(target, final):
+        raise BuildError(f"{where}: {name}: no mixed precision met {describe(target)} on the full set")
+    result.update(sixteen_bit=[t for t in order if t in kept], tuned=clean(final))
+    if cpu is not None:
+        result.update(cpu_evaluations=cpu.evaluations, cpu_seconds=round(cpu.seconds + cpu.build_seconds, 1))
+    log(f"{name}: {len(kept)} of {len(order)} tensors at 16 bit: {values(target, final)}")
+    return _done(result, c)
+
+
+def _order(c: Candidates, hooks: str, sensitivity: str | None, method: str, log):
+    """(candidates, most important first; where the order came from; the CPU model if one was built)."""
+    from .sensitivity import saved_ranking
+    saved = saved_ranking(c, hooks, sensitivity)
+    if saved:
+        return saved, sensitivity, None
+    if method == "exhaustive":
+        from .sensitivity import emulator_cost_ranking
+        return emulator_cost_ranking(c), "measured (cost only, on the emulator)", None
+    from . import cpu_ranking
+    cpu = cpu_ranking.SwitchModel(c)
+    rows = cpu_ranking.costs(cpu, c.candidates)
+    log(f"{c.graph['name']}: CPU ranking: {cpu.evaluations} CPU QDQ runs in {cpu.seconds + cpu.build_seconds:.1f} s")
+    return cpu_ranking.order(c.candidates, rows), "the CPU QDQ model (gain and cost per tensor)", cpu
+
+
+def _one_at_a_time(c: Candidates, target, order: list[str], full: bool, log):
+    kept, dropped = set(order), []
+    for tensor in reversed(order):  # least costly first
+        trial = kept - {tensor}
+        summary = c.measure(trial, full=full)
+        if meets(target, summary):
+            kept = trial
+            dropped.append([tensor])
+        log(f"  {tensor}: {'8 bit' if kept == trial else 'stays 16 bit'} ({values(target, summary)} "
+            f"on {_samples(c, full)} samples)")
+    # most sensitive first when the full set asks for tensors back: reversed(dropped) starts there
+    return kept, dropped
+
+
+def _bisect(c: Candidates, target, order: list[str], full: bool, budget: int, log):
+    """(kept, dropped groups): steps 2-3 of the module docstring, at most `budget` emulator measurements."""
+    spent = c.evaluations + budget
+
+    def holds(sixteen) -> bool:
+        return bool(sixteen) and meets(target, c.measure(sixteen, full=full))  # none at 16 bit: the base, a miss
+
+    def outcome(ok: bool) -> str:
+        return "meets" if ok else "misses"
+
+    n, graph_order = len(order), c.candidates
+    # 2. forward along the ranking while the sets are small (16-bit activations are slow on the emulator)
+    miss, hit, k = 0, None, 1
+    while k <= max(1, n // 4):
+        ok = holds(set(order[:k]))
+        log(f"  top {k} of the ranking at 16 bit: {outcome(ok)} the target")
+        if ok:
+            hit = k
+            break
+        miss, k = k, 2 * k
+    if hit is not None:
+        while hit - miss > 1:
+            mid = (miss + hit) // 2
+            ok = holds(set(order[:mid]))
+            log(f"  top {mid} of the ranking at 16 bit: {outcome(ok)} the target")
+            miss, hit = (miss, mid) if ok else (mid, hit)
+        kept = set(order[:hit])
+    else:
+        kept = set(order)
+        log(f"  even the top {miss} miss: the search starts from all {n}")
+    # 3. groups back to 8 bit, halving in graph order, largest groups first (so a budget cut leaves even groups)
+    dropped: list[list[str]] = []
+    members = [t for t in graph_order if t in kept]
+    middle = len(members) // 2
+    queue = [members[:middle], members[middle:]] if len(members) > 1 else []  # all of them: the base, a miss
+    while queue and c.evaluations < spent:
+        queue.sort(key=len, reverse=True)
+        group = queue.pop(0)
+        trial = kept - set(group)
+        if holds(trial):
+            kept = trial
+            dropped.append(group)
+            log(f"  {_names(group)}: 8 bit ({values(target, c.measure(trial, full=full))} on {_samples(c, full)} "
+                "samples)")
+        elif len(group) > 1:
+            middle = len(group) // 2
+            queue += [group[:middle], group[middle:]]
+        else:
+            log(f"  {group[0]}: stays 16 bit")
+    if queue:
+        log(f"  budget of {budget} emulator measurements spent ([tuning] max_measurements): {len(queue)} group(s) of "
+            f"up to {max(map(len, queue))} tensors stay 16 bit unsplit")
+    return kept, dropped
+
+
+def _names(group: list[str]) -> str:
+    return group[0] if len(group) == 1 else f"{len(group)} tensors {group[0]} .. {group[-1]}"
+
+
+def _samples(c: Candidates, full: bool) -> int:
+    return len(c.inputs) if full else len(c.subset)
+
+
+def _done(result: dict, c: Candidates) -> dict:
+    result.update(evaluations=c.evaluations, emulator_seconds=round(c.seconds, 1), samples=len(c.subset),
+                  full_samples=len(c.inputs))
+    return result
+
+
+def values(target, summary: dict) -> str:
+    """'cosine = 0.99912' (one per gate of the target)."""
+    return ", ".join(f"{m} = {summary[m]:.5g}" for m in gates.metrics(target))
