@@ -292,15 +292,16 @@ def step_entry(step: dict, io_contract: dict, outputs_elsewhere: dict[str, str])
         fed.add(step["greedy"]["token"])
     fed |= {entry["input"] for entry in state}
     once = {name: outputs_elsewhere[name] for name in inputs if name not in fed and name in outputs_elsewhere}
+    zero = "set every state input to 0.0 (in fixed point: q = -offset)"
     if cache:
-        how = (f"per sequence: zero every state input, set every value of '{cache['mask']}' to 1 (not written), "
-               if cache.get("mask") else "per sequence: zero every state input, ") + \
+        how = (f"per sequence: {zero}, every value of '{cache['mask']}' to 1 (not written), "
+               if cache.get("mask") else f"per sequence: {zero}, ") + \
               (f"offset = 0; per step: set '{cache['offset']}' to offset, run, write each state output into its input "
                f"at index offset along axis {cache['axis']} (as `write` says), "
                + (f"set {cache['mask']}[offset] = 0, " if cache.get("mask") else "")
                + f"offset += 1; at most {cache['length']} steps")
     else:
-        how = "per sequence: zero every state input; per step: run, then each state output replaces its input"
+        how = f"per sequence: {zero}; per step: run, then each state output replaces its input (as `write` says)"
     if step.get("greedy"):
         how += (f"; greedy decoding: the argmax of '{step['greedy']['logits']}' over its last axis is the next "
                 f"'{step['greedy']['token']}'")
