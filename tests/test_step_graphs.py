@@ -140,3 +140,27 @@ def test_a_state_output_that_does_not_fit_its_input_fails_at_simplify(kvstep_dis
     assert ("state output 'logits' is float32[1, 1, 32] but feeds input 'k_cache' float32[1, 8, 16], which needs "
             "one position of it along the cache axis 1: float32[1, 1, 16] (models/kvstep/model.toml "
             "[graphs.step] state)") in result.output, result.output
+
+
+def test_the_index_entry_of_a_recurrent_state_and_of_inputs_other_graphs_feed():
+    """Without a cache each state output replaces its input; an input that another graph's output of the same name
+    feeds is named with that graph; a pair whose encodings differ is converted."""
+    from build_rules import dist
+
+    def tensor(name, dtype, scale=None, offset=None, shape=(1, 32)):
+        return {"name": name, "qnn_name": name, "shape": list(shape), "dtype": dtype, "scale": scale,
+                "offset": offset, "layout": None}
+
+    contract = {"inputs": [tensor("frame", "UFIXED_POINT_16", 0.01, -100), tensor("h", "UFIXED_POINT_16", 0.002, -30),
+                           tensor("memory", "UFIXED_POINT_16", 0.1, 0)],
+                "outputs": [tensor("logits", "UFIXED_POINT_16", 0.5, -7), tensor("h_out", "UFIXED_POINT_16", 0.003, -30)]}
+    step = {"state": {"h_out": "h"}, "cache": None, "greedy": None}
+    entry = dist.step_entry(step, contract, {"memory": "encoder"})
+    assert entry["state"] == [{"output": "h_out", "input": "h", "same_encoding": False,
+                               "write": "convert: dequantize with the output's scale/offset, quantize with the input's"}]
+    assert entry["cache"] is None and entry["inputs_from_graphs"] == {"memory": "encoder"}
+    assert entry["how"] == ("per sequence: set every state input to 0.0 (in fixed point: q = -offset); per step: run, "
+                            "then each state output replaces its input (as `write` says); 'memory' come once per "
+                            "sequence from the output of the same name of graph encoder")
+    with pytest.raises(dist.DistError, match=r"state h_next -> h: not in the binary's I/O contract"):
+        dist.step_entry({"state": {"h_next": "h"}, "cache": None, "greedy": None}, contract, {})
