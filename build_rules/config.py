@@ -111,6 +111,31 @@ class ExportSettings:
 
 
 @record
+class Cache:
+    """A graph's state inputs are caches (e.g. a decoder's self-attention K/V): each state output is the step's
+    slice, one position along `axis`, which the caller writes into its input at the position the int32 input
+    `offset` holds; `length` positions in all. With `mask`, an int32 input of `length` values: 1 for a position
+    not written yet, 0 once written (the caller clears it after each write)."""
+    length: int
+    axis: int
+    offset: str
+    mask: str | None = None
+
+    def as_dict(self) -> dict:
+        return {"length": self.length, "axis": self.axis, "offset": self.offset, "mask": self.mask}
+
+
+@record
+class Greedy:
+    """Greedy decoding: the argmax of output `logits` over its last axis is the next step's int32 input `token`."""
+    logits: str
+    token: str
+
+    def as_dict(self) -> dict:
+        return {"logits": self.logits, "token": self.token}
+
+
+@record
 class Graph:
     name: str
     checkpoints: tuple[str, ...]
@@ -120,6 +145,18 @@ class Graph:
     verify: Threshold
     gates: tuple[Threshold, ...]  # all must pass; () for none
     export: ExportSettings = ExportSettings()
+    # A step graph (recurrent cell, decoder step): output -> the input it feeds at the next step. Without a cache
+    # the output replaces the input (same shape); with one it is written into it at the offset.
+    state: dict[str, str] = factory(dict)
+    cache: Cache | None = None
+    greedy: Greedy | None = None
+
+    def step_contract(self) -> dict | None:
+        """The step contract as plain data (task keys, the bundle's index), or None for a graph without state."""
+        if not self.state:
+            return None
+        return {"state": dict(self.state), "cache": self.cache.as_dict() if self.cache else None,
+                "greedy": self.greedy.as_dict() if self.greedy else None}
 
 
 @record
@@ -388,7 +425,8 @@ def _bound(s: _Table, comparison_only: bool = False) -> Threshold:
 def _graph(t: _Table, name: str, onnx_entry: bool, default_samples: int, default_export: dict) -> Graph:
     """default_samples: the most calibration samples any variant asks for (32 when none asks);
     default_export: the model-wide [model] export table, which the graph's own keys override."""
-    t.check_keys(("checkpoints", "inputs", "outputs", "calibration_samples", "verify", "gate", "export"))
+    t.check_keys(("checkpoints", "inputs", "outputs", "calibration_samples", "verify", "gate", "export", "state",
+                  "cache", "greedy"))
     inputs = {}
     input_tables = t.table("inputs", {})
     for input_name in input_tables.data:
@@ -416,9 +454,94 @@ def _graph(t: _Table, name: str, onnx_entry: bool, default_samples: int, default
     export = _export_settings(_Table(t.path, t._sub("export"), {**default_export, **t.table("export", {}).data}))
     if onnx_entry and "export" in t.data:
         raise t.error("export", "this model enters as an ONNX file ([model] onnx): there is no export to configure")
+    state, cache, greedy = _step_contract(t, inputs, tuple(outputs))
     return Graph(name=name, checkpoints=tuple(t.get("checkpoints", list, [])), inputs=inputs,
                  outputs=tuple(outputs), calibration_samples=samples, verify=verify, gates=_gates(t, "gate"),
-                 export=export)
+                 export=export, state=state, cache=cache, greedy=greedy)
+
+
+def _elements(shape: tuple[int, ...]) -> int:
+    count = 1
+    for d in shape:
+        count *= d
+    return count
+
+
+def _step_contract(t: _Table, inputs: dict[str, TensorSpec], outputs: tuple[str, ...]):
+    """state (output -> input it feeds), cache and greedy of a step graph, checked against its declared I/O."""
+    for key in ("cache", "greedy"):
+        if key in t.data and "state" not in t.data:
+            raise t.error(key, "only with `state` (which outputs feed which inputs at the next step)")
+    if "state" not in t.data:
+        return {}, None, None
+    table = t.table("state")
+    if not table.data:
+        raise t.error("state", "empty: give output = \"input\" for each output that feeds an input at the next step")
+    if not outputs:
+        raise t.error("state", "needs `outputs` (the graph's output names, in order)")
+    state = {}
+    for output in table.data:
+        target = table.get(output, str)
+        if output not in outputs:
+            raise table.error(output, f"not an output of the graph (outputs: {', '.join(outputs)})")
+        if target not in inputs:
+            raise table.error(output, f"feeds {target!r}, which is not an input (inputs: {', '.join(inputs)})")
+        if target in state.values():
+            raise table.error(output, f"input {target!r} is fed by two outputs")
+        if inputs[target].dtype not in ("float32", "float16"):
+            raise table.error(output, f"feeds {target!r}, a {inputs[target].dtype} input: state is float32 or float16")
+        state[output] = target
+    cache = _cache(t, inputs, state) if "cache" in t.data else None
+    greedy = None
+    if "greedy" in t.data:
+        g = t.table("greedy")
+        g.check_keys(("logits", "token"))
+        logits, token = g.get("logits", str), g.get("token", str)
+        if logits not in outputs:
+            raise g.error("logits", f"{logits!r} is not an output of the graph (outputs: {', '.join(outputs)})")
+        if logits in state:
+            raise g.error("logits", f"{logits!r} is a state output")
+        _int32_scalar(g, "token", token, inputs)
+        greedy = Greedy(logits=logits, token=token)
+    return state, cache, greedy
+
+
+def _int32_scalar(t: _Table, key: str, name: str, inputs: dict[str, TensorSpec]) -> None:
+    if name not in inputs:
+        raise t.error(key, f"{name!r} is not an input of the graph (inputs: {', '.join(inputs)})")
+    spec = inputs[name]
+    if spec.dtype != "int32" or _elements(spec.shape) != 1:
+        raise t.error(key, f"input {name!r} is {spec.dtype}{list(spec.shape)}: it must be one int32 value, e.g. "
+                           f"{name} = {{ shape = [1], dtype = \"int32\" }}")
+
+
+def _cache(t: _Table, inputs: dict[str, TensorSpec], state: dict[str, str]) -> Cache:
+    c = t.table("cache")
+    c.check_keys(("length", "axis", "offset", "mask"))
+    length, axis = c.get("length", int), c.get("axis", int)
+    if length < 1:
+        raise c.error("length", f"must be at least 1, got {length}")
+    for target in state.values():
+        shape = inputs[target].shape
+        if not 0 <= axis < len(shape):
+            raise c.error("axis", f"{axis} is not an axis of state input {target!r} {list(shape)} (0..{len(shape) - 1})")
+        if shape[axis] != length:
+            raise c.error("length", f"{length}, but state input {target!r} {list(shape)} has {shape[axis]} positions "
+                                    f"along axis {axis}")
+    offset = c.get("offset", str)
+    _int32_scalar(c, "offset", offset, inputs)
+    mask = c.get("mask", str, None)
+    if mask is not None:
+        if mask not in inputs:
+            raise c.error("mask", f"{mask!r} is not an input of the graph (inputs: {', '.join(inputs)})")
+        spec = inputs[mask]
+        if spec.dtype != "int32" or _elements(spec.shape) != length:
+            raise c.error("mask", f"input {mask!r} is {spec.dtype}{list(spec.shape)}: it must hold one int32 per "
+                                  f"cache position ({length} values, 1 = not written yet, 0 = written)")
+    for key, name in (("offset", offset), ("mask", mask)):
+        if name in state.values():
+            raise c.error(key, f"{name!r} is a state input")
+    return Cache(length=length, axis=axis, offset=offset, mask=mask)
 
 
 def _export_settings(t: _Table) -> ExportSettings:

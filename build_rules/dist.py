@@ -58,6 +58,7 @@ NUMPY_DTYPES = {"UFIXED_POINT_8": "uint8", "SFIXED_POINT_8": "int8", "UFIXED_POI
                 "INT_64": "int64", "UINT_8": "uint8", "INT_8": "int8", "UINT_16": "uint16", "INT_16": "int16",
                 "UINT_32": "uint32", "BOOL_8": "bool"}
 FIXED_MTIME = 0  # tar entries and the gzip header: a rebuild from the same files gives the same archive
+VERIFY_STEPS = 3  # greedy steps `doit dist` runs through a step graph's bare binary, state fed back in fixed point
 
 
 class DistError(Exception):
@@ -262,6 +263,55 @@ def contract_from_manifest(manifest_path: str | os.PathLike, graph: str) -> dict
     return {"inputs": io_contract["inputs"], "outputs": io_contract["outputs"]}
 
 
+# --- the step contract of a graph with state (a decoder step, a recurrent cell) ----------------------------
+
+def _same_encoding(a: dict, b: dict) -> bool:
+    return a["dtype"] == b["dtype"] and a["scale"] == b["scale"] and a["offset"] == b["offset"]
+
+
+def step_entry(step: dict, io_contract: dict, outputs_elsewhere: dict[str, str]) -> dict:
+    """graphs.<graph>.step of the index: which output feeds which input at the next step, where a cache output is
+    written, the mask, the greedy feedback, and which inputs other graphs' outputs of the same name feed once
+    (per utterance, e.g. the encoder's cross K/V). `step` is config.Graph.step_contract(); the encodings come from
+    the binary's I/O contract, so `same_encoding` says whether the app may copy the output buffer as it is."""
+    inputs = {t["name"]: t for t in io_contract["inputs"]}
+    outputs = {t["name"]: t for t in io_contract["outputs"]}
+    state = []
+    for output, target in step["state"].items():
+        if output not in outputs or target not in inputs:
+            raise DistError(f"state {output} -> {target}: not in the binary's I/O contract "
+                            f"(inputs {sorted(inputs)}, outputs {sorted(outputs)})")
+        same = _same_encoding(outputs[output], inputs[target])
+        state.append({"output": output, "input": target, "same_encoding": same,
+                      "write": "copy the output buffer as it is" if same else
+                               "convert: dequantize with the output's scale/offset, quantize with the input's"})
+    cache = dict(step["cache"]) if step.get("cache") else None
+    if cache:
+        cache["mask_values"] = {"not_written": 1, "written": 0} if cache.get("mask") else None
+    fed = {step["cache"]["offset"], step["cache"]["mask"]} if cache else set()
+    if step.get("greedy"):
+        fed.add(step["greedy"]["token"])
+    fed |= {entry["input"] for entry in state}
+    once = {name: outputs_elsewhere[name] for name in inputs if name not in fed and name in outputs_elsewhere}
+    zero = "set every state input to 0.0 (in fixed point: q = -offset)"
+    if cache:
+        how = (f"per sequence: {zero}, every value of '{cache['mask']}' to 1 (not written), "
+               if cache.get("mask") else f"per sequence: {zero}, ") + \
+              (f"offset = 0; per step: set '{cache['offset']}' to offset, run, write each state output into its input "
+               f"at index offset along axis {cache['axis']} (as `write` says), "
+               + (f"set {cache['mask']}[offset] = 0, " if cache.get("mask") else "")
+               + f"offset += 1; at most {cache['length']} steps")
+    else:
+        how = f"per sequence: {zero}; per step: run, then each state output replaces its input (as `write` says)"
+    if step.get("greedy"):
+        how += (f"; greedy decoding: the argmax of '{step['greedy']['logits']}' over its last axis is the next "
+                f"'{step['greedy']['token']}'")
+    if once:
+        how += "; " + ", ".join(f"'{n}'" for n in once) + " come once per sequence from the output of the same name " \
+               "of graph " + "/".join(sorted(set(once.values())))
+    return {"state": state, "cache": cache, "greedy": step.get("greedy"), "inputs_from_graphs": once, "how": how}
+
+
 # --- Flexible Context Binary (multi-SoC) records -----------------------------------------------------------
 
 def multi_soc_records(binary: str | os.PathLike) -> list[dict]:
@@ -388,7 +438,7 @@ def fallback_message(index: dict, soc: str, bundle: Path) -> str:
 # --- verify ------------------------------------------------------------------------------------------------
 
 def verify(bundle: Path, evaluation: dict[str, Path] | None = None, samples: int | None = None,
-           say=print) -> dict:
+           say=print, steps: int = VERIFY_STEPS) -> dict:
     """Check a bundle as a device integrator would before shipping it; raises DistError naming the first problem.
 
     1. every file against SHA256SUMS (missing, altered, unlisted);
@@ -396,9 +446,13 @@ def verify(bundle: Path, evaluation: dict[str, Path] | None = None, samples: int
     3. the I/O contract on the x86 HTP emulator, per chip and graph (ort-qnn bundles): real evaluation inputs
        quantized with the index's scale/offset run through the bare context binary (an EPContext model with
        fixed-point I/O and no Q/DQ around it), its outputs dequantized with the index, against the bundle's
-       <graph>_ctx.onnx run on the float inputs: equal within one quantization step of each output.
+       <graph>_ctx.onnx run on the float inputs: equal within one quantization step of each output;
+    4. for a step graph (index graphs.<graph>.step), `steps` greedy steps from its first evaluation sample with the
+       state fed back as the index says: in the binary's fixed-point types through the bare binary, in float
+       through <graph>_ctx.onnx; every step's outputs within one quantization step, the same greedy tokens.
     `evaluation`: graph -> <graph>.evaluation.npz (default: out/<model>/float/ beside the bundle's dist folder).
-    Returns {"files": n, "binaries": n, "contract": {chip/graph: {...}}, "multi_soc": {...}}."""
+    Returns {"files": n, "binaries": n, "contract": {chip/graph: {...}}, "steps": {chip/graph: {...}},
+    "multi_soc": {...}}."""
     bundle = Path(bundle)
     problems = check_sums(bundle)
     if problems:
@@ -407,7 +461,7 @@ def verify(bundle: Path, evaluation: dict[str, Path] | None = None, samples: int
     files = len(bundle_files(bundle))
     say(f"{files} files match {SUMS}")
     binaries = _check_targets(bundle, index, say)
-    result = {"files": files, "binaries": binaries, "contract": {}, "multi_soc": {}}
+    result = {"files": files, "binaries": binaries, "contract": {}, "steps": {}, "multi_soc": {}}
     if samples == 0:
         say("I/O contract: not run on the emulator (0 samples)")
         return result
@@ -434,6 +488,12 @@ def verify(bundle: Path, evaluation: dict[str, Path] | None = None, samples: int
             result["contract"][where] = measured
             say(f"{where}: I/O contract holds on the HTP emulator over {measured['samples']} samples "
                 f"(worst output: {measured['worst_steps']:.2f} of one quantization step)")
+            if entry.get("step") and steps:
+                walked = check_steps(bundle / chip, graph, entry, Path(evaluation[graph]), steps, where)
+                result["steps"][where] = walked
+                say(f"{where}: {walked['steps']} greedy steps with the state fed back in the binary's own types "
+                    f"agree with {graph}_ctx.onnx (tokens {walked['tokens']}; worst output: "
+                    f"{walked['worst_steps']:.2f} of one quantization step)")
     multi = index.get("multi_soc") or {}
     for graph, entry in (multi.get("graphs") or {}).items():
         result["multi_soc"][graph] = _try_multi_soc_on_emulator(bundle, graph, entry, index, evaluation, samples, say,
@@ -553,6 +613,81 @@ def check_contract(chip_dir: Path, graph: str, contract: dict, evaluation: Path,
                                     for t in [*contract["inputs"], tensor]) + ")")
                 worst = max(worst, steps)
     return {"samples": len(inputs), "worst_steps": worst}
+
+
+def check_steps(chip_dir: Path, graph: str, entry: dict, evaluation: Path, steps: int, where: str) -> dict:
+    """Run `steps` steps of a step graph from its first evaluation sample, as an app does: the bare binary with
+    the state kept in the binary's own types (each state output written into its input as the index's `write`
+    says, at the offset of a cache) and, side by side, <graph>_ctx.onnx with float state. Each step's outputs
+    must agree within one quantization step and the greedy token (argmax of the index's logits) must be the
+    same; raises DistError naming the step and output otherwise."""
+    import numpy as np
+
+    from .stages.common import load_evaluation
+    from .toolchains import ort_qnn
+
+    contract, step = entry["io"], entry["step"]
+    ctx_path, binary = chip_dir / f"{graph}_ctx.onnx", chip_dir / f"{graph}.bin"
+    inputs, _ = load_evaluation(str(evaluation))
+    if not inputs:
+        raise DistError(f"{where}: {evaluation} has no evaluation samples to step from")
+    start = inputs[0]
+    by_input = {t["name"]: t for t in contract["inputs"]}
+    by_output = {t["name"]: t for t in contract["outputs"]}
+    cache, greedy = step.get("cache"), step.get("greedy")
+    fixed = {t["name"]: quantize(np.asarray(start[t["name"]]), t) for t in contract["inputs"]}
+    floats = {t["name"]: np.array(start[t["name"]]) for t in contract["inputs"]}
+    with tempfile.TemporaryDirectory(prefix="dist-steps-") as tmp:
+        run_bare = ort_qnn.open_context_binary(_bare_binary_model(ctx_path, binary, contract, Path(tmp)))
+        run_float = ort_qnn.open_context_binary(ctx_path)
+        worst, tokens = 0.0, []
+        for number in range(steps):
+            raw, reference = run_bare(fixed), run_float(floats)
+            for tensor in contract["outputs"]:
+                got = dequantize(raw[tensor["name"]], tensor)
+                want = np.asarray(reference[tensor["name"]], dtype=np.float64)
+                unit = tensor["scale"] if tensor["scale"] is not None else 1e-6 * max(1.0, float(np.abs(want).max()))
+                apart = float(np.abs(got - want).max()) / unit if got.size else 0.0
+                if apart > 1.0 + 1e-6:
+                    raise DistError(f"{where}: greedy step {number}: output '{tensor['name']}' of the bare binary, "
+                                    "its state fed back as the index's step.state says, differs from "
+                                    f"{ctx_path.name} by {apart:.1f} quantization steps of {unit:.6g}")
+                worst = max(worst, apart)
+            position = int(np.asarray(floats[cache["offset"]]).reshape(-1)[0]) if cache else None
+            for link in step["state"]:
+                out_t, in_t = by_output[link["output"]], by_input[link["input"]]
+                value = raw[link["output"]] if link["same_encoding"] else \
+                    quantize(dequantize(raw[link["output"]], out_t), in_t)
+                _write(fixed, link["input"], np.asarray(value, dtype=fixed[link["input"]].dtype), cache, position)
+                _write(floats, link["input"], np.asarray(reference[link["output"]], dtype=floats[link["input"]].dtype),
+                       cache, position)
+            if greedy:
+                mine = int(dequantize(raw[greedy["logits"]], by_output[greedy["logits"]]).reshape(-1).argmax())
+                theirs = int(np.asarray(reference[greedy["logits"]]).reshape(-1).argmax())
+                if mine != theirs:
+                    raise DistError(f"{where}: greedy step {number}: the bare binary chose token {mine}, "
+                                    f"{ctx_path.name} token {theirs}")
+                tokens.append(mine)
+                for state in (fixed, floats):
+                    state[greedy["token"]] = np.full_like(state[greedy["token"]], mine)
+            if cache:
+                if position + 1 >= cache["length"]:
+                    return {"steps": number + 1, "tokens": tokens, "worst_steps": worst}
+                for state in (fixed, floats):
+                    state[cache["offset"]] = np.full_like(state[cache["offset"]], position + 1)
+                    if cache.get("mask"):
+                        state[cache["mask"]].flat[position] = 0
+    return {"steps": steps, "tokens": tokens, "worst_steps": worst}
+
+
+def _write(state: dict, name: str, value, cache: dict | None, position: int | None) -> None:
+    """A state output into its input: replace it, or with a cache write its one position at `position`."""
+    if cache is None:
+        state[name] = value.reshape(state[name].shape)
+        return
+    index = [slice(None)] * state[name].ndim
+    index[cache["axis"]] = slice(position, position + 1)
+    state[name][tuple(index)] = value
 
 
 def quantize(value, tensor: dict):
@@ -686,6 +821,8 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--samples", type=_samples, default=None,
                    help="evaluation samples per graph and chip, or 'all' (default: as many as `doit dist` checked, "
                         f"index.json's verify.samples; {DEFAULT_VERIFY_SAMPLES} for a bundle that does not say)")
+    v.add_argument("--steps", type=int, default=VERIFY_STEPS,
+                   help=f"greedy steps through a step graph with its state fed back (default {VERIFY_STEPS})")
     args = parser.parse_args(argv)
     try:
         if args.command == "select":
@@ -705,7 +842,7 @@ def main(argv: list[str] | None = None) -> int:
         samples = args.samples
         if samples is None:  # the stage's own check, not every sample (MTCNN w8a8: 4040 emulator runs, 10x longer)
             samples = (index.get("verify") or {}).get("samples", DEFAULT_VERIFY_SAMPLES)
-        verify(args.bundle, evaluation, None if samples == "all" else samples)
+        verify(args.bundle, evaluation, None if samples == "all" else samples, steps=args.steps)
         print(f"ok: {args.bundle} is what its index says")
         return 0
     except DistError as e:

@@ -84,6 +84,9 @@ def dist_tasks():
         graphs = {g: {"float": layout.float_file(model.name, g, ".sim.onnx"),
                       "evaluation": layout.float_file(model.name, g, ".evaluation.npz")} for g in model.graphs}
         shared = [f for files in graphs.values() for f in files.values()]
+        for g, graph in model.graphs.items():
+            if graph.state:  # a step graph: the index says how the app feeds the state back
+                graphs[g]["step"] = graph.step_contract()
         license_file = rel(model.dist.license_file) if model.dist.license_file else None
         if license_file:
             shared.append(license_file)

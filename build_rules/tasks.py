@@ -117,6 +117,8 @@ def _simplify_tasks():
         if model.onnx:  # its hooks may patch the file (transform(model)) before simplify
             params["hooks"] = rel(model.hooks)
             file_dep += hook_files(model)
+        if graph.state:  # a step graph: its state outputs must fit the inputs they feed
+            params["step"] = graph.step_contract()
         yield stage_task("simplify", f"{model.name}/{graph.name}", params, file_dep, list(outputs.values()),
                           layout.float_file(model.name, graph.name, ".simplify.log"))
 
@@ -210,6 +212,8 @@ def _quantize_tasks():
             target = layout.variant_file(model.name, variant.name, graph.name, ".qdq.onnx")
             params = {"onnx": sim, "ranges": ranges, "variant": variant.settings_for(graph.name),
                       "outputs": {"onnx": target}}
+            if graph.state:  # each state output is quantized as the input it feeds (the app copies it over)
+                params["tied"] = sorted(graph.state.items())
             yield stage_task("quantize", f"{model.name}/{graph.name}/{variant.name}", params,
                               [sim, ranges], [target],
                               layout.variant_file(model.name, variant.name, graph.name, ".quantize.log"))

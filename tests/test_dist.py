@@ -276,7 +276,7 @@ def test_verify_without_evaluation_inputs_says_where_it_looked(dist_built, tmp_p
 
 
 def test_contract_of_int32_and_layout_op_inputs(tmp_path):
-    """A graph like Whisper's decoder: int32 tokens and a float input whose first consumer is a layout op reach the
+    """A graph like a decoder: int32 tokens and a float input whose first consumer is a layout op reach the
     binary unquantized (INT_32, FLOAT_32), its output as UFIXED_POINT_16; the bare binary agrees with the ctx model."""
     import numpy as np
     import onnx

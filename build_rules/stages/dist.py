@@ -26,7 +26,8 @@ def run(params: dict) -> dict:
         dist.write_sums(bundle)
         samples = params["dist"]["verify_samples"]
         evaluation = {g: Path(files["evaluation"]) for g, files in params["graphs"].items()}
-        dist.verify(bundle, evaluation, samples, say=lambda line: print(line, flush=True))
+        dist.verify(bundle, evaluation, samples, say=lambda line: print(line, flush=True),
+                    steps=dist.VERIFY_STEPS if samples else 0)
     except dist.DistError as e:
         raise BuildError(f"{params['name']}: {e}") from None
     dist.write_tarball(bundle, Path(params["outputs"]["tarball"]), f"{params['model']['name']}-{variant}")
@@ -88,6 +89,11 @@ def _bundle(params: dict, variant: str, spec: dict, bundle: Path) -> dict:
 
     model = params["model"]
     graphs = {g: {"io": contracts[g][1]} for g in params["graphs"]}
+    for g, files in params["graphs"].items():
+        if files.get("step"):
+            outputs_elsewhere = {t["name"]: other for other in graphs if other != g
+                                 for t in graphs[other]["io"]["outputs"]}
+            graphs[g]["step"] = dist.step_entry(files["step"], graphs[g]["io"], outputs_elsewhere)
     index = {
         "format": dist.FORMAT, "model": model, "variant": {"name": variant, **spec["settings"]},
         "toolchain": {**toolchain, "oldest_device_runtime": _oldest_runtime(toolchain)},

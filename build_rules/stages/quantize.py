@@ -30,7 +30,7 @@ def run(params: dict) -> dict:
         ort_qnn.quantize(params["onnx"], params["outputs"]["onnx"], samples, activations=v["activations"],
                          weights=v["weights"], per_channel=v["per_channel"], method=v["calibration_method"],
                          overrides=v["overrides"], node_overrides=v.get("node_overrides"),
-                         ranges=params.get("ranges"))
+                         ranges=params.get("ranges"), tied=[tuple(pair) for pair in params.get("tied") or []])
     except ValueError as e:  # e.g. an override naming a tensor the model does not have
         where = ""
         if "override" in str(e):  # name the key to fix: quantize:<model>/<graph>/<variant>

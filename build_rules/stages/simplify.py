@@ -93,6 +93,8 @@ def run(params: dict) -> dict:
     expected_outputs = params["output_names"]
     if expected_outputs and [o["name"] for o in outputs] != expected_outputs:
         raise BuildError(f"{source}: outputs are {[o['name'] for o in outputs]}, model.toml says {expected_outputs}")
+    if params.get("step"):
+        check_state_shapes(source, params["where"], params["step"], inputs, outputs)
 
     out = Path(params["outputs"]["onnx"])
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -104,6 +106,23 @@ def run(params: dict) -> dict:
         "parameters": int(sum(int(np.prod(i.dims)) for i in simplified.graph.initializer)),
     })
     return {"nodes": len(simplified.graph.node)}
+
+
+def check_state_shapes(source: str, where: str, step: dict, inputs: list[dict], outputs: list[dict]) -> None:
+    """Each state output must fit the input it feeds: the same shape and dtype (a recurrent state), or with a cache
+    the input's shape with one position along the cache axis (the slice the caller writes at the offset)."""
+    shapes = {t["name"]: t for t in inputs + outputs}
+    cache = step.get("cache")
+    for output, target in step["state"].items():
+        out, into = shapes[output], shapes[target]
+        want = list(into["shape"])
+        if cache:
+            want[cache["axis"]] = 1
+        if list(out["shape"]) != want or out["dtype"] != into["dtype"]:
+            what = (f"one position of it along the cache axis {cache['axis']}" if cache else "the same shape")
+            raise BuildError(f"{source}: state output '{output}' is {out['dtype']}{list(out['shape'])} but feeds input "
+                             f"'{target}' {into['dtype']}{list(into['shape'])}, which needs {what}: "
+                             f"{into['dtype']}{want} ({where} state)")
 
 
 CONTROL_FLOW = ("If", "Loop", "Scan")

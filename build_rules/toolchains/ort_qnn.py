@@ -245,7 +245,7 @@ def _choice(kind: str, value: str, table: dict[str, str]) -> str:
 def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.ndarray"]], *, activations: str,
              weights: str, per_channel: bool, method: str = "minmax", overrides: dict[str, str] | None = None,
              node_overrides: dict[str, str] | None = None, ranges: Path | None = None,
-             extra_outputs: list[str] | None = None) -> None:
+             extra_outputs: list[str] | None = None, tied: list[tuple[str, str]] | None = None) -> None:
     """Write a QDQ model for QNN HTP, using onnxruntime.quantization's QNN recipe.
 
     The recipe is qnn_preprocess_model, then get_qnn_qdq_config, then quantize.
@@ -258,6 +258,9 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
     - ranges: tensor ranges written by calibration_ranges() for this float model and method; calibration is then
       not run again (`calibration` may be empty). The QDQ model is byte-identical to the one calibrated here.
     - extra_outputs: activation tensors to expose as additional graph outputs (per-tensor error profiles).
+    - tied: pairs of tensors (a step graph's state output and the input it feeds) quantized with one scale and
+      zero point, from the union of their calibrated ranges, so the app can copy the fixed-point output into the
+      input. Both must be activations of the same type.
     `output` appears only when it is complete.
     """
     act_name = _choice("activation type", activations, _ACTIVATION_TYPES)
@@ -305,11 +308,18 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
 
         qnn_input = Path(tmp) / "input.onnx"
         onnx.save(model, str(qnn_input))
+        init_overrides = {t: [{"quant_type": getattr(QuantType, q)}] for t, q in override_names.items()}
+        if tied:
+            if ranges is None:  # the union of two ranges needs them before quantize_static calibrates
+                ranges = Path(tmp) / "tied-ranges.json"
+                calibration_ranges(float_model, ranges, calibration, method=method)
+            for tensor, entry in _tied_ranges(model, tied, Path(ranges), override_names, act_name,
+                                              activations_known).items():
+                init_overrides[tensor] = [{**entry, "quant_type": getattr(QuantType, entry["quant_type"])}]
         reader = CalibrationReader(calibration) if calibration and ranges is None else None
         config = _qnn_config(str(qnn_input), reader, method_name, activation_type=getattr(QuantType, act_name),
                              weight_type=getattr(QuantType, wgt_name), per_channel=per_channel,
-                             init_overrides={t: [{"quant_type": getattr(QuantType, q)}]
-                                             for t, q in override_names.items()} or None)
+                             init_overrides=init_overrides or None)
         if config.use_external_data_format:
             # The external data file would be named after the temp file and break on rename.
             raise NotImplementedError(f"{float_model} needs external data (>= 2 GB); not supported by {NAME} quantize")
@@ -336,6 +346,50 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
         except BaseException:
             _unlink(Path(tmp_out))
             raise
+
+
+# Ops whose output the QDQ quantizer gives its input's scale and zero point (onnxruntime's QDQ registry: Direct8Bit
+# ops, Split, Gather...): an override on such an output does not reach it, only one on the tensor it shares with.
+_SHARED_PARAM_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Split", "Gather",
+                     "GatherElements", "Resize", "Pad", "MaxPool", "AveragePool", "TopK")
+
+
+def _tied_ranges(model, tied: list[tuple[str, str]], ranges: Path, override_names: dict[str, str], act_name: str,
+                 activations_known: set[str]) -> dict[str, dict]:
+    """tensor -> {"quant_type", "rmin", "rmax"} that give both tensors of each pair one scale and zero point: the
+    union of their ranges, set on each and on the tensors their scale comes from (up through ops that pass their
+    input's parameters on, e.g. the Reshape an exporter writes after a Linear), whose ranges join the union so
+    that no shared tensor is clipped."""
+    import json
+
+    import numpy as np
+
+    data = json.loads(Path(ranges).read_text()).get("data", {})
+    producers = {o: n for n in model.graph.node for o in n.output}
+    found = {}
+    for pair in tied:
+        chain = []
+        for tensor in pair:
+            if tensor not in activations_known or tensor not in data:
+                raise ValueError(f"state tensor {tensor!r} has no calibrated range in {ranges}: it is not an "
+                                 "activation of the model (a state input and output must be float graph I/O)")
+            while tensor in data and tensor not in chain:
+                chain.append(tensor)
+                node = producers.get(tensor)
+                if node is None or node.op_type not in _SHARED_PARAM_OPS or not node.input:
+                    break
+                tensor = node.input[0]
+        types = {override_names.get(t, act_name) for t in chain}
+        if len(types) > 1:
+            raise ValueError(f"state tensors {pair[0]!r} and {pair[1]!r} have different override types "
+                             f"({', '.join(sorted(types))}): a state output and the input it feeds take one type")
+        qtype = types.pop()
+        low = min(float(data[t]["lowest"]["data"][0]) for t in chain)
+        high = max(float(data[t]["highest"]["data"][0]) for t in chain)
+        for tensor in chain:
+            found[tensor] = {"quant_type": qtype, "rmin": np.array(low, dtype=np.float32),
+                             "rmax": np.array(high, dtype=np.float32)}
+    return found
 
 
 def calibration_ranges(float_model: Path, output: Path, calibration: list[dict[str, "np.ndarray"]], *,

