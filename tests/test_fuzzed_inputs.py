@@ -1,25 +1,27 @@
 """No input crashes the tool: property-based tests (Hypothesis) that mutate model.toml, chips.toml and ONNX files.
 
-For every case: `doit list` and `doit` either accept the input or end with a one-line error that names the file and
-the key (or the tensor / node), never a Python traceback; nothing is written outside out/; a failed case leaves no
-partial output (no staging folder, no target of the failed task, out/ as it was for a config error); and once the
-file is put back, the repo is as it was (`doit` builds nothing new: everything is up to date or restored from the
-build cache).
+For every case: the load either accepts the input or ends with a one-line error that names the file and the key (or
+the tensor / node), never a Python traceback; nothing is written outside out/; a refused case leaves no partial output;
+once the file is put back, the repo builds again (a no-op `doit`, or `doit simplify` for the ONNX model).
 
-What is tried (fixed examples: derandomize=True, so CI runs the same cases every time; Hypothesis 6.155.2, pinned in
-the `test` extra):
-- model.toml of the tiny test model (test_model_toml_mutations: 250 cases, `doit list` each, and `doit` on those
-  `doit list` rejects): 1-3 mutations a case, each one of: a key deleted; an unknown key added; a value replaced
-  by one of another type; a table renamed (graph, variant, input names: unicode, slashes, dots, empty, reserved
-  task and chip names); numbers at the edges (0, negative, 2**63, 10**30, 1e308, inf, nan); odd paths for
-  hooks / checkpoints / onnx (absolute, `..`, NUL, `pkg:` forms); unicode strings; the text cut short, a byte
-  made invalid UTF-8. A mutant `doit list` accepts is listed (`doit list --all`), not built: a build per case
-  would cost minutes; its values passed the same checks as any config (the ONNX test builds real stages).
-- chips.toml (test_chips_toml_mutations: 120 cases, `doit list` and `doit`), with the same kinds of mutation.
-- ONNX files of an ONNX-only model (test_onnx_mutations: 12 cases, each a real `doit`: simplify, and when the file
-  still loads, verify, compile, check on the x86 HTP emulator, package): truncated bytes, a flipped byte, a wrong or
-  missing opset, dynamic dims, int64 inputs and outputs, an initializer removed, an unknown op, a node reading a
-  tensor nothing makes, an empty graph, an output with no producer.
+Cases (fixed: derandomize=True, so CI runs the same ones every time; Hypothesis 6.155.2, pinned in the `test` extra):
+- model.toml of the tiny test model, 300 cases, and chips.toml, 150 cases, each planned in this process the way `doit
+  list` plans (the config, every task generator, doit's task graph: ~20 ms a case instead of a ~1 s process; any
+  exception but the config's ConfigError fails the case, since `doit list` would print it as a traceback). 1-3
+  mutations a case, each one of: a key deleted; an unknown key added; a value replaced by one of another type
+  (nested lists and tables too); a table renamed (graph, variant, input names: unicode, slashes, dots, empty, control
+  and direction characters, reserved task and chip names); numbers at the edges (0, negative, 2**63, 10**30, 1e308,
+  inf, nan); odd paths for hooks / checkpoints / onnx (absolute, `..`, NUL, `pkg:` forms); unicode strings; or, in
+  one case in ten, the file cut short or a byte made invalid UTF-8. Most are refused (274 of 300 and 132 of 150 when
+  this was written; test_most_mutants_are_refused checks that the mutations reach the checks). A mutant that is
+  accepted is planned, not built (a build per case would cost minutes).
+- ONNX files, 12 kinds x 6 cases, through the simplify stage in this process: truncated bytes, a wrong or missing
+  opset, dynamic dims, int64 inputs and outputs, an initializer removed, an unknown op, a node reading a tensor
+  nothing makes, an empty graph, an output with no producer, element types HTP has no form for.
+- 7 real `doit` processes for what only a process shows: a byte that is not UTF-8 (`doit list`), a number out of range
+  and a chips.toml value of the wrong type (`doit`), each one line and exit code 3 with out/ untouched, then a no-op;
+  a truncated ONNX file and an int64 output (`doit`: simplify fails with one line, nothing staged or half-written),
+  then the good file builds (`doit simplify`).
 """
 from __future__ import annotations
 
