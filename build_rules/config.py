@@ -228,6 +228,9 @@ class Tuning:
     # hundreds of tensors); "exhaustive": every tensor on the emulator, one at a time (2 runs a tensor)
     search: str = "bisect"
     max_measurements: int = 48  # bisect: emulator measurements per graph and task (16-bit ones are slow); then it stops
+    # tune tries whole variants (W4A16 SeqMSE, W8A8 ort / AIMET) before 16-bit tensors; false skips them: AIMET's
+    # SeqMSE took about a minute for one Conv of PP-OCRv4's detector here (loaded machine), long on a big graph
+    try_variants: bool = True
 
 
 @record
@@ -889,7 +892,7 @@ def _tuning(root: _Table, graphs: dict[str, Graph], model_chips: tuple[str, ...]
     if "tuning" not in root.data:
         return None
     t = root.table("tuning")
-    t.check_keys(("chip", "samples", "targets", "search", "max_measurements"))
+    t.check_keys(("chip", "samples", "targets", "search", "max_measurements", "try_variants"))
     chip = t.get("chip", str, None)
     if chip is not None and chip not in model_chips:
         raise t.error("chip", f"{chip!r} is not one of the model's chips ({', '.join(model_chips)})")
@@ -906,7 +909,8 @@ def _tuning(root: _Table, graphs: dict[str, Graph], model_chips: tuple[str, ...]
         if graph_name not in graphs:
             raise targets_table.error(shown_key(graph_name), f"no graph {graph_name!r} (graphs: {', '.join(graphs)})")
         targets[graph_name] = _gates(targets_table, graph_name)
-    return Tuning(chip=chip, samples=samples, targets=targets, search=search, max_measurements=max_measurements)
+    return Tuning(chip=chip, samples=samples, targets=targets, search=search, max_measurements=max_measurements,
+                  try_variants=t.get("try_variants", bool, True))
 
 
 def _dist(root: _Table, folder: Path) -> Dist:
