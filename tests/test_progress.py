@@ -166,8 +166,11 @@ def test_progress_lines_count_samples_and_time():
     assert {"0", "1", "2"} <= set(counts), out
 
 
-def test_emulator_evaluate_progress_has_the_float_runs_as_totals(tmp_path):
+def test_emulator_evaluate_progress_has_the_float_runs_as_totals(tmp_path, monkeypatch):
     from build_rules import progress
+    # A stage process has one stage's counters; this test process may hold those of stages other test files called
+    # in-process (a search's watch stays registered): start from none.
+    monkeypatch.setattr(progress, "_counters", {})
     report = tmp_path / "model.evaluate.json"
     report.write_text(json.dumps({"metrics": {}, "graph_runs": {"encoder": 4, "decoder": 90}}))
     run_graph = progress.count_graph_runs(lambda graph, feed: {"out": graph}, str(report))
