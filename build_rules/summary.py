@@ -237,7 +237,8 @@ def _describe(manifest_path: str) -> str:
             gate_text = f" {metric} {info['metrics'].get(metric, float('nan')):.4g}"
             if metric in info.get("worst_output", {}):  # several outputs: the one that sets the value
                 gate_text += f" (worst: {info['worst_output'][metric]})"
-        parts.append(f"{graph} {info['bytes'] / 1e6:.2f} MB{gate_text}")
+        pieces = f" in {len(info['parts'])} parts" if info.get("parts") else ""  # a split graph
+        parts.append(f"{graph} {info['bytes'] / 1e6:.2f} MB{pieces}{gate_text}")
     evaluation = manifest.get("evaluate")
     if evaluation and evaluation.get("gate"):  # the model-level metric, e.g. WER of encoder + decoder
         metric = evaluation["gate"]["metric"]

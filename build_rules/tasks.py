@@ -11,20 +11,21 @@ import functools
 import os
 import sys
 
-from . import dist_tasks, layout, remote_cache, tuning_tasks
+from . import dist_tasks, layout, remote_cache, split_tasks, tuning_tasks
 from .config import ConfigError, Model
 from .hashing import ContentChecker, use_stat_cache
-from .project import (STATE_DIR, chip_params, calibration_files, compile_input, model_data, hook_files, input_specs,
+from .project import (STATE_DIR, chip_params, calibration_files, model_data, hook_files, input_specs,
                       model_graphs, project, quantized_variants, ranges_file, rel, source_onnx,
                       stage_task, task_key, tool_version, variant_builds)
 from .runner import remove_stale_staging, run_stage
 
 # What dodo.py imports: every stage and group generator in pipeline order (the order of `doit list`), plus
 # the doit configuration.
-__all__ = ["doit_config", "task_data", "task_export", "task_simplify", "task_verify", "task_calibrate",
+__all__ = ["doit_config", "task_data", "task_export", "task_simplify", "task_verify", "task_size", "task_split",
+           "task_calibrate",
            "task_calibration_stats", "task_quantize", "task_convert", "task_model_libs", "task_htp_config",
            "task_compile", "task_check", "task_evaluate", "task_package", "task_report", "task_sensitivity",
-           "task_tune", "task_multi_soc", "task_dist", "task_chips", "task_models"]
+           "task_tune", "task_multi_soc", "task_shared_context", "task_dist", "task_chips", "task_models"]
 
 
 def _toolchain_stage(stage: str):
@@ -140,6 +141,16 @@ def _verify_tasks():
                           layout.float_file(model.name, graph.name, ".verify.log"))
 
 
+def task_size():
+    """3b size: each variant's estimated context binary against the budget (max_context_mb), before compiling"""
+    return split_tasks.size_tasks()
+
+
+def task_split():
+    """3c split: [graphs.X] split: cut into sequential parts (plan + float parts; per quantized variant, QDQ parts)"""
+    return split_tasks.split_tasks()
+
+
 def task_calibrate():
     """4 calibrate: real calibration inputs -> raw files + input_list.txt (QNN format, shared by variants)"""
     return _calibrate_tasks()
@@ -202,9 +213,11 @@ def _quantize_tasks():
             target = layout.variant_file(model.name, variant.name, graph.name, ".qdq.onnx")
             params = {"onnx": sim, "ranges": ranges, "variant": variant.settings_for(graph.name),
                       "outputs": {"onnx": target}}
-            yield stage_task("quantize", f"{model.name}/{graph.name}/{variant.name}", params,
+            task = stage_task("quantize", f"{model.name}/{graph.name}/{variant.name}", params,
                               [sim, ranges], [target],
                               layout.variant_file(model.name, variant.name, graph.name, ".quantize.log"))
+            task["task_dep"] = split_tasks.checked_first(model, graph)  # the size check fails before this runs
+            yield task
 
 
 def task_convert():
@@ -247,15 +260,18 @@ def _compile_tasks():
     for model in project().models:
         for variant, chip in variant_builds(model):
             for graph in model.graphs.values():
-                source = compile_input(model, graph, variant)
-                outputs = {"binary": layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.bin"),
-                           "ctx_model": layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}_ctx.onnx"),
-                           "report": layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.compile.json")}
-                params = {"onnx": source, "graph": graph.name, "chip": chip_params(chip), "fp16": variant.is_fp16,
-                          "outputs": outputs}
-                yield stage_task("compile", f"{model.name}/{graph.name}/{variant.name}@{chip.name}", params,
-                                  [source], list(outputs.values()),
-                                  layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.compile.log"))
+                for unit in split_tasks.units(model, graph):  # the graph, or each of its parts
+                    source = split_tasks.compile_input(model, graph, unit, variant)
+                    outputs = {"binary": layout.chip_file(model.name, variant.name, chip.name, f"{unit}.bin"),
+                               "ctx_model": layout.chip_file(model.name, variant.name, chip.name, f"{unit}_ctx.onnx"),
+                               "report": layout.chip_file(model.name, variant.name, chip.name, f"{unit}.compile.json")}
+                    params = {"onnx": source, "graph": unit, "chip": chip_params(chip), "fp16": variant.is_fp16,
+                              "outputs": outputs}
+                    task = stage_task("compile", f"{model.name}/{unit}/{variant.name}@{chip.name}", params,
+                                      [source], list(outputs.values()),
+                                      layout.chip_file(model.name, variant.name, chip.name, f"{unit}.compile.log"))
+                    task["task_dep"] = split_tasks.checked_first(model, graph)
+                    yield task
 
 
 def task_check():
@@ -268,16 +284,17 @@ def _check_tasks():
     for model in project().models:
         for variant, chip in variant_builds(model):
             for graph in model.graphs.values():
-                ctx = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}_ctx.onnx")
-                binary = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.bin")
+                ctx = split_tasks.chip_files(model, graph, variant, chip, "_ctx.onnx")  # a list for a split graph
+                binary = split_tasks.chip_files(model, graph, variant, chip, ".bin")
                 evaluation = layout.float_file(model.name, graph.name, ".evaluation.npz")
                 report = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.check.json")
                 data_params, data_dep = model_data(model)
                 params = {"ctx_model": ctx, "evaluation": evaluation, "hooks": rel(model.hooks),
                           "graph": graph.name, "gate": graph.gate.as_dict() if graph.gate else None,
                           "outputs": {"report": report}, **data_params}
+                binaries = [*ctx, *binary] if graph.split else [ctx, binary]
                 yield stage_task("check", f"{model.name}/{graph.name}/{variant.name}@{chip.name}", params,
-                                  [ctx, binary, evaluation, *hook_files(model), *data_dep], [report],
+                                  [*binaries, evaluation, *hook_files(model), *data_dep], [report],
                                   layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.check.log"))
 
 
@@ -307,11 +324,12 @@ def _evaluate_tasks():
                           layout.float_file(model.name, "model", ".evaluate.log"), key_stage="evaluate_float")
         for variant, chip in variant_builds(model):
             report = layout.chip_file(model.name, variant.name, chip.name, "evaluate.json")
-            graphs = {g: layout.chip_file(model.name, variant.name, chip.name, f"{g}_ctx.onnx") for g in model.graphs}
+            graphs = {g.name: split_tasks.chip_files(model, g, variant, chip, "_ctx.onnx") for g in model.graphs.values()}
             params, file_dep = _evaluate_params(model, graphs, "emulator", report)
             params["float_report"] = float_report
-            file_dep += [float_report] + [layout.chip_file(model.name, variant.name, chip.name, f"{g}.bin")
-                                          for g in model.graphs]
+            binaries = [split_tasks.chip_files(model, g, variant, chip, ".bin") for g in model.graphs.values()]
+            file_dep = [f for dep in file_dep for f in (dep if isinstance(dep, list) else [dep])]
+            file_dep += [float_report] + [f for b in binaries for f in (b if isinstance(b, list) else [b])]
             yield stage_task("evaluate", f"{model.name}/{variant.name}@{chip.name}", params, file_dep, [report],
                               layout.chip_file(model.name, variant.name, chip.name, "evaluate.log"))
 
@@ -334,6 +352,11 @@ def _package_tasks():
                           "ctx_model": layout.chip_file(model.name, variant.name, chip.name, f"{g}_ctx.onnx"),
                           "check": layout.chip_file(model.name, variant.name, chip.name, f"{g}.check.json")}
                       for g in model.graphs}
+            for graph in model.graphs.values():  # a split graph ships its parts, in order
+                if graph.split:
+                    graphs[graph.name] = {"parts": split_tasks.chip_files(model, graph, variant, chip, ".bin"),
+                                          "ctx_parts": split_tasks.chip_files(model, graph, variant, chip, "_ctx.onnx"),
+                                          "check": graphs[graph.name]["check"]}
             checkpoints = sorted({rel(p) for g in model.graphs.values() for p in model.checkpoint_paths(g)})
             manifest = layout.chip_file(model.name, variant.name, chip.name, "manifest.json")
             params = {"model": {"name": model.name, "description": model.description, "license": model.license},
@@ -349,7 +372,8 @@ def _package_tasks():
             yield {
                 "name": f"{model.name}/{variant.name}@{chip.name}",
                 "actions": [(_package, [params])],
-                "file_dep": [f for files in graphs.values() for f in files.values()] + checkpoints + evaluation,
+                "file_dep": [f for files in graphs.values() for v in files.values()
+                             for f in (v if isinstance(v, list) else [v])] + checkpoints + evaluation,
                 "targets": [manifest],
                 "uptodate": [task_key("package", params)],
                 "clean": True,
@@ -376,6 +400,16 @@ def task_tune():
 def task_multi_soc():
     """12 multi_soc: [dist] multi_soc = true: one Flexible Context Binary per graph for all the variant's chips"""
     return dist_tasks.multi_soc_tasks()
+
+
+def task_shared_context():
+    """12b shared_context: [model] share_weights: each group's graphs in one context storing shared weights once"""
+    return _shared_context_tasks()
+
+
+@_toolchain_stage("shared_context")
+def _shared_context_tasks():
+    return dist_tasks.shared_context_tasks()
 
 
 def task_dist():

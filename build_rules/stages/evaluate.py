@@ -24,8 +24,11 @@ def run(params: dict) -> dict:
     if not hasattr(hooks, "evaluate"):
         raise BuildError(f"{params['hooks']}: model.toml has [evaluate] but the hooks have no evaluate(run_graph)")
     if params["on"] == "emulator":
+        from .. import chain
         from ..toolchains import ort_qnn
-        runners = {g: ort_qnn.open_context_binary(p) for g, p in params["graphs"].items()}
+        # a split graph is its parts' binaries, run in order
+        runners = {g: chain.open_on_emulator(p) if isinstance(p, list) else ort_qnn.open_context_binary(p)
+                   for g, p in params["graphs"].items()}
     else:
         runners = {g: _cpu_runner(p) for g, p in params["graphs"].items()}
 

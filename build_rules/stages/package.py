@@ -33,11 +33,17 @@ def model_commit(folder: str) -> str | None:
 def run(params: dict) -> dict:
     graphs = {}
     for graph, files in params["graphs"].items():
-        binary = Path(files["binary"])
         check = json.loads(Path(files["check"]).read_text())
+        if "parts" in files:  # a split graph: its parts' binaries in order, checked as a chain
+            parts = [{"binary": Path(b).name, "ctx_model": Path(c).name, "bytes": Path(b).stat().st_size,
+                      "xxh3_128": file_digest(b)} for b, c in zip(files["parts"], files["ctx_parts"])]
+            entry = {"parts": parts, "bytes": sum(p["bytes"] for p in parts)}
+        else:
+            binary = Path(files["binary"])
+            entry = {"binary": binary.name, "ctx_model": Path(files["ctx_model"]).name, "bytes": binary.stat().st_size,
+                     "xxh3_128": file_digest(binary)}
         graphs[graph] = {
-            "binary": binary.name, "ctx_model": Path(files["ctx_model"]).name, "bytes": binary.stat().st_size,
-            "xxh3_128": file_digest(binary), "metrics": check["summary"], "gate": check.get("gate"),
+            **entry, "metrics": check["summary"], "gate": check.get("gate"),
             **({"worst_output": check["worst_output"]} if check.get("worst_output") else {}),
         }
     manifest = {
