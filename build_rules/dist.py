@@ -209,6 +209,9 @@ def contract_from_ctx(ctx_model: str | os.PathLike) -> dict:
         elif ep_name in graph_inputs:
             value = graph_inputs[ep_name]
             dtype, scale, offset = _plain(value, ctx_model), None, None
+        elif node is not None and node.op_type == "Identity" and node.input[0] in graph_inputs:
+            value = graph_inputs[node.input[0]]  # a weight-shared context's graph keeps its prefixed name inside
+            dtype, scale, offset = _plain(value, ctx_model), None, None
         else:
             raise DistError(f"{ctx_model}: EPContext input '{ep_name}' comes from "
                             f"{node.op_type if node else 'nowhere'}; only a graph input or its QuantizeLinear may")
@@ -223,6 +226,10 @@ def contract_from_ctx(ctx_model: str | os.PathLike) -> dict:
             dtype, scale, offset = scale_offset(dq, ep_name)
         elif ep_name in graph_outputs:
             value = graph_outputs[ep_name]
+            dtype, scale, offset = _plain(value, ctx_model), None, None
+        elif any(n.op_type == "Identity" and n.output[0] in graph_outputs for n in consumers.get(ep_name, [])):
+            identity = next(n for n in consumers[ep_name] if n.op_type == "Identity" and n.output[0] in graph_outputs)
+            value = graph_outputs[identity.output[0]]
             dtype, scale, offset = _plain(value, ctx_model), None, None
         else:
             raise DistError(f"{ctx_model}: EPContext output '{ep_name}' reaches no graph output (only a "
@@ -425,6 +432,14 @@ def verify(bundle: Path, evaluation: dict[str, Path] | None = None, samples: int
     for chip in index["chips"]:
         for graph, entry in index["graphs"].items():
             where = f"{chip}/{graph}"
+            if entry.get("parts"):  # a split graph: its parts as a chain, fixed-point buffers passed on at each cut
+                from .dist_parts import verify_chain
+                measured = verify_chain(bundle / chip, graph, entry, Path(evaluation[graph]), samples, where)
+                result["contract"][where] = measured
+                say(f"{where}: {measured['parts']} parts chained through the bare binaries hold the I/O contract "
+                    f"on the HTP emulator over {measured['samples']} samples (worst output: "
+                    f"{measured['worst_steps']:.2f} of one quantization step)")
+                continue
             measured = check_contract(bundle / chip, graph, entry["io"], Path(evaluation[graph]), samples, where)
             result["contract"][where] = measured
             say(f"{where}: I/O contract holds on the HTP emulator over {measured['samples']} samples "
@@ -436,20 +451,32 @@ def verify(bundle: Path, evaluation: dict[str, Path] | None = None, samples: int
 
 
 def _check_targets(bundle: Path, index: dict, say) -> int:
-    from .toolchains.ort_qnn import read_binary_target
     count = 0
     for chip, entry in index["chips"].items():
-        for graph in index["graphs"]:
-            binary = bundle / chip / f"{graph}.bin"
-            if not binary.is_file():
-                raise DistError(f"{binary}: missing (index.json lists chip {chip} and graph {graph})")
-            target = read_binary_target(binary)
-            if target["soc_type"] != entry["ro.soc.model"] or f"v{target['arch']}" != entry["dsp_arch"]:
-                raise DistError(f"{binary}: built for soc_type={target['soc_type']} arch=v{target['arch']}, but "
-                                f"index.json says {entry['ro.soc.model']} {entry['dsp_arch']}")
-            count += 1
+        for graph, graph_entry in index["graphs"].items():
+            for name in (graph_entry.get("parts") and [p["binary"] for p in graph_entry["parts"]]) or [f"{graph}.bin"]:
+                count += _check_target(bundle / chip / name, entry, chip, graph)
     say(f"{count} binaries: embedded SoC and arch match index.json")
+    from .dist_parts import check_shared_targets
+    shared = check_shared_targets(bundle, index)
+    if shared:
+        say(f"{shared} weight-shared context binaries: embedded SoC matches index.json")
     multi = index.get("multi_soc") or {}
+    return _check_multi_soc_targets(bundle, index, multi, say, count)
+
+
+def _check_target(binary: Path, entry: dict, chip: str, graph: str) -> int:
+    from .toolchains.ort_qnn import read_binary_target
+    if not binary.is_file():
+        raise DistError(f"{binary}: missing (index.json lists chip {chip} and graph {graph})")
+    target = read_binary_target(binary)
+    if target["soc_type"] != entry["ro.soc.model"] or f"v{target['arch']}" != entry["dsp_arch"]:
+        raise DistError(f"{binary}: built for soc_type={target['soc_type']} arch=v{target['arch']}, but "
+                        f"index.json says {entry['ro.soc.model']} {entry['dsp_arch']}")
+    return 1
+
+
+def _check_multi_soc_targets(bundle: Path, index: dict, multi: dict, say, count: int) -> int:
     for graph, entry in (multi.get("graphs") or {}).items():
         binary = bundle / entry["binary"]
         records = multi_soc_records(binary)
@@ -617,6 +644,11 @@ def describe(index_path: str | os.PathLike) -> list[str]:
                 for chip, entry in index["chips"].items()}
     lines = [f"bundle {bundle} ({len(index['chips'])} chip(s): {', '.join(index['chips'])}) -> "
              f"{bundle.parent / index['tarball']}"]
+    for group, entry in ((index.get("shared_contexts") or {}).get("groups") or {}).items():  # [model] share_weights
+        for chip, made in entry["chips"].items():
+            lines.append(f"  shared context {group} on {chip}: {made['bytes'] / 1e6:.3f} MB for {', '.join(entry['graphs'])}"
+                         f" (apart: {made['apart_bytes'] / 1e6:.3f} MB)"
+                         + ("" if made["emulator"].get("loaded") else "; not loaded on the x86 emulator (checked apart)"))
     multi = index.get("multi_soc")
     if multi:
         if multi.get("error"):
