@@ -33,6 +33,16 @@ BIAS_OPS = {"Conv": (2,), "ConvTranspose": (2,), "Gemm": (2,), "LayerNormalizati
 BYTES = {"uint8": 1.0, "int8": 1.0, "uint16": 2.0, "int4": 0.5}
 
 
+def widths(settings: dict) -> dict:
+    """What of a variant's settings the estimate depends on, spelled one way (int8 and uint8 weights take a byte
+    alike): a task keyed on it re-runs when a bit width changes, not when an override or a calibration setting does."""
+    if settings.get("precision") == "fp16":
+        return {"precision": "fp16"}
+    by_bytes = {1.0: "uint8", 2.0: "uint16", 0.5: "int4"}
+    return {"precision": "quantized", "weights": by_bytes[BYTES[settings["weights"]]],
+            "activations": settings["activations"]}
+
+
 def budget_mb(graph: Graph, chip: Chip) -> tuple[float, str]:
     """(MB, where it was set) for one graph's context binary on one chip."""
     if graph.max_context_mb is not None:
@@ -101,4 +111,6 @@ def estimate(model, variant: dict, nodes=None) -> dict:
 
 
 def mb(value: float) -> str:
-    return f"{value / 1e6:.1f} MB" if value >= 1e5 else f"{value / 1e3:.1f} KB"
+    if value >= 1e7:
+        return f"{value / 1e6:.1f} MB"
+    return f"{value / 1e6:.2f} MB" if value >= 1e5 else f"{value / 1e3:.1f} KB"

@@ -14,7 +14,7 @@ import json
 
 from . import context_size, layout
 from .config import Graph, Model
-from .project import project, quantized_variants, stage_task, variant_builds
+from .project import project, quantized_variants, stage_task, task_key, variant_builds
 
 
 def parts(model: Model, graph: Graph) -> int | None:
@@ -48,9 +48,10 @@ def compile_input(model: Model, graph: Graph, unit: str, variant) -> str:
     return layout.variant_file(model.name, variant.name, unit, ".qdq.onnx")
 
 
-def checked_first(model: Model, graph: Graph) -> list[str]:
-    """The task that checks the graph's size (or its parts') against the budget: quantize and compile wait for it."""
-    return [f"{'split' if graph.split else 'size'}:{model.name}/{graph.name}"]
+def checked_first(model: Model, graph: Graph, variant) -> list[str]:
+    """The task that checks the graph's size at this variant (or its parts') against the budget: quantize and compile
+    wait for it."""
+    return [f"split:{model.name}/{graph.name}" if graph.split else f"size:{model.name}/{graph.name}/{variant.name}"]
 
 
 def chip_files(model: Model, graph: Graph, variant, chip, suffix: str) -> str | list[str]:
@@ -68,9 +69,9 @@ def _memo(model: Model, graph: Graph) -> str:
 
 
 def _variant_settings(model: Model) -> dict:
-    """The settings of the variants that build for at least one chip (what the estimates are made for)."""
+    """The bit widths of the variants that build for at least one chip (what the estimates are made for)."""
     built = {v.name for v, _ in variant_builds(model)}
-    return {v.name: v.settings() for v in model.variants.values() if v.name in built}
+    return {v.name: context_size.widths(v.settings()) for v in model.variants.values() if v.name in built}
 
 
 def _budgets(model: Model, graph: Graph) -> dict:
@@ -80,17 +81,36 @@ def _budgets(model: Model, graph: Graph) -> dict:
     return budgets
 
 
+def _size(params: dict):
+    """doit action, in-process: reading a model's initializer shapes is light, a process per check would not be."""
+    from doit.exceptions import TaskFailed
+
+    from .errors import BuildError
+    from .stages import size
+    try:
+        return size.run(params)
+    except BuildError as e:  # the user's to fix: the message, not a traceback
+        return TaskFailed(str(e))
+
+
 def size_tasks():
     for model in project().models:
+        budgets = {}
+        for graph in model.graphs.values():
+            budgets[graph.name] = _budgets(model, graph)
+        widths = _variant_settings(model)
         for graph in model.graphs.values():
             if graph.split:
                 continue  # its parts are checked by the split stage
             sim = layout.float_file(model.name, graph.name, ".sim.onnx")
-            report = layout.float_file(model.name, graph.name, ".size.json")
-            params = {"onnx": sim, "graph": graph.name, "variants": _variant_settings(model),
-                      "budgets": _budgets(model, graph), "outputs": {"report": report}}
-            yield stage_task("size", f"{model.name}/{graph.name}", params, [sim], [report],
-                             layout.float_file(model.name, graph.name, ".size.log"))
+            for variant, chips in budgets[graph.name].items():
+                report = layout.variant_file(model.name, variant, graph.name, ".size.json")
+                params = {"name": f"size:{model.name}/{graph.name}/{variant}", "onnx": sim, "graph": graph.name,
+                          "variant": variant, "widths": widths[variant], "budgets": chips,
+                          "outputs": {"report": report}}
+                yield {"name": f"{model.name}/{graph.name}/{variant}", "actions": [(_size, [params])],
+                       "file_dep": [sim], "targets": [report], "uptodate": [task_key("size", params)],
+                       "clean": True}
 
 
 def split_tasks():

@@ -142,7 +142,7 @@ def _verify_tasks():
 
 
 def task_size():
-    """3b size: each variant's estimated context binary against the budget (max_context_mb), before compiling"""
+    """3b size: a graph's estimated context binary per variant against the budget (max_context_mb), before compiling"""
     return split_tasks.size_tasks()
 
 
@@ -216,7 +216,7 @@ def _quantize_tasks():
             task = stage_task("quantize", f"{model.name}/{graph.name}/{variant.name}", params,
                               [sim, ranges], [target],
                               layout.variant_file(model.name, variant.name, graph.name, ".quantize.log"))
-            task["task_dep"] = split_tasks.checked_first(model, graph)  # the size check fails before this runs
+            task["task_dep"] = split_tasks.checked_first(model, graph, variant)  # the size check fails before this
             yield task
 
 
@@ -270,7 +270,7 @@ def _compile_tasks():
                     task = stage_task("compile", f"{model.name}/{unit}/{variant.name}@{chip.name}", params,
                                       [source], list(outputs.values()),
                                       layout.chip_file(model.name, variant.name, chip.name, f"{unit}.compile.log"))
-                    task["task_dep"] = split_tasks.checked_first(model, graph)
+                    task["task_dep"] = split_tasks.checked_first(model, graph, variant)
                     yield task
 
 

@@ -1,6 +1,7 @@
 """Stage shared_context (qairt, DLC flow, [model] share_weights): the group's DLCs compiled into one context binary
 that stores their shared weights once -> out/<model>/<variant>/<chip>/shared/<g1>+<g2>.bin, <group>.info.json (its
-graphs and I/O, from qnn-context-binary-utility) and <group>.json (the report `doit dist` reads, as ort-qnn's).
+graphs and I/O, from qnn-context-binary-utility) and <group>.json (the report `doit dist` reads, as ort-qnn's, with
+the HTP config the generator read: it is written beside the binary for the run only, since it names its own path).
 
 qnn-context-binary-generator takes the DLCs as one comma-separated --dlc_path; the chip's HTP config names every
 graph under graph_names and sets "context": {"weight_sharing_enabled": true} (docs/qairt.md). The binary is not run
@@ -68,6 +69,6 @@ def run(params: dict) -> dict:
               "apart_bytes": sum(g["apart_bytes"] for g in graphs.values()), "sha256": dist.sha256(binary),
               "target": target, "shared_weights": {"count": len(shared), "bytes": shared_bytes, "names": shared[:50]}, "graphs": graphs,
               "emulator": {"loaded": False, "error": "not run: each graph was checked as compiled apart"},
-              "checked": "each graph's own binary (compiled apart): the check tasks"}
+              "checked": "each graph's own binary (compiled apart): the check tasks", "htp_config": config}
     atomic_write_json(report_path, report)
     return {"bytes": report["bytes"], "apart_bytes": report["apart_bytes"]}

@@ -1,14 +1,16 @@
-"""Stage size: will each variant of a graph fit one context binary on each of its chips? Checked before anything is
-quantized or compiled, from the float graph: the estimate (build_rules/context_size.py: weights at the variant's bit
-widths plus the overhead fitted to this repo's binaries) against the budget (`max_context_mb` of the graph, else of
-the chip, else the default). Over it, the build stops here naming graph, variant, chip, estimate and budget, and the
-fixes: lower-bit weights, or `split`. -> out/<model>/float/<graph>.size.json (each variant's estimate).
+"""Stage size: will a graph at one variant fit one context binary on each of the variant's chips? Checked before the
+variant is quantized or compiled, from the float graph: the estimate (build_rules/context_size.py: weights at the
+variant's bit widths plus the overhead fitted to this repo's binaries) against the budget (`max_context_mb` of the
+graph, else of the chip, else the default). Over it, the build stops here naming graph, variant, chip, estimate and
+budget, and the fixes: lower-bit weights, or `split`. -> out/<model>/<variant>/<graph>.size.json.
 
-Graphs with [graphs.X] split are checked part by part in the split stage instead.
+It runs inside doit (split_tasks.py: reading initializer shapes is light). Graphs with [graphs.X] split are checked
+part by part in the split stage instead.
 """
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from .. import context_size
 from ..errors import BuildError
@@ -19,20 +21,20 @@ VERSION = 1
 
 def run(params: dict) -> dict:
     import onnx
-    model = onnx.load(params["onnx"])
-    estimates = {v: context_size.estimate(model, settings) for v, settings in params["variants"].items()}
-    atomic_write_json(params["outputs"]["report"], {"graph": params["graph"], "estimates": estimates,
-                                                    "budgets": params["budgets"]})
-    for variant, chips in params["budgets"].items():
-        estimate = estimates[variant]
-        for chip, (budget_mb, source) in chips.items():
-            if estimate["bytes"] > budget_mb * 1e6:
-                raise BuildError(_over_budget(params, model, variant, chip, estimate, budget_mb, source))
-    return {v: e["bytes"] for v, e in estimates.items()}
+    model = onnx.load(params["onnx"], load_external_data=False)
+    estimate = context_size.estimate(model, params["widths"])
+    over = [(chip, budget_mb, source) for chip, (budget_mb, source) in params["budgets"].items()
+            if estimate["bytes"] > budget_mb * 1e6]
+    if over:
+        Path(params["outputs"]["report"]).unlink(missing_ok=True)  # no stale pass is left behind
+        raise BuildError(_over_budget(params, model, params["variant"], *over[0], estimate))
+    atomic_write_json(params["outputs"]["report"], {"graph": params["graph"], "variant": params["variant"],
+                                                    "estimate": estimate, "budgets": params["budgets"]})
+    return {"bytes": estimate["bytes"]}
 
 
-def _over_budget(params: dict, model, variant: str, chip: str, estimate: dict, budget_mb: float, source: str) -> str:
-    graph, settings = params["graph"], params["variants"][variant]
+def _over_budget(params: dict, model, variant: str, chip: str, budget_mb: float, source: str, estimate: dict) -> str:
+    graph, settings = params["graph"], params["widths"]
     fixes = []
     lower = {"precision": "quantized", "weights": "uint8", "activations": "uint8"}
     if settings.get("precision") == "fp16" or settings.get("weights") in ("uint16", "uint8", "int8"):

@@ -233,7 +233,7 @@ def compile():
         # otherwise recompile every binary although nothing that shapes them changed.
         task = _stage_task("compile", f"{m}/{g}/{v}@{c}", params, [params.get("dlc") or params["model_lib"], config],
                            list(params["outputs"].values()), layout.chip_file(m, v, c, f"{g}.compile.log"))
-        task["task_dep"] = [f"size:{m}/{g}"]  # the size check (build_rules/stages/size.py) fails before this runs
+        task["task_dep"] = [f"size:{m}/{g}/{v}"]  # the size check (build_rules/stages/size.py) fails before this
         yield task
 
 
