@@ -46,13 +46,13 @@ def test_each_started_task_says_k_of_n_and_the_time_left(tinynet_repo):
     result = run_doit(tinynet_repo)
     assert result.code == 0, result.output
     marks = markers(result.output)
-    assert len(result.ran) == 18  # the head graph: export ... check, and every package
-    assert [k for k, *_ in marks] == list(range(1, 19))
-    assert {n for _, n, _, _ in marks} == {18}  # N = the tasks this run executed, known from the first line on
+    assert len(result.ran) == 20  # the head graph: export ... check, and every package
+    assert [k for k, *_ in marks] == list(range(1, 21))
+    assert {n for _, n, _, _ in marks} == {20}  # N = the tasks this run executed, known from the first line on
     assert {name for _, _, name, _ in marks} == result.ran
 
-    total = 14 * 10.0 + 4 * 2.0  # 14 stage tasks of 10 s, 4 packages of 2 s (one of them the stage's median)
-    assert f"18 task(s) to run, about {format_seconds(total)} by out/.build-state/build.log\n" in result.output
+    total = 16 * 10.0 + 4 * 2.0  # 16 stage tasks of 10 s, 4 packages of 2 s (one of them the stage's median)
+    assert f"20 task(s) to run, about {format_seconds(total)} by out/.build-state/build.log\n" in result.output
     assert marks[0][2:] == ("export:tinynet/head", format_seconds(total))
     assert marks[1][2:] == ("simplify:tinynet/head", format_seconds(total - 10))  # export is done
     assert marks[2][3] == format_seconds(total - 20)
@@ -69,19 +69,19 @@ def test_k_of_n_with_two_threads(tinynet_repo):
     result = run_doit(tinynet_repo, "-n", "2", "-P", "thread")
     assert result.code == 0, result.output
     marks = markers(result.output)
-    assert len(result.ran) == 18
-    assert [k for k, *_ in marks] == list(range(1, 19))
-    assert {n for _, n, _, _ in marks} == {18}
+    assert len(result.ran) == 20
+    assert [k for k, *_ in marks] == list(range(1, 21))
+    assert {n for _, n, _, _ in marks} == {20}
     assert len(re.findall(r"^summary: ", result.output, re.M)) == 1
 
 
 def test_a_no_op_prints_one_line(tinynet_repo):
     quiet = run_doit(tinynet_repo, "-v", "0")  # what `doit` prints
     assert quiet.code == 0, quiet.output
-    assert quiet.output.splitlines() == ["summary: 0 task(s) ran, 32 up to date; no work to do"]
+    assert quiet.output.splitlines() == ["summary: 0 task(s) ran, 36 up to date; no work to do"]
     listed = run_doit(tinynet_repo)  # verbosity 1: every up-to-date task, as doit lists them
-    assert "package:tinynet/w8a16@SM8750" in listed.up_to_date and len(listed.up_to_date) > 32
-    assert listed.output.endswith("summary: 0 task(s) ran, 32 up to date; no work to do\n")
+    assert "package:tinynet/w8a16@SM8750" in listed.up_to_date and len(listed.up_to_date) > 36
+    assert listed.output.endswith("summary: 0 task(s) ran, 36 up to date; no work to do\n")
 
 
 def test_n_is_an_upper_bound_that_follows_what_doit_decides():
