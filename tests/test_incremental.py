@@ -135,10 +135,10 @@ def test_one_chip_group_builds_only_that_chip(tinynet_repo):
     shutil.rmtree(tinynet_repo / "out/tinynet/w8a16/SM8550")
     result = run_doit(tinynet_repo, "SM8750")
     assert result.code == 0, result.output
-    # out/tinynet/fp16 held the chip-independent fp16 lint too: it runs again, once per graph
+    # out/tinynet/fp16 held the chip-independent fp16 lint and size check reports too: they run again, once per graph
     assert result.ran == per_chip("compile", variants=("fp16",), chips=("SM8750",)) \
         | per_chip("check", variants=("fp16",), chips=("SM8750",)) | packages(variants=("fp16",), chips=("SM8750",)) \
-        | {f"fp16_lint:tinynet/{g}/fp16" for g in GRAPHS}
+        | {f"{stage}:tinynet/{g}/fp16" for g in GRAPHS for stage in ("fp16_lint", "size")}
     assert not (tinynet_repo / "out/tinynet/w8a16/SM8550").exists()
 
 
