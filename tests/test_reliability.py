@@ -96,7 +96,8 @@ def test_kill_9_loses_at_most_the_running_task(tmp_path, built_tinynet, kill_aft
 def test_sigterm_keeps_finished_work(tmp_path, built_tinynet):
     repo = fresh_tinynet(tmp_path)
     proc = start_doit(repo)
-    wait_until(lambda: len({t for t in finished_tasks(repo) if ":" in t}) >= 10)
+    # ten tasks done and a stage process at work (not one of the size checks, which run inside doit)
+    wait_until(lambda: len({t for t in finished_tasks(repo) if ":" in t}) >= 10 and stage_processes(repo))
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) != 0
     done = {t for t in finished_tasks(repo) if ":" in t}
