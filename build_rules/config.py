@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
+import math
+import os
 import re
-import tomllib
 from pathlib import Path
 
 from .errors import BuildError
@@ -16,6 +18,10 @@ from .records import factory, record
 
 # Names become folder and task names: keep them to one safe path component.
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")  # TOML's bare keys; any other key is shown quoted, as TOML writes it
+# Upper bounds that keep a typo (a stray digit, 2**63) from exhausting memory or time at load or in a stage.
+MAX_CALIBRATION_SAMPLES = 10_000  # one file per sample and input; calibration saturates long before this
+MAX_INPUT_ELEMENTS = 1 << 28  # per graph input: 1 GiB of float32 (Whisper's mel input is 240,000)
 TENSOR_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "bool")
 ACTIVATION_TYPES = ("uint8", "uint16")
 WEIGHT_TYPES = ("uint8", "int8", "uint16", "int4")
@@ -69,6 +75,8 @@ class ChipTable:
     qairt_flow: str = "model-lib"  # top-level `qairt_flow = "model-lib" | "dlc"` ($BUILD_RULES_QAIRT_FLOW overrides)
 
     def get(self, name: str, where: str) -> Chip:
+        if not isinstance(name, str):
+            raise ConfigError(f"{where}: expected chip names (strings), got {name!r}")
         if name not in self.chips:
             known = ", ".join(sorted(self.chips))
             raise ConfigError(f"{where}: unknown chip '{name}' (chips in {self.path.name}: {known})")
@@ -240,6 +248,9 @@ class Tuning:
     # hundreds of tensors); "exhaustive": every tensor on the emulator, one at a time (2 runs a tensor)
     search: str = "bisect"
     max_measurements: int = 48  # bisect: emulator measurements per graph and task (16-bit ones are slow); then it stops
+    # tune tries whole variants (W4A16 SeqMSE, W8A8 ort / AIMET) before 16-bit tensors; false skips them: AIMET's
+    # SeqMSE took about a minute for one Conv of PP-OCRv4's detector here (loaded machine), long on a big graph
+    try_variants: bool = True
 
 
 @record
@@ -272,22 +283,98 @@ class Model:
     tuning: "Tuning | None" = None  # [tuning]: chip, samples and targets of `doit sensitivity` / `doit tune`
     dist: Dist = Dist()  # [dist]: what `doit dist` ships
     share_weights: tuple[tuple[str, ...], ...] = ()  # groups of graphs compiled into one weight-shared context
+    checkpoint_files: dict[str, tuple[Path, ...]] = factory(dict)  # graph -> its checkpoints, found at load
 
     def checkpoint_paths(self, graph: Graph) -> list[Path]:
-        return [resolve_file(ref, self.folder, f"{self.toml_path}: [graphs.{graph.name}] checkpoints")
-                for ref in self.checkpoints + graph.checkpoints]
+        return list(self.checkpoint_files[graph.name])
 
 
 # --- reading helpers -------------------------------------------------------------------------
 
-def read_toml(path: Path) -> dict:
+def shown_key(key: str) -> str:
+    """A key as TOML writes it, for messages: bare, or quoted with anything unprintable escaped (so an error stays one
+    readable line whatever the key holds: empty, spaces, newlines, control or direction characters)."""
+    if BARE_KEY.match(key):
+        return key
+    body = "".join(c if c.isprintable() and c not in '"\\' else
+                   f"\\{c}" if c in '"\\' else f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}"
+                   for c in key)
+    return f'"{body}"'
+
+
+def read_toml(path: Path, cache: "TomlCache | None" = None) -> dict:
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f)
+            raw = f.read()
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder, not a TOML file") from None
+    if cache is not None:
+        found = cache.get(path, raw)
+        if found is not None:
+            return found
+    import tomllib  # pure Python, as is its parse: a no-op build takes the parsed files from the cache instead
+    try:
+        doc = tomllib.loads(raw.decode())
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8: byte {e.object[e.start]:#04x} at offset {e.start} (TOML files are "
+                          "UTF-8 text)") from None
+    if cache is not None:
+        cache.put(path, raw, doc)
+    return doc
+
+
+class TomlCache:
+    """Parsed TOML files by the xxh3 of their bytes, kept as JSON (out/.build-state/toml-cache.json): tomllib is pure
+    Python, and its import and a parse of each model.toml were most of the config's share of a no-op build. Keyed by
+    content, so an edit is never missed however fast it follows the last one; a file's old entry is replaced."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.dirty = False
+        try:
+            with open(path) as f:
+                self.entries = json.load(f)
+            if not isinstance(self.entries, dict):
+                self.entries = {}
+        except (OSError, ValueError):
+            self.entries = {}  # none yet, or damaged: the files are parsed again
+
+    @staticmethod
+    def _digest(raw: bytes) -> str:
+        import xxhash
+        return xxhash.xxh3_128_hexdigest(raw)
+
+    def get(self, path: Path, raw: bytes) -> dict | None:
+        entry = self.entries.get(str(path))
+        if isinstance(entry, list) and len(entry) == 2 and entry[0] == self._digest(raw):
+            return entry[1]
+        return None
+
+    def put(self, path: Path, raw: bytes, doc: dict) -> None:
+        try:
+            json.dumps(doc)
+        except (TypeError, ValueError):
+            return  # TOML dates and times have no JSON form: such a file is parsed every time
+        self.entries[str(path)] = [self._digest(raw), doc]
+        self.dirty = True
+
+    def save(self) -> None:
+        if self.dirty:
+            from .files import atomic_write_text
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            try:
+                atomic_write_text(self.path, json.dumps(self.entries, separators=(",", ":")))
+            except OSError:
+                pass  # a read-only or full out/: parsing again next time is the only cost
+            self.dirty = False
+
+
+TYPE_NAMES = {dict: "a table", list: "a list", str: "a string", int: "an integer", float: "a number",
+              bool: "true or false"}
 
 
 class _Table:
@@ -306,21 +393,40 @@ class _Table:
     def check_keys(self, allowed: tuple[str, ...]) -> None:
         for key in self.data:
             if key not in allowed:
-                raise self.error(key, f"unknown key (allowed: {', '.join(allowed)})")
+                raise self.error(shown_key(key), f"unknown key (allowed: {', '.join(allowed)})")
 
     def get(self, key: str, kind: type | tuple, default=..., choices: tuple | None = None):
         if key not in self.data:
             if default is ...:
-                raise self.error(key, "missing")
+                raise self.error(shown_key(key), "missing")
             return default
         value = self.data[key]
         kinds = kind if isinstance(kind, tuple) else (kind,)
         # TOML booleans are ints in Python; do not let `true` pass as a number.
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-            names = " or ".join(k.__name__ for k in kinds)
-            raise self.error(key, f"expected {names}, got {value!r}")
+            names = " or ".join(TYPE_NAMES.get(k, k.__name__) for k in kinds)
+            raise self.error(shown_key(key), f"expected {names}, got {value!r}")
         if choices is not None and value not in choices:
-            raise self.error(key, f"expected one of {', '.join(map(repr, choices))}, got {value!r}")
+            raise self.error(shown_key(key), f"expected one of {', '.join(map(repr, choices))}, got {value!r}")
+        return value
+
+    def strings(self, key: str, default=..., what: str = "strings") -> list[str]:
+        """A list of strings (file names, chip names, tensor names)."""
+        value = self.get(key, list, default)
+        for item in value:
+            if not isinstance(item, str):
+                raise self.error(shown_key(key), f"expected a list of {what}, got {item!r} in it")
+        return value
+
+    def number(self, key: str, kind: type | tuple, default=..., low=None, high=None, why: str = ""):
+        """An int or float within [low, high] (NaN never is)."""
+        value = self.get(key, kind, default)
+        if value is None:
+            return value
+        if value != value or (low is not None and value < low) or (high is not None and value > high):
+            bounds = f"at least {low}" if high is None else f"at most {high}" if low is None else \
+                f"between {low} and {high}"
+            raise self.error(shown_key(key), f"must be {bounds}{why}, got {value!r}")
         return value
 
     def table(self, key: str, default=...) -> "_Table":
@@ -329,6 +435,7 @@ class _Table:
         return _Table(self.path, self._sub(key), self.get(key, dict))
 
     def _sub(self, key: str) -> str:
+        key = shown_key(key)
         return f"[{key}]" if not self.where else f"{self.where[:-1]}.{key}]"
 
     def name(self, key: str, value: str) -> str:
@@ -365,21 +472,22 @@ def package_folder(module: str) -> Path | None:
 
 # --- chips.toml ------------------------------------------------------------------------------
 
-def load_chips(path: Path) -> ChipTable:
-    root = _Table(path, "", read_toml(path))
+def load_chips(path: Path, cache: TomlCache | None = None) -> ChipTable:
+    root = _Table(path, "", read_toml(path, cache))
     root.check_keys(("default", "toolchain", "qairt_flow", "chips"))
     chips = {}
     for name, data in root.table("chips").data.items():
         t = root.table("chips").table(name)
-        root.name(f"[chips.{name}]", name)
+        root.name(f"[chips.{shown_key(name)}]", name)
         t.check_keys(("marketing_name", "soc_id", "dsp_arch", "vtcm_mb", "fp16", "max_context_mb"))
         arch = t.get("dsp_arch", str)
         if not re.fullmatch(r"v\d\d", arch):
             raise t.error("dsp_arch", f"expected 'v' and two digits like 'v79', got {arch!r}")
-        chips[name] = Chip(name=name, marketing_name=t.get("marketing_name", str, ""), soc_id=t.get("soc_id", int),
-                           dsp_arch=arch, vtcm_mb=t.get("vtcm_mb", int), fp16=t.get("fp16", bool),
-                           max_context_mb=_megabytes(t, "max_context_mb"))
-    default = tuple(root.get("default", list, list(chips)))
+        chips[name] = Chip(name=name, marketing_name=t.get("marketing_name", str, ""),
+                           soc_id=t.number("soc_id", int, low=1, high=65535, why=" (QNN's numeric SoC id, e.g. 69)"),
+                           dsp_arch=arch, vtcm_mb=t.number("vtcm_mb", int, low=1, high=1024, why=" (MB of VTCM, e.g. 8)"),
+                           fp16=t.get("fp16", bool), max_context_mb=_megabytes(t, "max_context_mb"))
+    default = tuple(root.strings("default", list(chips), what="chip names"))
     table = ChipTable(path=path, chips=chips, default=default,
                       toolchain=root.get("toolchain", str, "auto", choices=TOOLCHAINS),
                       qairt_flow=root.get("qairt_flow", str, "model-lib", choices=QAIRT_FLOWS))
@@ -438,7 +546,10 @@ def _bound(s: _Table, comparison_only: bool = False) -> Threshold:
     if relative and metric in COMPARISON_METRICS:
         raise s.error(bound_key, f"{metric!r} is already measured against the float model: give an absolute "
                                  f"{'min' if natural else 'max'}")
-    value = float(s.get(bound_key, (int, float)))
+    value = s.get(bound_key, (int, float))
+    if not math.isfinite(value):
+        raise s.error(bound_key, f"expected a finite number, got {value!r}")
+    value = float(value)
     if bound_key in ("max_decrease", "max_increase", "max_change") and value < 0:
         raise s.error(bound_key, f"must be 0 or more (how far from the float model's value), got {value:g}")
     return Threshold(metric=metric, key=bound_key, bound=value)
@@ -457,6 +568,9 @@ def _graph(t: _Table, name: str, onnx_entry: bool, default_samples: int, default
         shape = s.get("shape", list)
         if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
             raise s.error("shape", f"every dim must be a positive integer (the NPU runs static shapes), got {shape!r}")
+        if math.prod(shape) > MAX_INPUT_ELEMENTS:
+            raise s.error("shape", f"{shape!r} is {math.prod(shape):,} elements, more than the {MAX_INPUT_ELEMENTS:,} "
+                                   "an input may have; check the dims")
         dtype = s.get("dtype", str)
         if dtype == "int64":
             raise s.error("dtype", "int64 is not supported on QNN HTP: export the input as int32")
@@ -468,16 +582,14 @@ def _graph(t: _Table, name: str, onnx_entry: bool, default_samples: int, default
         inputs[input_name] = TensorSpec(tuple(shape), dtype, layout)
     if not inputs and not onnx_entry:
         raise t.error("inputs", "missing (name = { shape = [...], dtype = \"float32\" } per input)")
-    outputs = t.get("outputs", list, [])
-    samples = t.get("calibration_samples", int, default_samples)
-    if samples < 1:
-        raise t.error("calibration_samples", f"must be at least 1, got {samples}")
+    outputs = t.strings("outputs", [], what="output names")
+    samples = t.number("calibration_samples", int, default_samples, low=1, high=MAX_CALIBRATION_SAMPLES)
     verify = _threshold(t, "verify", comparison_only=True) or Threshold("max_abs", "max", 1e-4)
     export = _export_settings(_Table(t.path, t._sub("export"), {**default_export, **t.table("export", {}).data}))
     if onnx_entry and "export" in t.data:
         raise t.error("export", "this model enters as an ONNX file ([model] onnx): there is no export to configure")
     state, cache, greedy = _step_contract(t, inputs, tuple(outputs))
-    return Graph(name=name, checkpoints=tuple(t.get("checkpoints", list, [])), inputs=inputs,
+    return Graph(name=name, checkpoints=tuple(t.strings("checkpoints", [], what="file names")), inputs=inputs,
                  outputs=tuple(outputs), calibration_samples=samples, verify=verify, gates=_gates(t, "gate"),
                  export=export, state=state, cache=cache, greedy=greedy, max_context_mb=_megabytes(t, "max_context_mb"),
                  split=_split(t))
@@ -584,7 +696,7 @@ def _asked_samples(raw_variants: dict, where: str) -> int | None:
             continue
         calibration = _merged_variant(name, raw_variants, where).get("calibration")
         samples = calibration.get("samples") if isinstance(calibration, dict) else None
-        if isinstance(samples, int) and not isinstance(samples, bool):
+        if isinstance(samples, int) and not isinstance(samples, bool) and 1 <= samples <= MAX_CALIBRATION_SAMPLES:
             asked.append(samples)
     return max(asked, default=None)
 
@@ -643,19 +755,17 @@ def _variant(t: _Table, name: str, raw_variants: dict, graphs: dict[str, Graph])
         return Variant(name=name, precision="fp16")
     calibration = t.table("calibration", {})
     calibration.check_keys(("method", "samples"))
-    smallest = min((g.calibration_samples for g in graphs.values()), default=0)
-    samples = calibration.get("samples", int, smallest)
+    smallest = min((g.calibration_samples for g in graphs.values()), default=1)
+    samples = calibration.number("samples", int, smallest, low=1, high=MAX_CALIBRATION_SAMPLES)
     for g in graphs.values():
         if samples > g.calibration_samples:
             raise calibration.error("samples", f"{samples} is more than graph {g.name!r} calibrates "
                                                f"(calibration_samples = {g.calibration_samples})")
-    if samples < 1:
-        raise calibration.error("samples", f"must be at least 1, got {samples}")
     graph_overrides = {}
     per_graph = t.table("graphs", {})
     for graph_name in per_graph.data:
         if graph_name not in graphs:
-            raise per_graph.error(graph_name, f"no graph {graph_name!r} (graphs: {', '.join(graphs)})")
+            raise per_graph.error(shown_key(graph_name), f"no graph {graph_name!r} (graphs: {', '.join(graphs)})")
         g = per_graph.table(graph_name)
         g.check_keys(("overrides", "node_overrides"))
         own = {k: _override_table(g, k) for k in ("overrides", "node_overrides") if k in g.data}
@@ -715,9 +825,9 @@ def _quantizer(t: _Table) -> tuple[str, tuple[str, ...], dict[str, dict[str, int
     return quantizer, tuple(techniques), params
 
 
-def load_model(folder: Path, chips: ChipTable) -> Model:
+def load_model(folder: Path, chips: ChipTable, cache: TomlCache | None = None) -> Model:
     path = folder / "model.toml"
-    root = _Table(path, "", read_toml(path))
+    root = _Table(path, "", read_toml(path, cache))
     root.check_keys(("model", "graphs", "variants", "evaluate", "tuning", "dist"))
     m = root.table("model")
     m.check_keys(("description", "license", "hooks", "onnx", "checkpoints", "chips", "trusted_checkpoints", "data",
@@ -726,6 +836,8 @@ def load_model(folder: Path, chips: ChipTable) -> Model:
     root.name("model folder", name)
     onnx_ref = m.get("onnx", str, None)
     hooks = folder / m.get("hooks", str, "export.py")
+    if hooks.suffix != ".py":
+        raise m.error("hooks", f"expected a Python file (.py) in the model folder, got {hooks.name!r}")
     if not hooks.is_file():
         raise m.error("hooks", f"file not found: {hooks}")
     onnx_path = None
@@ -737,7 +849,11 @@ def load_model(folder: Path, chips: ChipTable) -> Model:
     _export_settings(m.table("export", {}))  # a mistake in the model-wide table is reported there
     raw_variants = root.data.get("variants") if isinstance(root.data.get("variants"), dict) else {}
     default_samples = _asked_samples(raw_variants, str(path)) or 32
-    model_chips = tuple(m.get("chips", list, list(chips.default)))
+    model_chips = tuple(m.strings("chips", list(chips.default), what="chip names"))
+    if not model_chips:
+        raise m.error("chips", f"no chips: name at least one (chips in {chips.path.name}: {', '.join(sorted(chips.chips))})"
+                      if "chips" in m.data else f"no chips: {chips.path.name} has an empty `default`; name the model's "
+                      "chips here or there")
     for chip in model_chips:
         chips.get(chip, f"{path}: [model] chips")
     graphs = {}
@@ -745,7 +861,7 @@ def load_model(folder: Path, chips: ChipTable) -> Model:
     if not graph_tables.data:
         raise root.error("[graphs]", "no graphs: add a [graphs.<name>] table")
     for graph_name in graph_tables.data:
-        root.name(f"[graphs.{graph_name}]", graph_name)
+        root.name(f"[graphs.{shown_key(graph_name)}]", graph_name)
         graphs[graph_name] = _graph(graph_tables.table(graph_name), graph_name, onnx_path is not None,
                                     default_samples, default_export)
     if onnx_path is not None and len(graphs) != 1:
@@ -755,18 +871,20 @@ def load_model(folder: Path, chips: ChipTable) -> Model:
     if not variant_tables.data:
         raise root.error("[variants]", "no variants: add e.g. [variants.fp16] precision = \"fp16\"")
     for variant_name in variant_tables.data:
-        root.name(f"[variants.{variant_name}]", variant_name)
+        root.name(f"[variants.{shown_key(variant_name)}]", variant_name)
         variants[variant_name] = _variant(variant_tables.table(variant_name), variant_name,
                                           variant_tables.data, graphs)
+    checkpoints = tuple(m.strings("checkpoints", [], what="file names"))
+    # found now, naming the file, rather than in the middle of a build (and once: every stage's tasks ask)
+    checkpoint_files = {g.name: tuple(resolve_file(ref, folder, f"{path}: [graphs.{shown_key(g.name)}] checkpoints")
+                                      for ref in checkpoints + g.checkpoints) for g in graphs.values()}
     model = Model(name=name, folder=folder, toml_path=path, description=m.get("description", str, ""),
                   license=m.get("license", str, "unknown"), hooks=hooks, onnx=onnx_path,
-                  checkpoints=tuple(m.get("checkpoints", list, [])), chips=model_chips, graphs=graphs,
+                  checkpoints=checkpoints, chips=model_chips, graphs=graphs,
                   variants=variants, trusted_checkpoints=m.get("trusted_checkpoints", bool, False),
                   data=_data_sources(m, folder), data_tools=_data_tools(m), evaluate="evaluate" in root.data,
                   evaluate_gates=_evaluate_gates(root), tuning=_tuning(root, graphs, model_chips),
-                  dist=_dist(root, folder), share_weights=_share_weights(m, graphs))
-    for graph in graphs.values():
-        model.checkpoint_paths(graph)  # fail now, naming the file, rather than in the middle of a build
+                  dist=_dist(root, folder), share_weights=_share_weights(m, graphs), checkpoint_files=checkpoint_files)
     return model
 
 
@@ -796,7 +914,7 @@ def _tuning(root: _Table, graphs: dict[str, Graph], model_chips: tuple[str, ...]
     if "tuning" not in root.data:
         return None
     t = root.table("tuning")
-    t.check_keys(("chip", "samples", "targets", "search", "max_measurements"))
+    t.check_keys(("chip", "samples", "targets", "search", "max_measurements", "try_variants"))
     chip = t.get("chip", str, None)
     if chip is not None and chip not in model_chips:
         raise t.error("chip", f"{chip!r} is not one of the model's chips ({', '.join(model_chips)})")
@@ -811,9 +929,10 @@ def _tuning(root: _Table, graphs: dict[str, Graph], model_chips: tuple[str, ...]
     targets = {}
     for graph_name in targets_table.data:
         if graph_name not in graphs:
-            raise targets_table.error(graph_name, f"no graph {graph_name!r} (graphs: {', '.join(graphs)})")
+            raise targets_table.error(shown_key(graph_name), f"no graph {graph_name!r} (graphs: {', '.join(graphs)})")
         targets[graph_name] = _gates(targets_table, graph_name)
-    return Tuning(chip=chip, samples=samples, targets=targets, search=search, max_measurements=max_measurements)
+    return Tuning(chip=chip, samples=samples, targets=targets, search=search, max_measurements=max_measurements,
+                  try_variants=t.get("try_variants", bool, True))
 
 
 def _dist(root: _Table, folder: Path) -> Dist:
@@ -844,10 +963,10 @@ def _evaluate_gates(root: _Table) -> tuple[Threshold, ...]:
     return _gates(t, "gate")
 
 
-def load_models(models_dir: Path, chips: ChipTable) -> list[Model]:
+def load_models(models_dir: Path, chips: ChipTable, cache: TomlCache | None = None) -> list[Model]:
     if not models_dir.is_dir():
         return []
-    return [load_model(folder, chips) for folder in sorted(models_dir.iterdir())
+    return [load_model(folder, chips, cache) for folder in sorted(models_dir.iterdir())
             if (folder / "model.toml").is_file()]
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import re
 from pathlib import Path
 
 from . import layout
-from .config import Chip, ChipTable, ConfigError, Graph, Model, Variant, load_chips, load_models, package_folder
+from .config import (Chip, ChipTable, ConfigError, Graph, Model, TomlCache, Variant, load_chips, load_models,
+                     package_folder)
 from .hashing import TaskKey
 from .records import record
 from .runner import run_stage
@@ -76,11 +78,16 @@ STATE_DIR = f"{layout.OUT}/.build-state"
 @functools.cache
 def tool_version(package: str) -> str | None:
     # importlib.metadata.version() parses the whole METADATA file with the email parser (~1.5 ms a
-    # package, on every doit load); the version is in its first lines.
+    # package, on every doit load); a wheel's .dist-info folder is named <name>-<version>.dist-info, and
+    # otherwise the version is in the file's first lines (torch's METADATA is 40 KB).
     try:
         dist = importlib.metadata.distribution(package)
     except importlib.metadata.PackageNotFoundError:
         return None
+    folder = getattr(dist, "_path", None)
+    match = re.fullmatch(r"[^-]+-([^-]+)\.dist-info", folder.name) if folder is not None else None
+    if match:
+        return match.group(1)
     for line in (dist.read_text("METADATA") or dist.read_text("PKG-INFO") or "").splitlines():
         if line.startswith("Version:"):
             return line[len("Version:"):].strip()
@@ -103,10 +110,15 @@ class Project:
 @functools.cache
 def project() -> Project:
     _python_files.cache_clear()  # a new load may be another repo or another file set (in-process runs)
+    _checkpoint_files.clear()
     package_folder.cache_clear()
     root = Path(".")  # doit runs in the dodo file's folder; relative paths keep messages and keys short
-    chips = load_chips(root / "chips.toml")
-    models = load_models(root / "models", chips)
+    toml_cache = TomlCache(f"{STATE_DIR}/toml-cache.json")
+    try:
+        chips = load_chips(root / "chips.toml", toml_cache)
+        models = load_models(root / "models", chips, toml_cache)
+    finally:
+        toml_cache.save()  # also what parsed before an error: the next run reads the fixed file only
     _check_names(models, chips)
     from . import toolchains  # light: only the chosen toolchain's identity() runs here, from a cache file
     name, _ = toolchains.choose(chips.toolchain)
@@ -271,6 +283,24 @@ def hook_files(model: Model) -> list[str]:
 def _python_files(folder: Path, hooks: Path) -> tuple[str, ...]:
     # Asked once per task on every doit load: list the folder once per process.
     return tuple(sorted({rel(hooks), *(rel(p) for p in folder.glob("*.py"))}))
+
+
+_checkpoint_files: dict[tuple, tuple[str, ...]] = {}
+
+
+def checkpoint_files(model: Model, graph: Graph | None = None) -> list[str]:
+    """A graph's checkpoints as task paths, or with graph=None every graph's (sorted, once each); made once per
+    load: several stages ask for each graph, and a pkg: checkpoint is an absolute path that rel() tries against
+    the working folder."""
+    key = (model.name, graph.name if graph else None)
+    files = _checkpoint_files.get(key)
+    if files is None:
+        if graph is None:
+            files = tuple(sorted({f for g in model.graphs.values() for f in checkpoint_files(model, g)}))
+        else:
+            files = tuple(rel(p) for p in model.checkpoint_paths(graph))
+        _checkpoint_files[key] = files
+    return list(files)
 
 
 def model_data(model: Model) -> tuple[dict, list[str]]:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from doit.reporter import ConsoleReporter
 
-from . import interrupt, layout
+from . import collector, hashing, interrupt, layout
 from .project import skipped_builds
 
 
@@ -67,12 +67,18 @@ class SummaryReporter(ConsoleReporter):
         except OSError as e:
             self.removed = []
             self.warnings.append(f"could not remove the outputs of targets no longer in the build: {e}")
+        hashing.remember_stats()  # the status checks that follow (after the pruning) share their stats until a task runs
+        from doit.runner import MRunner, MThreadRunner
+        if isinstance(self.runner, MRunner) and not isinstance(self.runner, MThreadRunner):
+            collector.resume()  # worker processes fork from here: they collect as usual
 
     def execute_task(self, task):
         from .plan import Plan, counted
         with self.lock:  # holds other tasks' starts while the plan is made: it must see no work begun
+            hashing.forget_stats()  # files change from here on
             if interrupt.received:  # Ctrl-C / SIGTERM: nothing more to say but the one line
                 return
+            collector.resume()  # a build: the checks are over for the tasks it starts now (collector.py)
             now = time.time()
             if not counted(task):  # a group, or a hidden task: doit prints no line for it either
                 if task.actions:
@@ -148,6 +154,8 @@ class SummaryReporter(ConsoleReporter):
             super().skip_uptodate(task)
 
     def complete_run(self):
+        hashing.forget_stats()
+        collector.resume()  # for in-process runs; a process exits next
         if interrupt.received:
             self._interrupted()
             return

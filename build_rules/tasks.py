@@ -11,11 +11,11 @@ import functools
 import os
 import sys
 
-from . import aimet_tasks, diagnose_tasks, dist_tasks, interrupt, layout, remote_cache, split_tasks, tuning_tasks
+from . import aimet_tasks, collector, diagnose_tasks, dist_tasks, interrupt, layout, split_tasks, tuning_tasks
 from .config import ConfigError, Model, gate_dicts
-from .hashing import ContentChecker, use_stat_cache
-from .project import (STATE_DIR, chip_params, calibration_files, model_data, hook_files, input_specs,
-                      model_graphs, project, quantized_variants, ranges_file, rel, source_onnx,
+from .hashing import ContentChecker, use_key_digests, use_stat_cache
+from .project import (STATE_DIR, chip_params, calibration_files, checkpoint_files, model_data,
+                      hook_files, input_specs, model_graphs, project, quantized_variants, ranges_file, rel, source_onnx,
                       stage_task, task_key, tool_version, variant_builds)
 from .runner import remove_stale_staging, run_stage
 
@@ -92,7 +92,7 @@ def _export_tasks():
     for model, graph in model_graphs():
         if model.onnx:
             continue  # ONNX-file models enter at simplify
-        checkpoints = [rel(p) for p in model.checkpoint_paths(graph)]
+        checkpoints = checkpoint_files(model, graph)
         target = layout.float_file(model.name, graph.name, ".onnx")
         params = {"hooks": rel(model.hooks), "graph": graph.name, "checkpoints": checkpoints,
                   "inputs": input_specs(graph), "output_names": list(graph.outputs), "outputs": {"onnx": target},
@@ -132,7 +132,7 @@ def task_verify():
 def _verify_tasks():
     for model, graph in model_graphs():
         sim = layout.float_file(model.name, graph.name, ".sim.onnx")
-        checkpoints = [] if model.onnx else [rel(p) for p in model.checkpoint_paths(graph)]
+        checkpoints = [] if model.onnx else checkpoint_files(model, graph)
         outputs = {"report": layout.float_file(model.name, graph.name, ".verify.json"),
                    "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz")}
         params = {"hooks": rel(model.hooks), "graph": graph.name, "onnx": sim, "checkpoints": checkpoints,
@@ -170,7 +170,7 @@ def _calibrate_tasks():
         input_list = f"{folder}/input_list.txt"
         data_params, data_dep = model_data(model)
         # Calibration inputs may come from the model itself (a decoder's from its encoder): weights are a dep.
-        checkpoints = [] if model.onnx else [rel(p) for p in model.checkpoint_paths(graph)]
+        checkpoints = [] if model.onnx else checkpoint_files(model, graph)
         params = {"hooks": rel(model.hooks), "graph": graph.name, "count": graph.calibration_samples,
                   "inputs": input_specs(graph), "outputs": {"dir": folder, "input_list": input_list},
                   "checkpoints": checkpoints, **data_params}
@@ -412,7 +412,7 @@ def _package_tasks():
                     graphs[graph.name] = {"parts": split_tasks.chip_files(model, graph, variant, chip, ".bin"),
                                           "ctx_parts": split_tasks.chip_files(model, graph, variant, chip, "_ctx.onnx"),
                                           "check": graphs[graph.name]["check"]}
-            checkpoints = sorted({rel(p) for g in model.graphs.values() for p in model.checkpoint_paths(g)})
+            checkpoints = checkpoint_files(model)
             manifest = layout.chip_file(model.name, variant.name, chip.name, "manifest.json")
             params = {"model": {"name": model.name, "description": model.description, "license": model.license},
                       "model_folder": rel(model.folder), "variant": {"name": variant.name, **variant.settings()},
@@ -522,26 +522,13 @@ for _creator in __all__:
     if _creator.startswith("task_"):
         globals()[_creator].__wrapped__ = sys.modules[__name__]
 
-_startup_frozen = False
-
-
-def _freeze_startup_objects() -> None:
-    """Creating the task dicts allocates enough to trigger full collections of the cyclic GC, and each
-    one walks every object the imports made (doit, importlib.metadata, email, ...): ~15 ms of a ~150 ms
-    no-op build. Those objects live as long as the process, so they are moved out of the collector's
-    sight (gc.freeze). Once per process: tests load the build file many times in one."""
-    global _startup_frozen
-    if not _startup_frozen:
-        import gc
-        gc.freeze()
-        _startup_frozen = True
-
-
 def doit_config() -> dict:
     from .summary import SummaryReporter
     try:
         models = project().models
-        remote_cache.settings()  # a malformed remote cache setting stops the build before any task runs
+        if os.environ.get("BUILD_RULES_REMOTE_CACHE", "").strip():  # remote_cache.ENV (its module is not light)
+            from . import remote_cache
+            remote_cache.settings()  # a malformed remote cache setting stops the build before any task runs
     except ConfigError as e:
         # A config mistake is the user's to fix: the message, not a traceback through doit's loader.
         print(f"error: {e}", file=sys.stderr)
@@ -550,7 +537,8 @@ def doit_config() -> dict:
     interrupt.install()  # Ctrl-C and SIGTERM: state kept, one line, stages stopped
     remove_stale_staging()
     use_stat_cache(f"{STATE_DIR}/stat-cache.json")
-    _freeze_startup_objects()
+    use_key_digests(f"{STATE_DIR}/key-digests.json")
+    collector.pause()  # no garbage collection while doit loads and checks the tasks (collector.py)
     return {
         "default_tasks": [m.name for m in models],
         "check_file_uptodate": ContentChecker,

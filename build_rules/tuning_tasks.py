@@ -109,6 +109,7 @@ def tune_tasks():
             params = {"model": model.name, "variant": variant.name, "new_name": new_name, "graphs": graphs,
                       "chip": chip_params(_tuning_chip(model)), "model_toml": rel(model.toml_path),
                       "samples": model.tuning.samples if model.tuning else 32, "search": _search(model),
+                      "try_variants": (model.tuning or Tuning()).try_variants,
                       "hooks": rel(model.hooks), "outputs": outputs, **data_params}
             yield stage_task("tune", f"{model.name}/{variant.name}", params, [*file_dep, *hook_files(model), *data_dep],
                               list(outputs.values()), layout.tuning_file(model.name, variant.name, ".tune.log"))

@@ -32,7 +32,7 @@ def run_doit(repo: Path, *args: str) -> DoitRun:
     from doit.cmd_base import ModuleTaskLoader
     from doit.doit_cmd import DoitMain
 
-    from build_rules import tasks
+    from build_rules import collector, tasks
     from build_rules.hashing import stat_cache
 
     old_cwd = os.getcwd()
@@ -54,6 +54,7 @@ def run_doit(repo: Path, *args: str) -> DoitRun:
     finally:
         os.chdir(old_cwd)
         tasks.project.cache_clear()
+        collector.resume()  # a `doit list` run leaves collection paused (its process would exit next)
     text = out.getvalue()
     ran = set(re.findall(r"^\.  \[\d+/\d+\] (\S+)", text, re.M))
     skipped = set(re.findall(r"^-- (\S+)$", text, re.M))

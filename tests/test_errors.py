@@ -149,7 +149,7 @@ def test_unsupported_op_names_op_and_node_and_leaves_no_binary(tmp_path):
     (('calibration_samples = 8\ngate', 'calibration_sample = 8\ngate'),
      "error: models/tinynet/model.toml: [graphs.encoder] calibration_sample: unknown key"),
     (('[variants.fp16]', '[variants."../fp16"]'),
-     "error: models/tinynet/model.toml: [variants.../fp16]: name '../fp16' is not allowed"),
+     "error: models/tinynet/model.toml: [variants.\"../fp16\"]: name '../fp16' is not allowed"),
     (('chips = ["SM8550", "SM8750"]', 'chips = ["SM8550", "SM9999"]'),
      "error: models/tinynet/model.toml: [model] chips: unknown chip 'SM9999' (chips in chips.toml: "),
 ])

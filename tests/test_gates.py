@@ -194,7 +194,9 @@ def test_the_report_shows_each_gate_with_its_verdict():
     row = {"variant": "w8a8", "chip": "SM8750", "graph": "det", "bytes": 2000, "compile_seconds": 1.0,
            "summary": summary, "float_score": {"f1": 0.77}, "gates": gated,
            "gated": gates.results(gated, summary, {"f1": 0.77}), "passed": False, "float_ops": {"count": 0}}
-    text = report.markdown({"model": "m", "toolchain": {"name": "ort-qnn"}, "variants": {}, "cells": [row]})
-    assert "| variant | chip | size (MB) | compile (s) | det cosine / f1 | gates |" in text
-    assert "| w8a8 | SM8750 | 0.002 | 1.00 | 0.99 / 0.5 | FAIL: det |" in text
+    text = report.markdown({"model": "m", "toolchain": {"name": "ort-qnn"}, "cells": [row], "quantizers": {"w8a8": "ort"},
+                            "variants": {"w8a8": {"weights": "uint8", "activations": "uint8"}}})
+    assert ("| variant | quantizer | weights/activations | chip | size (MB) | compile (s) | det cosine / f1 | gates |"
+            in text)
+    assert "| w8a8 | ort | uint8/uint8 | SM8750 | 0.002 | 1.00 | 0.99 / 0.5 | FAIL: det |" in text
     assert ("| pass (cosine >= 0.98); **FAIL** (f1 within 0.1 of float) | none |") in text

@@ -123,6 +123,7 @@ def test_node_and_per_graph_overrides_reach_only_their_graph(tinynet_repo):
     ('[tuning]\nchip = "SM8650"\n', "[tuning] chip: 'SM8650' is not one of the model's chips (SM8550, SM8750)"),
     ('[tuning]\nsearch = "greedy"\n', "[tuning] search: expected one of 'bisect', 'exhaustive', got 'greedy'"),
     ('[tuning]\nmax_measurements = 2\n', "[tuning] max_measurements: must be at least 8, got 2"),
+    ('[tuning]\ntry_variants = "no"\n', "[tuning] try_variants: expected true or false, got 'no'"),
     ('[tuning]\ntargets = { tail = { metric = "cosine", min = 0.9 } }\n',
      "[tuning.targets] tail: no graph 'tail' (graphs: encoder, head)"),
 ])
@@ -340,7 +341,9 @@ def mtcnn_without_onet(tmp_path: Path) -> Path:
     rnet = text.index("[graphs.rnet]")
     text = text[:rnet] + text[rnet:].replace("gate = { metric = \"cosine\", min = 0.99 }",
                                              "gate = { metric = \"cosine\", min = 0.999 }", 1)
-    toml.write_text(text + "\n[tuning]\nsamples = 16  # evaluation samples per search step (the result is checked on all)\n")
+    # try_variants = false: the mixed-precision search alone (tests/test_aimet.py tries whole variants)
+    toml.write_text(text + "\n[tuning]\nsamples = 16  # evaluation samples per search step (the result is checked on all)\n"
+                    "try_variants = false\n")
     return repo
 
 
@@ -363,6 +366,8 @@ def test_automatic_mixed_precision_finds_a_variant_that_passes_its_gate(tmp_path
     assert rnet["search"] == "bisect" and rnet["ranking"] == "the CPU QDQ model (gain and cost per tensor)"
     assert rnet["cpu_evaluations"] > rnet["candidates"] and rnet["evaluations"] < 2 * rnet["candidates"] + 3
     assert tuned["graphs"]["pnet"]["sixteen_bit"] == []  # P-Net meets its gate at 8 bit
+    assert tuned["ladder"]["notes"] == ["[tuning] try_variants = false: no other variant tried"]
+    assert tuned["ladder"]["rungs"] == []
     assert run_doit(repo, "tune:mtcnn/w8a8").ran == set()  # a finished search is not repeated
 
     import os

@@ -109,6 +109,11 @@ def check_sample(sample, specs: dict, where: str) -> dict[str, np.ndarray]:
     """A sample from a data hook must have exactly the declared inputs, shapes and dtypes."""
     if not isinstance(sample, dict):
         raise BuildError(f"{where}: expected a dict of input name -> array, got {type(sample).__name__}")
+    if not specs and sample:  # an ONNX-only model may leave them out for simplify to say what they are
+        declared = ", ".join(f'{name} = {{ shape = {list(np.shape(a))}, dtype = "{np.asarray(a).dtype}" }}'
+                             for name, a in sample.items())
+        raise BuildError(f"{where}: model.toml declares no inputs for this graph, which the data hooks' samples are "
+                         f"checked against: add them to its [graphs.<name>] table (this sample's: inputs = {{ {declared} }})")
     if set(sample) != set(specs):
         raise BuildError(f"{where}: inputs {sorted(sample)} do not match the graph's inputs {sorted(specs)}")
     checked = {}

@@ -15,11 +15,50 @@ VERSION = 3  # 2: Constant nodes -> initializers, constants folded, opset >= 13;
 #              an ONNX-only model's transform(model) hook
 
 
+# Element types a graph input or output may have on QNN HTP (int64 has its own message: export it as int32).
+IO_DTYPES = ("float32", "float16", "int32", "uint32", "int16", "uint16", "int8", "uint8", "bool")
+
+
 def _tensor_info(value) -> dict:
-    import onnx
     t = value.type.tensor_type
     dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
-    return {"name": value.name, "shape": dims, "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name}
+    return {"name": value.name, "shape": dims, "dtype": _dtype_name(t.elem_type)}
+
+
+def _dtype_name(elem_type: int) -> str:
+    """numpy's name for a numeric ONNX element type (float32, int64), else ONNX's own (string, bfloat16)."""
+    import onnx
+    try:
+        name = onnx.helper.tensor_dtype_to_np_dtype(elem_type).name
+    except (KeyError, TypeError, ValueError):
+        name = "object"
+    if name != "object" and not name.startswith("void"):
+        return name
+    if elem_type in onnx.TensorProto.DataType.values():
+        return onnx.TensorProto.DataType.Name(elem_type).lower()
+    return f"element type {elem_type}"
+
+
+def one_line(error: Exception) -> str:
+    """An exception's message on one line (onnx's checker writes node specs over several)."""
+    return " ".join(str(error).split())
+
+
+def check_io_types(model, source: str) -> None:
+    """Every graph input and output is a tensor of a type QNN HTP takes, or the build stops here naming it (before
+    onnxsim, which would only say that a field is missing)."""
+    inits = {init.name for init in model.graph.initializer}
+    problems = []
+    for kind, values in (("input", [v for v in model.graph.input if v.name not in inits]), ("output", model.graph.output)):
+        for v in values:
+            if not v.type.HasField("tensor_type"):
+                problems.append(f"{kind} '{v.name}' is a {v.type.WhichOneof('value') or 'value of no type'}, not a tensor")
+                continue
+            dtype = _dtype_name(v.type.tensor_type.elem_type)
+            if dtype not in IO_DTYPES + ("int64",):  # int64: named with its fix after simplification
+                problems.append(f"{kind} '{v.name}' is {dtype} (QNN HTP graph I/O: {', '.join(IO_DTYPES)})")
+    if problems:
+        raise BuildError(f"{source}: " + "; ".join(problems))
 
 
 def run(params: dict) -> dict:
@@ -31,7 +70,7 @@ def run(params: dict) -> dict:
     try:
         model = onnx.load(source)
     except Exception as e:
-        raise BuildError(f"{source}: not a valid ONNX model: {e}") from e
+        raise BuildError(f"{source}: not a valid ONNX model: {one_line(e)}") from e
     after = ""
     if params.get("hooks"):  # an ONNX-only model: the user's patch first
         from .common import load_hooks, transformed
@@ -42,7 +81,8 @@ def run(params: dict) -> dict:
     try:
         onnx.checker.check_model(model)
     except Exception as e:
-        raise BuildError(f"{source}{after}: not a valid ONNX model: {e}") from e
+        raise BuildError(f"{source}{after}: not a valid ONNX model: {one_line(e)}") from e
+    check_io_types(model, source + after)
     declared = params["inputs"]  # name -> {shape, dtype}; pins dynamic dims of ONNX-file models
     graph_inputs = [i.name for i in model.graph.input
                     if i.name not in {init.name for init in model.graph.initializer}]
@@ -56,7 +96,8 @@ def run(params: dict) -> dict:
         simplified, ok = onnxsim.simplify(
             model, overwrite_input_shapes={n: s["shape"] for n, s in declared.items()} or None)
     except Exception as e:
-        raise BuildError(f"{source}: onnxsim failed: {str(e).strip().splitlines()[0]}{_control_flow(model)}") from e
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__  # the rest: its C++ stack
+        raise BuildError(f"{source}: onnxsim failed: {first}{_control_flow(model)}") from e
     if not ok:
         raise BuildError(f"{source}: onnxsim could not validate the simplified model")
     constants += constants_to_initializers(simplified)
@@ -385,5 +426,5 @@ def _opset_for_quantization(model, source: str):
         return converted
     except Exception as e:
         raise BuildError(f"{source}: opset {opset} is older than {QUANTIZATION_OPSET}, which quantized HTP models "
-                         f"need (per-channel DequantizeLinear), and onnx's version converter failed: {e}; re-export "
+                         f"need (per-channel DequantizeLinear), and onnx's version converter failed: {one_line(e)}; re-export "
                          f"the model with opset >= {QUANTIZATION_OPSET}") from e

@@ -166,6 +166,9 @@ def search(params: dict) -> dict:
     if not missed:
         found["notes"].append("the variant meets every target: no other variant tried")
         return found
+    if not params.get("try_variants", True):
+        found["notes"].append("[tuning] try_variants = false: no other variant tried")
+        return found
     order = missed + [g["name"] for g in params["graphs"] if g["name"] not in missed]
     variant = params["graphs"][0]["variant"]
     for rung in rungs(variant):

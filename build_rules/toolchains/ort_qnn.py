@@ -16,7 +16,6 @@ Measured facts behind the choices here are in shared/research/ort-qnn.md.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -141,10 +140,10 @@ def identity(cache_dir: Path | None = None) -> dict:
     Raises ModuleNotFoundError when onnxruntime-qnn is not installed.
     """
     pkg_dir = _package_dir()
-    try:
-        package_version = importlib.metadata.version(_DIST)
-    except importlib.metadata.PackageNotFoundError:
-        raise _not_installed(f"found {pkg_dir} but no installed distribution metadata") from None
+    from ..project import tool_version  # METADATA's header only: importlib.metadata.version() parses the whole file
+    package_version = tool_version(_DIST)
+    if package_version is None:
+        raise _not_installed(f"found {pkg_dir} but no installed distribution metadata")
     info = _read_package_info(pkg_dir)
     lib = _htp_lib(pkg_dir).resolve()
     st = lib.stat()

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from .. import aimet_tasks, layout
 from ..config import gate_dicts
-from ..project import calibration_files, chip_params, model_data, project, rel, tool_version, variant_builds
+from ..project import (calibration_files, checkpoint_files, chip_params, model_data, project, rel, tool_version,
+                       variant_builds)
 from ..hashing import TaskKey
 from ..runner import run_stage
 from . import qairt
@@ -289,7 +290,7 @@ def package():
                 if not dlc:
                     files["model_libs"] = {t: layout.model_lib(m, v, t, g) for t in _lib_targets()}
                 graphs[g] = files
-            checkpoints = sorted({rel(p) for g in model.graphs.values() for p in model.checkpoint_paths(g)})
+            checkpoints = checkpoint_files(model)
             runtime = {name: str(path) for name, path in sdk.runtime_libs(chip.dsp_arch).items()}
             manifest = layout.chip_file(m, v, c, "manifest.json")
             outputs = {"manifest": manifest,
