@@ -101,6 +101,9 @@ def test_a_split_graph_is_compiled_per_part_and_checked_as_a_chain(onet_split):
         assert check["samples"] == 20 and check["summary"]["accuracy"] >= 0.95, check["summary"]
         assert len(check["inputs"]["binary"]) == 2  # both parts' binaries are in what the measurement was made from
         assert [(g["gate"], g["passed"]) for g in check["gated"]] == [("accuracy >= 0.95", True)]  # gated as a whole
+        compiled = [json.loads((folder / f"onet.part{k}.compile.json").read_text())["float_ops"] for k in (1, 2)]
+        assert check["float_ops"]["count"] == sum(c["count"] for c in compiled)  # what ran in float: both parts
+        assert check["float_ops"]["weights"] == sum(c["weights"] for c in compiled)
         manifest = json.loads((folder / "manifest.json").read_text())
         parts = manifest["graphs"]["onet"]["parts"]
         assert [p["binary"] for p in parts] == ["onet.part1.bin", "onet.part2.bin"]

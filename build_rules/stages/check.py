@@ -134,12 +134,14 @@ def decide(params: dict, metrics: dict, key: dict | None = None) -> dict:
     if key is not None:
         report["inputs"] = key
     if params.get("compile_report"):  # what the binary runs in float (a quantized variant), from its compile
-        compiled = params["compile_report"]
-        if isinstance(compiled, list):  # a split graph: its parts' together
+        ctx = params["ctx_model"]
+        compiled = [json.loads(Path(str(p).replace("_ctx.onnx", ".compile.json")).read_text()).get("float_ops")
+                    for p in (ctx if isinstance(ctx, list) else [ctx])]
+        if isinstance(ctx, list):  # a split graph: its parts' together
             from ..toolchains.qnn_graph import combine
-            report["float_ops"] = combine([json.loads(Path(p).read_text()).get("float_ops") for p in compiled])
+            report["float_ops"] = combine(compiled)
         else:
-            report["float_ops"] = json.loads(Path(compiled).read_text()).get("float_ops")
+            report["float_ops"] = compiled[0]
     try:
         report["gated"] = gates.judge(params["name"], params["gates"], summary, metrics.get("float_score"))
     except BuildError as e:  # the numbers stay in the memo, marked failed (each gate's verdict too); the task fails
