@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from doit.exceptions import TaskFailed
 
-from . import layout
+from . import layout, split_tasks
 from .config import Model, Variant
 from .project import calibration_files, input_specs, model_graphs, project, stage_task, tool_version
 
@@ -79,6 +79,7 @@ def aimet_tasks():
                               [sim, input_list, *calibration_files(model, graph, variant.calibration_samples)],
                               list(outputs.values()), layout.variant_file(m, v, g, ".aimet.log"))
             task["actions"] = [(_require_aimet, [missing_message(v, model)]), *task["actions"]]
+            task["task_dep"] = split_tasks.checked_first(model, graph, variant)  # the size check fails before this
             yield task
 
 

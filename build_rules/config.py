@@ -46,6 +46,9 @@ METRICS_HIGHER_IS_BETTER = ("accuracy", "cosine", "sqnr", "frame_cosine")
 METRICS_LOWER_IS_BETTER = ("max_abs", "wer")
 BOUND_KEYS = ("min", "max", "max_decrease", "max_increase", "max_change")
 METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+# The budget of one context binary when neither chips.toml nor model.toml sets `max_context_mb` (docs/split.md: the
+# seed guide's ~1B parameters at fp16, the Hexagon DSP's 32-bit address space, AI Hub's LLM parts of under 1 GB).
+DEFAULT_MAX_CONTEXT_MB = 1024.0
 
 
 class ConfigError(BuildError):
@@ -60,6 +63,7 @@ class Chip:
     dsp_arch: str  # "v79"
     vtcm_mb: int
     fp16: bool
+    max_context_mb: float | None = None  # the budget of one context binary on this chip (None: the default)
 
 
 @record
@@ -144,6 +148,20 @@ class Greedy:
 
 
 @record
+class Split:
+    """[graphs.X] split: cut the graph into sequential parts, each its own context binary (stages/split.py).
+    One of: `parts` (that many, balancing weight bytes), `max_part_mb` (as few as keep every part's estimated
+    context within it), `cuts` (pinned: the tensors that cross each cut, as the split plan lists them)."""
+    parts: int | None = None
+    max_part_mb: float | None = None
+    cuts: tuple[tuple[str, ...], ...] | None = None
+
+    def as_dict(self) -> dict:
+        return {"parts": self.parts, "max_part_mb": self.max_part_mb,
+                "cuts": [list(c) for c in self.cuts] if self.cuts is not None else None}
+
+
+@record
 class Graph:
     name: str
     checkpoints: tuple[str, ...]
@@ -153,6 +171,8 @@ class Graph:
     verify: Threshold
     gates: tuple[Threshold, ...]  # all must pass; () for none
     export: ExportSettings = ExportSettings()
+    max_context_mb: float | None = None  # the budget of one context binary of this graph (None: the chip's)
+    split: Split | None = None
     # A step graph (recurrent cell, decoder step): output -> the input it feeds at the next step. Without a cache
     # the output replaces the input (same shape); with one it is written into it at the offset.
     state: dict[str, str] = factory(dict)
@@ -262,6 +282,7 @@ class Model:
     evaluate: bool = False  # [evaluate]: the evaluate(run_graph) hook scores all graphs together
     tuning: "Tuning | None" = None  # [tuning]: chip, samples and targets of `doit sensitivity` / `doit tune`
     dist: Dist = Dist()  # [dist]: what `doit dist` ships
+    share_weights: tuple[tuple[str, ...], ...] = ()  # groups of graphs compiled into one weight-shared context
     checkpoint_files: dict[str, tuple[Path, ...]] = factory(dict)  # graph -> its checkpoints, found at load
 
     def checkpoint_paths(self, graph: Graph) -> list[Path]:
@@ -458,14 +479,14 @@ def load_chips(path: Path, cache: TomlCache | None = None) -> ChipTable:
     for name, data in root.table("chips").data.items():
         t = root.table("chips").table(name)
         root.name(f"[chips.{shown_key(name)}]", name)
-        t.check_keys(("marketing_name", "soc_id", "dsp_arch", "vtcm_mb", "fp16"))
+        t.check_keys(("marketing_name", "soc_id", "dsp_arch", "vtcm_mb", "fp16", "max_context_mb"))
         arch = t.get("dsp_arch", str)
         if not re.fullmatch(r"v\d\d", arch):
             raise t.error("dsp_arch", f"expected 'v' and two digits like 'v79', got {arch!r}")
         chips[name] = Chip(name=name, marketing_name=t.get("marketing_name", str, ""),
                            soc_id=t.number("soc_id", int, low=1, high=65535, why=" (QNN's numeric SoC id, e.g. 69)"),
                            dsp_arch=arch, vtcm_mb=t.number("vtcm_mb", int, low=1, high=1024, why=" (MB of VTCM, e.g. 8)"),
-                           fp16=t.get("fp16", bool))
+                           fp16=t.get("fp16", bool), max_context_mb=_megabytes(t, "max_context_mb"))
     default = tuple(root.strings("default", list(chips), what="chip names"))
     table = ChipTable(path=path, chips=chips, default=default,
                       toolchain=root.get("toolchain", str, "auto", choices=TOOLCHAINS),
@@ -538,7 +559,7 @@ def _graph(t: _Table, name: str, onnx_entry: bool, default_samples: int, default
     """default_samples: the most calibration samples any variant asks for (32 when none asks);
     default_export: the model-wide [model] export table, which the graph's own keys override."""
     t.check_keys(("checkpoints", "inputs", "outputs", "calibration_samples", "verify", "gate", "export", "state",
-                  "cache", "greedy"))
+                  "cache", "greedy", "max_context_mb", "split"))
     inputs = {}
     input_tables = t.table("inputs", {})
     for input_name in input_tables.data:
@@ -570,7 +591,8 @@ def _graph(t: _Table, name: str, onnx_entry: bool, default_samples: int, default
     state, cache, greedy = _step_contract(t, inputs, tuple(outputs))
     return Graph(name=name, checkpoints=tuple(t.strings("checkpoints", [], what="file names")), inputs=inputs,
                  outputs=tuple(outputs), calibration_samples=samples, verify=verify, gates=_gates(t, "gate"),
-                 export=export, state=state, cache=cache, greedy=greedy)
+                 export=export, state=state, cache=cache, greedy=greedy, max_context_mb=_megabytes(t, "max_context_mb"),
+                 split=_split(t))
 
 
 def _elements(shape: tuple[int, ...]) -> int:
@@ -809,7 +831,7 @@ def load_model(folder: Path, chips: ChipTable, cache: TomlCache | None = None) -
     root.check_keys(("model", "graphs", "variants", "evaluate", "tuning", "dist"))
     m = root.table("model")
     m.check_keys(("description", "license", "hooks", "onnx", "checkpoints", "chips", "trusted_checkpoints", "data",
-                  "data_tools", "export"))
+                  "data_tools", "export", "share_weights"))
     name = folder.name
     root.name("model folder", name)
     onnx_ref = m.get("onnx", str, None)
@@ -862,7 +884,7 @@ def load_model(folder: Path, chips: ChipTable, cache: TomlCache | None = None) -
                   variants=variants, trusted_checkpoints=m.get("trusted_checkpoints", bool, False),
                   data=_data_sources(m, folder), data_tools=_data_tools(m), evaluate="evaluate" in root.data,
                   evaluate_gates=_evaluate_gates(root), tuning=_tuning(root, graphs, model_chips),
-                  dist=_dist(root, folder), checkpoint_files=checkpoint_files)
+                  dist=_dist(root, folder), share_weights=_share_weights(m, graphs), checkpoint_files=checkpoint_files)
     return model
 
 
@@ -946,3 +968,55 @@ def load_models(models_dir: Path, chips: ChipTable, cache: TomlCache | None = No
         return []
     return [load_model(folder, chips, cache) for folder in sorted(models_dir.iterdir())
             if (folder / "model.toml").is_file()]
+
+
+# --- context size: max_context_mb, split, share_weights (docs/split.md) ------------------------------------------
+
+def _megabytes(t: _Table, key: str) -> float | None:
+    value = t.get(key, (int, float), None)
+    if value is not None and not value > 0:
+        raise t.error(key, f"must be a positive number of MB, got {value!r}")
+    return None if value is None else float(value)
+
+
+def _split(t: _Table) -> Split | None:
+    if "split" not in t.data:
+        return None
+    s = t.table("split")
+    s.check_keys(("parts", "max_part_mb", "cuts"))
+    given = [k for k in ("parts", "max_part_mb", "cuts") if k in s.data]
+    if len(given) != 1:
+        raise s.error(" and ".join(given) or "parts", ("give exactly one of" if given else "missing: give one of")
+                      + " parts = N, max_part_mb = M or cuts = [[...], ...] (the pinned plan)")
+    if "parts" in s.data:
+        parts = s.get("parts", int)
+        if parts < 2:
+            raise s.error("parts", f"must be at least 2 (1 is the unsplit graph: remove `split`), got {parts}")
+        return Split(parts=parts)
+    if "max_part_mb" in s.data:
+        return Split(max_part_mb=_megabytes(s, "max_part_mb"))
+    cuts = s.get("cuts", list)
+    if not cuts or not all(isinstance(c, list) and c and all(isinstance(n, str) and n for n in c) for c in cuts):
+        raise s.error("cuts", "expected a list of cuts, each a list of the tensor names that cross it, as "
+                              f"out/<model>/float/<graph>.split.json writes them (e.g. [[\"relu_2\"]]), got {cuts!r}")
+    return Split(cuts=tuple(tuple(c) for c in cuts))
+
+
+def _share_weights(m: _Table, graphs: dict[str, Graph]) -> tuple[tuple[str, ...], ...]:
+    groups = m.get("share_weights", list, [])
+    seen = {}
+    for group in groups:
+        if not isinstance(group, list) or len(group) < 2 or not all(isinstance(g, str) for g in group):
+            raise m.error("share_weights", f"expected groups of two or more graph names, e.g. [[\"prompt\", "
+                                           f"\"step\"]], got {group!r}")
+        for g in group:
+            if g not in graphs:
+                raise m.error("share_weights", f"no graph {g!r} (graphs: {', '.join(graphs)})")
+            if g in seen or group.count(g) > 1:
+                raise m.error("share_weights", f"graph {g!r} is in two groups (or twice in one): a graph is in "
+                                               "one shared context at most")
+            if graphs[g].split is not None:
+                raise m.error("share_weights", f"graph {g!r} is split ([graphs.{g}] split): its parts are "
+                                               "separate contexts; share weights between unsplit graphs")
+            seen[g] = group
+    return tuple(tuple(g) for g in groups)

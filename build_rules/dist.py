@@ -211,6 +211,9 @@ def contract_from_ctx(ctx_model: str | os.PathLike) -> dict:
         elif ep_name in graph_inputs:
             value = graph_inputs[ep_name]
             dtype, scale, offset = _plain(value, ctx_model), None, None
+        elif node is not None and node.op_type == "Identity" and node.input[0] in graph_inputs:
+            value = graph_inputs[node.input[0]]  # a weight-shared context's graph keeps its prefixed name inside
+            dtype, scale, offset = _plain(value, ctx_model), None, None
         else:
             raise DistError(f"{ctx_model}: EPContext input '{ep_name}' comes from "
                             f"{node.op_type if node else 'nowhere'}; only a graph input or its QuantizeLinear may")
@@ -225,6 +228,10 @@ def contract_from_ctx(ctx_model: str | os.PathLike) -> dict:
             dtype, scale, offset = scale_offset(dq, ep_name)
         elif ep_name in graph_outputs:
             value = graph_outputs[ep_name]
+            dtype, scale, offset = _plain(value, ctx_model), None, None
+        elif any(n.op_type == "Identity" and n.output[0] in graph_outputs for n in consumers.get(ep_name, [])):
+            identity = next(n for n in consumers[ep_name] if n.op_type == "Identity" and n.output[0] in graph_outputs)
+            value = graph_outputs[identity.output[0]]
             dtype, scale, offset = _plain(value, ctx_model), None, None
         else:
             raise DistError(f"{ctx_model}: EPContext output '{ep_name}' reaches no graph output (only a "
@@ -483,16 +490,26 @@ def verify(bundle: Path, evaluation: dict[str, Path] | None = None, samples: int
     for chip in index["chips"]:
         for graph, entry in index["graphs"].items():
             where = f"{chip}/{graph}"
-            measured = check_contract(bundle / chip, graph, entry["io"], Path(evaluation[graph]), samples, where,
-                                      inputs=inputs[graph])
-            result["contract"][where] = measured
-            say(f"{where}: I/O contract holds on the HTP emulator over {measured['samples']} samples "
-                f"(worst output: {measured['worst_steps']:.2f} of one quantization step)")
+            if entry.get("parts"):  # a split graph: its parts as a chain, fixed-point buffers passed on at each cut
+                from .dist_parts import verify_chain
+                measured = verify_chain(bundle / chip, graph, entry, Path(evaluation[graph]), samples, where,
+                                        inputs=inputs[graph])
+                result["contract"][where] = measured
+                say(f"{where}: {measured['parts']} parts chained through the bare binaries hold the I/O contract "
+                    f"on the HTP emulator over {measured['samples']} samples (worst output: "
+                    f"{measured['worst_steps']:.2f} of one quantization step)")
+            else:
+                measured = check_contract(bundle / chip, graph, entry["io"], Path(evaluation[graph]), samples, where,
+                                          inputs=inputs[graph])
+                result["contract"][where] = measured
+                say(f"{where}: I/O contract holds on the HTP emulator over {measured['samples']} samples "
+                    f"(worst output: {measured['worst_steps']:.2f} of one quantization step)")
             if entry.get("step") and steps:
                 walked = check_steps(bundle / chip, graph, entry, Path(evaluation[graph]), steps, where)
                 result["steps"][where] = walked
+                floats = "its parts' _ctx.onnx chained" if entry.get("parts") else f"{graph}_ctx.onnx"
                 say(f"{where}: {walked['steps']} greedy steps with the state fed back in the binary's own types "
-                    f"agree with {graph}_ctx.onnx (tokens {walked['tokens']}; worst output: "
+                    f"agree with {floats} (tokens {walked['tokens']}; worst output: "
                     f"{walked['worst_steps']:.2f} of one quantization step)")
     multi = index.get("multi_soc") or {}
     for graph, entry in (multi.get("graphs") or {}).items():
@@ -502,20 +519,32 @@ def verify(bundle: Path, evaluation: dict[str, Path] | None = None, samples: int
 
 
 def _check_targets(bundle: Path, index: dict, say) -> int:
-    from .toolchains.ort_qnn import read_binary_target
     count = 0
     for chip, entry in index["chips"].items():
-        for graph in index["graphs"]:
-            binary = bundle / chip / f"{graph}.bin"
-            if not binary.is_file():
-                raise DistError(f"{binary}: missing (index.json lists chip {chip} and graph {graph})")
-            target = read_binary_target(binary)
-            if target["soc_type"] != entry["ro.soc.model"] or f"v{target['arch']}" != entry["dsp_arch"]:
-                raise DistError(f"{binary}: built for soc_type={target['soc_type']} arch=v{target['arch']}, but "
-                                f"index.json says {entry['ro.soc.model']} {entry['dsp_arch']}")
-            count += 1
+        for graph, graph_entry in index["graphs"].items():
+            for name in (graph_entry.get("parts") and [p["binary"] for p in graph_entry["parts"]]) or [f"{graph}.bin"]:
+                count += _check_target(bundle / chip / name, entry, chip, graph)
     say(f"{count} binaries: embedded SoC and arch match index.json")
+    from .dist_parts import check_shared_targets
+    shared = check_shared_targets(bundle, index)
+    if shared:
+        say(f"{shared} weight-shared context binaries: embedded SoC matches index.json")
     multi = index.get("multi_soc") or {}
+    return _check_multi_soc_targets(bundle, index, multi, say, count)
+
+
+def _check_target(binary: Path, entry: dict, chip: str, graph: str) -> int:
+    from .toolchains.ort_qnn import read_binary_target
+    if not binary.is_file():
+        raise DistError(f"{binary}: missing (index.json lists chip {chip} and graph {graph})")
+    target = read_binary_target(binary)
+    if target["soc_type"] != entry["ro.soc.model"] or f"v{target['arch']}" != entry["dsp_arch"]:
+        raise DistError(f"{binary}: built for soc_type={target['soc_type']} arch=v{target['arch']}, but "
+                        f"index.json says {entry['ro.soc.model']} {entry['dsp_arch']}")
+    return 1
+
+
+def _check_multi_soc_targets(bundle: Path, index: dict, multi: dict, say, count: int) -> int:
     for graph, entry in (multi.get("graphs") or {}).items():
         binary = bundle / entry["binary"]
         records = multi_soc_records(binary)
@@ -628,6 +657,7 @@ def check_steps(chip_dir: Path, graph: str, entry: dict, evaluation: Path, steps
 
     contract, step = entry["io"], entry["step"]
     ctx_path, binary = chip_dir / f"{graph}_ctx.onnx", chip_dir / f"{graph}.bin"
+    reference_name = ctx_path.name if not entry.get("parts") else f"the chained {graph}.part<k>_ctx.onnx"
     inputs, _ = load_evaluation(str(evaluation))
     if not inputs:
         raise DistError(f"{where}: {evaluation} has no evaluation samples to step from")
@@ -638,8 +668,12 @@ def check_steps(chip_dir: Path, graph: str, entry: dict, evaluation: Path, steps
     fixed = {t["name"]: quantize(np.asarray(start[t["name"]]), t) for t in contract["inputs"]}
     floats = {t["name"]: np.array(start[t["name"]]) for t in contract["inputs"]}
     with tempfile.TemporaryDirectory(prefix="dist-steps-") as tmp:
-        run_bare = ort_qnn.open_context_binary(_bare_binary_model(ctx_path, binary, contract, Path(tmp)))
-        run_float = ort_qnn.open_context_binary(ctx_path)
+        if entry.get("parts"):  # a split step graph: its parts chained, fixed-point buffers passed on at each cut
+            from .dist_parts import open_chains
+            run_bare, run_float = open_chains(chip_dir, entry, Path(tmp))
+        else:
+            run_bare = ort_qnn.open_context_binary(_bare_binary_model(ctx_path, binary, contract, Path(tmp)))
+            run_float = ort_qnn.open_context_binary(ctx_path)
         worst, tokens = 0.0, []
         for number in range(steps):
             raw, reference = run_bare(fixed), run_float(floats)
@@ -651,7 +685,7 @@ def check_steps(chip_dir: Path, graph: str, entry: dict, evaluation: Path, steps
                 if apart > 1.0 + 1e-6:
                     raise DistError(f"{where}: greedy step {number}: output '{tensor['name']}' of the bare binary, "
                                     "its state fed back as the index's step.state says, differs from "
-                                    f"{ctx_path.name} by {apart:.1f} quantization steps of {unit:.6g}")
+                                    f"{reference_name} by {apart:.1f} quantization steps of {unit:.6g}")
                 worst = max(worst, apart)
             position = int(np.asarray(floats[cache["offset"]]).reshape(-1)[0]) if cache else None
             for link in step["state"]:
@@ -666,7 +700,7 @@ def check_steps(chip_dir: Path, graph: str, entry: dict, evaluation: Path, steps
                 theirs = int(np.asarray(reference[greedy["logits"]]).reshape(-1).argmax())
                 if mine != theirs:
                     raise DistError(f"{where}: greedy step {number}: the bare binary chose token {mine}, "
-                                    f"{ctx_path.name} token {theirs}")
+                                    f"{reference_name} token {theirs}")
                 tokens.append(mine)
                 for state in (fixed, floats):
                     state[greedy["token"]] = np.full_like(state[greedy["token"]], mine)
@@ -771,6 +805,11 @@ def describe(index_path: str | os.PathLike) -> list[str]:
     for graph, texts in floats.items():
         for text, chips in texts.items():
             lines.append(f"  {graph}: {text} on {', '.join(chips)}")
+    for group, entry in ((index.get("shared_contexts") or {}).get("groups") or {}).items():  # [model] share_weights
+        for chip, made in entry["chips"].items():
+            lines.append(f"  shared context {group} on {chip}: {made['bytes'] / 1e6:.3f} MB for {', '.join(entry['graphs'])}"
+                         f" (apart: {made['apart_bytes'] / 1e6:.3f} MB)"
+                         + ("" if made["emulator"].get("loaded") else "; not loaded on the x86 emulator (checked apart)"))
     multi = index.get("multi_soc")
     if multi:
         if multi.get("error"):

@@ -9,7 +9,7 @@ light, like tasks.py.
 """
 from __future__ import annotations
 
-from . import layout
+from . import layout, split_tasks
 from .project import chip_params, compile_input, project, rel, stage_task, variant_builds
 from .runner import run_stage
 
@@ -32,7 +32,9 @@ def multi_soc_tasks():
             graphs = {g.name: {"onnx": compile_input(model, g, variant),
                                "reference_ctx": layout.chip_file(model.name, variant.name, chips[0].name,
                                                                  f"{g.name}_ctx.onnx")}
-                      for g in model.graphs.values()}
+                      for g in model.graphs.values() if not g.split}  # a split graph's parts: per chip only
+            if not graphs:
+                continue
             report = f"{folder}/multi_soc.json"
             params = {"graphs": graphs, "chips": [chip_params(c) for c in chips], "fp16": variant.is_fp16,
                       "outputs": {"dir": folder, "report": report}}
@@ -42,6 +44,31 @@ def multi_soc_tasks():
             # The folder is replaced as a whole: a graph whose file could not be made leaves no stale one behind.
             task["actions"] = [(run_stage, task["actions"][0][1], {"publish_dirs": (folder,)})]
             yield task
+
+
+def shared_folder(model, variant, chip) -> str:
+    return layout.chip_file(model.name, variant.name, chip.name, "shared")
+
+
+def shared_context_tasks():
+    """[model] share_weights: per group, variant and chip one context binary holding the group's graphs."""
+    if project().toolchain["name"] != "ort-qnn":
+        return  # the qairt DLC flow: toolchains/qairt_tasks.py
+    for model in project().models:
+        for group in model.share_weights:
+            name = "+".join(group)
+            for variant, chip in variant_builds(model):
+                folder = shared_folder(model, variant, chip)
+                graphs = {g: {"onnx": compile_input(model, model.graphs[g], variant),
+                              "apart_binary": layout.chip_file(model.name, variant.name, chip.name, f"{g}.bin")}
+                          for g in group}
+                outputs = {"report": f"{folder}/{name}.json", "binary": f"{folder}/{name}.bin",
+                           **{g: f"{folder}/{g}_ctx.onnx" for g in group}}
+                params = {"group": name, "graphs": graphs, "chip": chip_params(chip), "fp16": variant.is_fp16,
+                          "outputs": outputs}
+                file_dep = [f for files in graphs.values() for f in files.values()]
+                yield stage_task("shared_context", f"{model.name}/{name}/{variant.name}@{chip.name}", params,
+                                 file_dep, list(outputs.values()), f"{folder}/{name}.log")
 
 
 def dist_tasks():
@@ -59,6 +86,12 @@ def dist_tasks():
                 if ort:
                     for g in model.graphs:
                         built[g]["ctx_model"] = layout.chip_file(m, vn, c, f"{g}_ctx.onnx")
+                for graph in model.graphs.values():  # a split graph: its parts in order
+                    if graph.split:
+                        built[graph.name] = {"parts": [
+                            {"name": u, "binary": layout.chip_file(m, vn, c, f"{u}.bin"),
+                             "ctx_model": layout.chip_file(m, vn, c, f"{u}_ctx.onnx")}
+                            for u in split_tasks.units(model, graph)]}
                 runtime = {}
                 if not ort:
                     from .toolchains import qairt
@@ -67,14 +100,20 @@ def dist_tasks():
                 manifest = layout.chip_file(m, vn, c, "manifest.json")
                 chips[c] = {"manifest": manifest, "graphs": built, "runtime": runtime,
                             "chip": {**chip_params(chip), "marketing_name": chip.marketing_name}}
-                deps += [manifest, *runtime.values()] + [f for files in built.values() for f in files.values()]
+                deps += [manifest, *runtime.values()] + [f for files in built.values() for f in _files(files)]
                 needs.append(f"package:{m}/{vn}@{c}")
             if not chips:
                 continue
             spec = {"settings": variant.settings(), "chips": chips}
+            if model.share_weights:  # one weight-shared context per group and chip, beside the per-graph binaries
+                spec["shared"] = _shared_spec(model, variant, ort, loaded.toolchain["name"])
+                deps += [f for per_chip in spec["shared"].get("chips", {}).values() for f in per_chip.values()]
             if model.dist.multi_soc and not ort:
                 spec["multi_soc"] = {"error": f"the {loaded.toolchain['name']} toolchain makes no multi-SoC "
                                               "binaries (onnxruntime-qnn's Flexible Context Binary)"}
+            elif model.dist.multi_soc and all(g.split for g in model.graphs.values()):
+                spec["multi_soc"] = {"error": "every graph is split ([graphs.X] split): no multi-SoC file is made of "
+                                              "parts"}
             elif model.dist.multi_soc and len(chips) < 2:
                 spec["multi_soc"] = {"error": f"variant {variant.name} builds for one chip only ({', '.join(chips)})"}
             elif model.dist.multi_soc:
@@ -113,3 +152,23 @@ def dist_tasks():
         if names:  # `doit dist:<model>`: every variant's bundle
             yield {"name": model.name, "actions": None, "task_dep": names,
                    "doc": f"device bundles of {model.name}'s variants (out/{model.name}/dist/)"}
+
+
+def _shared_spec(model, variant, ort: bool, toolchain: str) -> dict:
+    """Where each chip's weight-shared contexts are (their reports), or why there are none."""
+    if not ort and project().toolchain.get("flow") != "dlc":
+        return {"error": f"the {toolchain} model-lib flow makes no weight-shared contexts"}
+    chips = {}
+    for v, chip in variant_builds(model):
+        if v.name != variant.name:
+            continue
+        folder = shared_folder(model, variant, chip)
+        chips[chip.name] = {"+".join(group): f"{folder}/{'+'.join(group)}.json" for group in model.share_weights}
+    return {"chips": chips}
+
+
+def _files(built: dict) -> list[str]:
+    """The files of one graph's entry: binary and ctx model, or every part's."""
+    if "parts" in built:
+        return [f for part in built["parts"] for k, f in part.items() if k != "name"]
+    return list(built.values())

@@ -40,6 +40,9 @@ STAGE_VERSIONS = {
     "diagnose": 1,
     "multi_soc": 1,
     "dist": 2,
+    "size": 1,
+    "split": 1,
+    "shared_context": 1,
 }
 # The Python packages whose version can change each stage's output.
 STAGE_TOOLS = {
@@ -63,9 +66,12 @@ STAGE_TOOLS = {
     "diagnose": ("onnxruntime", "onnx", "numpy", "matplotlib"),
     "multi_soc": ("onnxruntime", "onnx"),
     "dist": ("onnxruntime", "onnx", "numpy"),
+    "size": ("onnx", "numpy"),
+    "split": ("onnxruntime", "onnx", "numpy"),
+    "shared_context": ("onnxruntime", "onnx"),
 }
 SDK_STAGES = ("compile", "check", "evaluate", "package", "report", "sensitivity", "tune", "multi_soc", "dist",
-              "diagnose")
+              "diagnose", "shared_context")
 STATE_DIR = f"{layout.OUT}/.build-state"
 
 
@@ -117,7 +123,23 @@ def project() -> Project:
     from . import toolchains  # light: only the chosen toolchain's identity() runs here, from a cache file
     name, _ = toolchains.choose(chips.toolchain)
     identity = toolchains.identity(name, Path(STATE_DIR), chips.qairt_flow)
+    _check_toolchain_support(models, identity)
     return Project(root=root, chips=chips, models=models, toolchain=identity)
+
+
+def _check_toolchain_support(models: list[Model], identity: dict) -> None:
+    """Splitting runs on ort-qnn only (the qairt converter calibrates each graph itself, so a cut tensor would get
+    two encodings); weight-shared contexts need qnn-context-binary-generator's --dlc_path list (the DLC flow)."""
+    for model in models:
+        split = [g.name for g in model.graphs.values() if g.split]
+        if split and identity["name"] != "ort-qnn":
+            raise ConfigError(f"{model.toml_path}: [graphs.{split[0]}] split: the {identity['name']} toolchain does "
+                              "not split graphs (ort-qnn does: toolchain = \"ort-qnn\" in chips.toml, or "
+                              "BUILD_RULES_TOOLCHAIN=ort-qnn)")
+        if model.share_weights and identity["name"] == "qairt" and identity.get("flow") != "dlc":
+            raise ConfigError(f"{model.toml_path}: [model] share_weights: the qairt model-lib flow compiles one "
+                              "model library per binary; weight-shared contexts need the DLC flow (qairt_flow = "
+                              "\"dlc\" in chips.toml, or BUILD_RULES_QAIRT_FLOW=dlc)")
 
 
 def _check_names(models: list[Model], chips: ChipTable) -> None:

@@ -332,10 +332,13 @@ def describe_pair(model, variant: str, chip: str, failed_tasks: list[str] = ()) 
     manifest = Path(folder, "manifest.json")
     if not failures and not failed_tasks and manifest.is_file():
         return _describe(str(manifest))
+    from .split_tasks import units  # a split graph: its parts' binaries, summed
     parts = []
     for graph, result in checks.items():
         try:
-            size = f"{os.stat(layout.chip_file(model.name, variant, chip, f'{graph}.bin')).st_size / 1e6:.2f} MB"
+            size = sum(os.stat(layout.chip_file(model.name, variant, chip, f"{unit}.bin")).st_size
+                       for unit in units(model, model.graphs[graph]))
+            size = f"{size / 1e6:.2f} MB"
         except OSError:
             size = "no binary"
         parts.append(f"{graph} {size} {_result_text(result)}")
@@ -387,7 +390,9 @@ def _describe(manifest_path: str) -> str:
                 values.append(value)
             gate_text = "".join(f" {v}" for v in values)  # "cosine 1 sqnr 41.2": graphs are split by commas
         float_text = describe_float_ops(info.get("float_ops"))  # a quantized variant that is partly float
-        parts.append(f"{graph} {info['bytes'] / 1e6:.2f} MB{gate_text}" + (f" [{float_text}]" if float_text else ""))
+        pieces = f" in {len(info['parts'])} parts" if info.get("parts") else ""  # a split graph
+        parts.append(f"{graph} {info['bytes'] / 1e6:.2f} MB{pieces}{gate_text}"
+                     + (f" [{float_text}]" if float_text else ""))
     evaluation = manifest.get("evaluate")
     if evaluation and evaluation.get("gated"):  # the model-level metrics, e.g. WER of encoder + decoder
         parts.append("model " + " ".join(f"{m} {evaluation['metrics'].get(m, float('nan')):.4g}"

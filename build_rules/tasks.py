@@ -11,20 +11,21 @@ import functools
 import os
 import sys
 
-from . import aimet_tasks, collector, diagnose_tasks, dist_tasks, interrupt, layout, tuning_tasks
+from . import aimet_tasks, collector, diagnose_tasks, dist_tasks, interrupt, layout, split_tasks, tuning_tasks
 from .config import ConfigError, Model, gate_dicts
 from .hashing import ContentChecker, use_key_digests, use_stat_cache
-from .project import (STATE_DIR, chip_params, calibration_files, checkpoint_files, compile_input, model_data,
+from .project import (STATE_DIR, chip_params, calibration_files, checkpoint_files, model_data,
                       hook_files, input_specs, model_graphs, project, quantized_variants, ranges_file, rel, source_onnx,
                       stage_task, task_key, tool_version, variant_builds)
 from .runner import remove_stale_staging, run_stage
 
 # What dodo.py imports: every stage and group generator in pipeline order (the order of `doit list`), plus
 # the doit configuration.
-__all__ = ["doit_config", "task_data", "task_export", "task_simplify", "task_verify", "task_calibrate",
-           "task_calibration_stats", "task_quantize", "task_aimet", "task_fp16_lint", "task_convert", "task_model_libs", "task_htp_config",
-           "task_compile", "task_check", "task_evaluate", "task_package", "task_report", "task_sensitivity",
-           "task_tune", "task_diagnose", "task_multi_soc", "task_dist", "task_chips", "task_models"]
+__all__ = ["doit_config", "task_data", "task_export", "task_simplify", "task_verify", "task_size", "task_split",
+           "task_calibrate", "task_calibration_stats", "task_quantize", "task_aimet", "task_fp16_lint", "task_convert",
+           "task_model_libs", "task_htp_config", "task_compile", "task_check", "task_evaluate", "task_package",
+           "task_report", "task_sensitivity", "task_tune", "task_diagnose", "task_multi_soc", "task_shared_context",
+           "task_dist", "task_chips", "task_models"]
 
 
 def _toolchain_stage(stage: str):
@@ -146,6 +147,16 @@ def _verify_tasks():
                           layout.float_file(model.name, graph.name, ".verify.log"))
 
 
+def task_size():
+    """3b size: a graph's estimated context binary per variant against the budget (max_context_mb), before compiling"""
+    return split_tasks.size_tasks()
+
+
+def task_split():
+    """3c split: [graphs.X] split: cut into sequential parts (plan + float parts; per quantized variant, QDQ parts)"""
+    return split_tasks.split_tasks()
+
+
 def task_calibrate():
     """4 calibrate: real calibration inputs -> raw files + input_list.txt (QNN format, shared by variants)"""
     return _calibrate_tasks()
@@ -214,9 +225,11 @@ def _quantize_tasks():
                       "outputs": {"onnx": target}}
             if graph.state:  # each state output is quantized as the input it feeds (the app copies it over)
                 params["tied"] = sorted(graph.state.items())
-            yield stage_task("quantize", f"{model.name}/{graph.name}/{variant.name}", params,
+            task = stage_task("quantize", f"{model.name}/{graph.name}/{variant.name}", params,
                               [sim, ranges], [target],
                               layout.variant_file(model.name, variant.name, graph.name, ".quantize.log"))
+            task["task_dep"] = split_tasks.checked_first(model, graph, variant)  # the size check fails before this
+            yield task
 
 
 def task_fp16_lint():
@@ -243,6 +256,8 @@ def _fp16_lints(model: Model, chip_name: str | None = None) -> list[str]:
     """The fp16 lint tasks a group runs: those of the fp16 variants it builds (for one chip, or all)."""
     built = {v.name for v, c in variant_builds(model) if v.is_fp16 and chip_name in (None, c.name)}
     return [f"fp16_lint:{model.name}/{g}/{v}" for v in sorted(built) for g in model.graphs]
+
+
 def task_aimet():
     """5 aimet: QDQ model + encodings JSON per variant with quantizer = "aimet" (AIMET's techniques, HTP config)"""
     return aimet_tasks.aimet_tasks()
@@ -288,15 +303,18 @@ def _compile_tasks():
     for model in project().models:
         for variant, chip in variant_builds(model):
             for graph in model.graphs.values():
-                source = compile_input(model, graph, variant)
-                outputs = {"binary": layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.bin"),
-                           "ctx_model": layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}_ctx.onnx"),
-                           "report": layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.compile.json")}
-                params = {"onnx": source, "graph": graph.name, "chip": chip_params(chip), "fp16": variant.is_fp16,
-                          "outputs": outputs}
-                yield stage_task("compile", f"{model.name}/{graph.name}/{variant.name}@{chip.name}", params,
-                                  [source], list(outputs.values()),
-                                  layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.compile.log"))
+                for unit in split_tasks.units(model, graph):  # the graph, or each of its parts
+                    source = split_tasks.compile_input(model, graph, unit, variant)
+                    outputs = {"binary": layout.chip_file(model.name, variant.name, chip.name, f"{unit}.bin"),
+                               "ctx_model": layout.chip_file(model.name, variant.name, chip.name, f"{unit}_ctx.onnx"),
+                               "report": layout.chip_file(model.name, variant.name, chip.name, f"{unit}.compile.json")}
+                    params = {"onnx": source, "graph": unit, "chip": chip_params(chip), "fp16": variant.is_fp16,
+                              "outputs": outputs}
+                    task = stage_task("compile", f"{model.name}/{unit}/{variant.name}@{chip.name}", params,
+                                      [source], list(outputs.values()),
+                                      layout.chip_file(model.name, variant.name, chip.name, f"{unit}.compile.log"))
+                    task["task_dep"] = split_tasks.checked_first(model, graph, variant)
+                    yield task
 
 
 def task_check():
@@ -309,19 +327,20 @@ def _check_tasks():
     for model in project().models:
         for variant, chip in variant_builds(model):
             for graph in model.graphs.values():
-                ctx = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}_ctx.onnx")
-                binary = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.bin")
+                ctx = split_tasks.chip_files(model, graph, variant, chip, "_ctx.onnx")  # a list for a split graph
+                binary = split_tasks.chip_files(model, graph, variant, chip, ".bin")
                 evaluation = layout.float_file(model.name, graph.name, ".evaluation.npz")
                 report = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.check.json")
-                compiled = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.compile.json")
                 data_params, data_dep = model_data(model)
+                # compile_report: the stage reads what the binary runs in float from <unit>.compile.json beside each
+                # _ctx.onnx. Not a file_dep: it also holds the compile's seconds, so a compile that made the same
+                # bytes again (a cache miss, a forgotten task) would re-run the check on the emulator for nothing
                 params = {"ctx_model": ctx, "evaluation": evaluation, "hooks": rel(model.hooks),
-                          "graph": graph.name, "gates": gate_dicts(graph.gates), "compile_report": compiled,
+                          "graph": graph.name, "gates": gate_dicts(graph.gates), "compile_report": True,
                           "outputs": {"report": report}, **data_params}
-                # compile.json is read (float_ops), not a dependency: it also holds the compile's seconds, which would
-                # re-run every check after a recompile that gave the same binary (whose bytes already key the check)
+                binaries = [*ctx, *binary] if graph.split else [ctx, binary]
                 yield stage_task("check", f"{model.name}/{graph.name}/{variant.name}@{chip.name}", params,
-                                  [ctx, binary, evaluation, *hook_files(model), *data_dep], [report],
+                                  [*binaries, evaluation, *hook_files(model), *data_dep], [report],
                                   layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.check.log"))
 
 
@@ -351,11 +370,12 @@ def _evaluate_tasks():
                           layout.float_file(model.name, "model", ".evaluate.log"), key_stage="evaluate_float")
         for variant, chip in variant_builds(model):
             report = layout.chip_file(model.name, variant.name, chip.name, "evaluate.json")
-            graphs = {g: layout.chip_file(model.name, variant.name, chip.name, f"{g}_ctx.onnx") for g in model.graphs}
+            graphs = {g.name: split_tasks.chip_files(model, g, variant, chip, "_ctx.onnx") for g in model.graphs.values()}
             params, file_dep = _evaluate_params(model, graphs, "emulator", report)
             params["float_report"] = float_report
-            file_dep += [float_report] + [layout.chip_file(model.name, variant.name, chip.name, f"{g}.bin")
-                                          for g in model.graphs]
+            binaries = [split_tasks.chip_files(model, g, variant, chip, ".bin") for g in model.graphs.values()]
+            file_dep = [f for dep in file_dep for f in (dep if isinstance(dep, list) else [dep])]
+            file_dep += [float_report] + [f for b in binaries for f in (b if isinstance(b, list) else [b])]
             yield stage_task("evaluate", f"{model.name}/{variant.name}@{chip.name}", params, file_dep, [report],
                               layout.chip_file(model.name, variant.name, chip.name, "evaluate.log"))
 
@@ -368,7 +388,7 @@ def _fp16_sibling(model: Model, variant, chip) -> dict:
     if fp16 is None:
         return {}
     return {"variant": fp16.name,
-            "binaries": {g: layout.chip_file(model.name, fp16.name, chip.name, f"{g}.bin") for g in model.graphs}}
+            "binaries": {g.name: split_tasks.chip_files(model, g, fp16, chip, ".bin") for g in model.graphs.values()}}
 
 
 def _package(params: dict):
@@ -389,6 +409,11 @@ def _package_tasks():
                           "ctx_model": layout.chip_file(model.name, variant.name, chip.name, f"{g}_ctx.onnx"),
                           "check": layout.chip_file(model.name, variant.name, chip.name, f"{g}.check.json")}
                       for g in model.graphs}
+            for graph in model.graphs.values():  # a split graph ships its parts, in order
+                if graph.split:
+                    graphs[graph.name] = {"parts": split_tasks.chip_files(model, graph, variant, chip, ".bin"),
+                                          "ctx_parts": split_tasks.chip_files(model, graph, variant, chip, "_ctx.onnx"),
+                                          "check": graphs[graph.name]["check"]}
             checkpoints = checkpoint_files(model)
             manifest = layout.chip_file(model.name, variant.name, chip.name, "manifest.json")
             params = {"model": {"name": model.name, "description": model.description, "license": model.license},
@@ -407,8 +432,9 @@ def _package_tasks():
             yield {
                 "name": f"{model.name}/{variant.name}@{chip.name}",
                 "actions": [(_package, [params])],
-                "file_dep": [f for files in graphs.values() for f in files.values()] + checkpoints + reports
-                            + list(sibling.get("binaries", {}).values()),
+                "file_dep": [f for files in graphs.values() for v in files.values()
+                             for f in (v if isinstance(v, list) else [v])] + checkpoints + reports
+                            + [f for b in sibling.get("binaries", {}).values() for f in (b if isinstance(b, list) else [b])],
                 "targets": [manifest],
                 "uptodate": [task_key("package", params)],
                 "clean": True,
@@ -440,6 +466,16 @@ def task_diagnose():
 def task_multi_soc():
     """12 multi_soc: [dist] multi_soc = true: one Flexible Context Binary per graph for all the variant's chips"""
     return dist_tasks.multi_soc_tasks()
+
+
+def task_shared_context():
+    """12b shared_context: [model] share_weights: each group's graphs in one context storing shared weights once"""
+    return _shared_context_tasks()
+
+
+@_toolchain_stage("shared_context")
+def _shared_context_tasks():
+    return dist_tasks.shared_context_tasks()
 
 
 def task_dist():

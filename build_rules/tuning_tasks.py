@@ -4,7 +4,7 @@ task_report / task_sensitivity / task_tune creators call these. Loaded with the 
 """
 from __future__ import annotations
 
-from . import aimet_tasks, layout
+from . import aimet_tasks, layout, split_tasks
 from .config import Chip, Graph, Model, Tuning, Variant, gate_dicts
 from .project import (chip_params, model_data, hook_files, model_graphs, project, ranges_file,
                       rel, stage_task, variant_builds)
@@ -20,12 +20,17 @@ def report_tasks():
             for graph in model.graphs.values():
                 def chip_file(suffix, g=graph.name, v=variant.name, c=chip.name):
                     return layout.chip_file(model.name, v, c, f"{g}{suffix}")
+
+                def unit_files(suffix, g=graph, v=variant, c=chip):  # a list of the parts' files for a split graph
+                    return split_tasks.chip_files(model, g, v, c, suffix)
                 cells.append({"variant": variant.name, "chip": chip.name, "graph": graph.name,
-                              "compile": chip_file(".compile.json"), "ctx_model": chip_file("_ctx.onnx"),
+                              "compile": unit_files(".compile.json"), "ctx_model": unit_files("_ctx.onnx"),
                               "check": chip_file(".check.json"), "memo": chip_file(".measure.json"),
                               "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
                               "gates": gate_dicts(graph.gates)})
-                file_dep += [chip_file(".compile.json"), chip_file("_ctx.onnx"), chip_file(".bin")]
+                for suffix in (".compile.json", "_ctx.onnx", ".bin"):
+                    files = unit_files(suffix)
+                    file_dep += files if isinstance(files, list) else [files]
         file_dep += [layout.float_file(model.name, g, ".evaluation.npz") for g in model.graphs]
         evaluations = {f"{v.name}@{c.name}": layout.chip_file(model.name, v.name, c.name, "evaluate.json")
                        for v, c in variant_builds(model)} if model.evaluate else {}

@@ -26,7 +26,7 @@ def test_second_run_runs_nothing(tinynet_repo):
     assert result.code == 0, result.output
     assert result.ran == set()
     assert "package:tinynet/w8a16@SM8750" in result.up_to_date
-    assert "summary: 0 task(s) ran, 34 up to date" in result.output
+    assert "summary: 0 task(s) ran, 38 up to date" in result.output
 
 
 def test_a_no_op_build_writes_no_state(tinynet_repo):
@@ -77,8 +77,8 @@ def test_changing_one_checkpoint_reruns_that_graphs_chain_only(tinynet_repo):
     result = run_doit(tinynet_repo)
     assert result.code == 0, result.output
     expected = {"export:tinynet/encoder", "simplify:tinynet/encoder", "verify:tinynet/encoder", "calibrate:tinynet/encoder",
-                "calibration_stats:tinynet/encoder/minmax-8", "quantize:tinynet/encoder/w8a16",
-                "fp16_lint:tinynet/encoder/fp16"}
+                "size:tinynet/encoder/fp16", "size:tinynet/encoder/w8a16", "calibration_stats:tinynet/encoder/minmax-8",
+                "quantize:tinynet/encoder/w8a16", "fp16_lint:tinynet/encoder/fp16"}
     expected |= per_chip("compile", graphs=("encoder",)) | per_chip("check", graphs=("encoder",)) | packages()
     assert result.ran == expected
     assert not any("head" in t for t in result.ran)
@@ -135,10 +135,10 @@ def test_one_chip_group_builds_only_that_chip(tinynet_repo):
     shutil.rmtree(tinynet_repo / "out/tinynet/w8a16/SM8550")
     result = run_doit(tinynet_repo, "SM8750")
     assert result.code == 0, result.output
-    # out/tinynet/fp16 held the chip-independent fp16 lint too: it runs again, once per graph
+    # out/tinynet/fp16 held the chip-independent fp16 lint and size check reports too: they run again, once per graph
     assert result.ran == per_chip("compile", variants=("fp16",), chips=("SM8750",)) \
         | per_chip("check", variants=("fp16",), chips=("SM8750",)) | packages(variants=("fp16",), chips=("SM8750",)) \
-        | {f"fp16_lint:tinynet/{g}/fp16" for g in GRAPHS}
+        | {f"{stage}:tinynet/{g}/fp16" for g in GRAPHS for stage in ("fp16_lint", "size")}
     assert not (tinynet_repo / "out/tinynet/w8a16/SM8550").exists()
 
 

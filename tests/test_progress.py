@@ -51,20 +51,21 @@ def test_each_started_task_says_k_of_n_and_the_time_left(tinynet_repo):
     result = run_doit(tinynet_repo)
     assert result.code == 0, result.output
     marks = markers(result.output)
-    assert len(result.ran) == 19  # the head graph: export ... check, its fp16 lint, and every package
-    assert [k for k, *_ in marks] == list(range(1, 20))
-    assert {n for _, n, _, _ in marks} == {19}  # N = the tasks this run executed, known from the first line on
+    assert len(result.ran) == 21  # the head graph: export ... check, its fp16 lint, its 2 size checks, every package
+    assert [k for k, *_ in marks] == list(range(1, 22))
+    assert {n for _, n, _, _ in marks} == {21}  # N = the tasks this run executed, known from the first line on
     assert {name for _, _, name, _ in marks} == result.ran
 
-    total = 15 * 10.0 + 4 * 2.0  # 15 stage tasks of 10 s, 4 packages of 2 s (one of them the stage's median)
-    assert (f"19 task(s) to run, about {format_seconds(total)} by out/.build-state/build.log (1 never ran here: "
+    total = 17 * 10.0 + 4 * 2.0  # 17 tasks of 10 s (15 stage tasks, 2 size checks), 4 packages of 2 s (one of them
+    #                              the stage's median)
+    assert (f"21 task(s) to run, about {format_seconds(total)} by out/.build-state/build.log (1 never ran here: "
             "each counted as the median of its stage)\n") in result.output
     assert marks[0][2:] == ("export:tinynet/head", format_seconds(total))
     assert marks[1][2:] == ("simplify:tinynet/head", format_seconds(total - 10))  # export is done
     assert marks[2][3] == format_seconds(total - 20)
     started = [name for _, _, name, _ in marks]
     first_package = started.index("package:tinynet/w8a16@SM8750")  # the guessed one: said until it starts
-    assert guessed(result.output) == [1] * (first_package + 1) + [0] * (18 - first_package)
+    assert guessed(result.output) == [1] * (first_package + 1) + [0] * (20 - first_package)
 
     slowest = re.search(r"^  wall time (.+); slowest: (\S+) .+, (\S+) .+, (\S+) .+$", result.output, re.M)
     assert slowest, result.output
@@ -77,13 +78,14 @@ def test_tasks_the_build_cache_holds_count_as_their_restore_not_their_work(tinyn
     """A rebuild restored from the cache in well under a second said "2 min 06 s left": its tasks counted as their
     last real run. Forgotten, simplify:tinynet/head and every task reading it are stale, and the cache holds them."""
     from build_rules.progress import format_seconds
-    write_build_log(tinynet_repo, lambda n: 0.2 if n.startswith("package:") else 10.0)  # one restore: 0.1 s
+    in_process = ("package:", "size:")  # tasks run inside doit: not cached, a fraction of a second
+    write_build_log(tinynet_repo, lambda n: 0.2 if n.startswith(in_process) else 10.0)  # one restore: 0.1 s
     assert run_doit(tinynet_repo, "forget", "simplify:tinynet/head").output == "forgetting simplify:tinynet/head\n"
     result = run_doit(tinynet_repo)
     assert result.code == 0, result.output
     hits = 13  # simplify, verify, calibration_stats, quantize, fp16_lint, 4 compiles and 4 checks of the head graph
-    total = hits * 0.1 + 4 * 0.2  # the 4 packages are not cached: their own 0.2 s
-    assert (f"17 task(s) to run, about {format_seconds(total)} by out/.build-state/build.log ({hits} in the build "
+    total = hits * 0.1 + 6 * 0.2  # the 4 packages and the 2 size checks are not cached: their own 0.2 s
+    assert (f"19 task(s) to run, about {format_seconds(total)} by out/.build-state/build.log ({hits} in the build "
             "cache)\n") in result.output
     assert result.ran == {"simplify:tinynet/head"}  # restored with the same bytes: its readers stay up to date
     assert "(1 restored from the build cache)" in result.output
@@ -94,19 +96,19 @@ def test_k_of_n_with_two_threads(tinynet_repo):
     result = run_doit(tinynet_repo, "-n", "2", "-P", "thread")
     assert result.code == 0, result.output
     marks = markers(result.output)
-    assert len(result.ran) == 19
-    assert [k for k, *_ in marks] == list(range(1, 20))
-    assert {n for _, n, _, _ in marks} == {19}
+    assert len(result.ran) == 21
+    assert [k for k, *_ in marks] == list(range(1, 22))
+    assert {n for _, n, _, _ in marks} == {21}
     assert len(re.findall(r"^summary: ", result.output, re.M)) == 1
 
 
 def test_a_no_op_prints_one_line(tinynet_repo):
     quiet = run_doit(tinynet_repo, "-v", "0")  # what `doit` prints
     assert quiet.code == 0, quiet.output
-    assert quiet.output.splitlines() == ["summary: 0 task(s) ran, 34 up to date; no work to do"]
+    assert quiet.output.splitlines() == ["summary: 0 task(s) ran, 38 up to date; no work to do"]
     listed = run_doit(tinynet_repo)  # verbosity 1: every up-to-date task, as doit lists them
-    assert "package:tinynet/w8a16@SM8750" in listed.up_to_date and len(listed.up_to_date) > 34
-    assert listed.output.endswith("summary: 0 task(s) ran, 34 up to date; no work to do\n")
+    assert "package:tinynet/w8a16@SM8750" in listed.up_to_date and len(listed.up_to_date) > 38
+    assert listed.output.endswith("summary: 0 task(s) ran, 38 up to date; no work to do\n")
 
 
 def test_n_is_an_upper_bound_that_follows_what_doit_decides():

@@ -378,7 +378,7 @@ def test_doit_list_names_the_toolchain(built_qairt, monkeypatch):
     assert listing.code == 0, listing.output
     for stage in ("convert", "model_libs", "htp_config", "compile", "check", "package"):
         assert re.search(rf"^{stage} .*\[qairt {VERSION}, model-lib flow\]$", listing.output, re.M), listing.output
-    assert not re.search(r"^quantize ", listing.output, re.M)  # (the aimet task's doc names `quantizer`)
+    assert not re.search(r"^quantize ", listing.output, re.M)  # no quantize task (other docs may say "quantized")
     assert "with qairt" in listing.output
 
     monkeypatch.setenv("BUILD_RULES_TOOLCHAIN", "ort-qnn")

@@ -109,26 +109,29 @@ def test_outputs_of_a_removed_variant_or_chip_are_removed_at_the_next_build(tiny
     toml.write_text(text.replace('[variants.fp16]\nprecision = "fp16"\n', ""))
     result = run_doit(tinynet_repo, "-v", "0")
     assert result.code == 0, result.output
-    # w8a16's packages run again: each records its fp16 sibling's sizes (a quantized binary must be smaller)
-    assert result.ran == {"package:tinynet/w8a16@SM8550", "package:tinynet/w8a16@SM8750"}, result.output
-    lines = [line for line in result.output.splitlines() if line.startswith("  removed ")]
-    lints = 4  # per graph, chip-independent: the fp16 lint's report and log
-    per_chip = (len(made) - lints) // 2  # per graph: binary, ctx model, compile and check reports, memo, 2 logs; a manifest
-    assert lines[0] == (f"  removed {len(made)} output(s) of targets no longer in models/ or chips.toml: "
-                        f"out/tinynet/fp16/ ({lints} files), out/tinynet/fp16/SM8550/ ({per_chip} files), "
+    # the quantized variant's packages are made again: their manifests have no fp16 sibling to compare sizes with
+    assert result.ran == {f"package:tinynet/w8a16@{chip}" for chip in ("SM8550", "SM8750")}
+    lines = result.output.splitlines()
+    lines = lines[lines.index("summary: 2 task(s) ran, 22 up to date"):]
+    # per graph, chip-independent: the fp16 lint's report and log, and the size check's report
+    per_variant = 6
+    per_chip = (len(made) - per_variant) // 2  # per graph: binary, ctx model, compile and check reports, memo, 2 logs; a manifest
+    assert lines[1] == (f"  removed {len(made)} output(s) of targets no longer in models/ or chips.toml: "
+                        f"out/tinynet/fp16/ ({per_variant} files), out/tinynet/fp16/SM8550/ ({per_chip} files), "
                         f"out/tinynet/fp16/SM8750/ ({per_chip} files)")
-    assert len(made) == 34
+    assert len(made) == 36
     assert _files(out / "fp16") == ["SM8550/notes.txt"]  # everything the fp16 tasks wrote: binaries, reports, logs
     assert (out / "w8a16/SM8550/head.bin").is_file() and (out / "float/head.sim.onnx").is_file()
     assert any((tinynet_repo / "out/.cache").iterdir())  # the build cache stays
     assert run_doit(tinynet_repo, "-v", "0").output.splitlines() == [
-        "summary: 0 task(s) ran, 22 up to date; no work to do"]  # a no-op again: one line
+        "summary: 0 task(s) ran, 24 up to date; no work to do"]  # a no-op again: one line
 
     # Put back, the variant is restored from the build cache, not rebuilt.
     toml.write_text(text)
     back = run_doit(tinynet_repo, "-v", "0")
     assert back.code == 0, back.output
-    # 4 compile + 4 check + 2 fp16 lints; the packages are made again
+    # 4 compile, 4 check and the 2 fp16 lints; the packages (w8a16's have their fp16 sibling again) and the size checks
+    # (in-process, never cached) are made again
     assert "(10 restored from the build cache)" in back.output
 
     # A chip taken out of the model's chips: its folders go.

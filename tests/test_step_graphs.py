@@ -105,6 +105,35 @@ def test_an_untied_state_needs_converting_and_a_plain_copy_is_caught(kvstep_dist
         dist.check_steps(tmp_path / "SM8750", "step", entry, evaluation, 3, "untied")
 
 
+def test_a_split_step_graph_keeps_its_contract_and_verify_steps_through_the_chained_parts(kvstep_dist, tmp_path):
+    """[graphs.step] split (issue 22) on a step graph: the parts are cut from the whole graph's QDQ model, so the
+    state outputs keep the encodings of the cache inputs they feed; the index has the parts, the cut and the step
+    contract over the chain's I/O, and verify's greedy steps run through the chained bare binaries."""
+    repo = tmp_path / "repo"
+    shutil.copytree(kvstep_dist[0], repo, symlinks=True)
+    toml = repo / "models/kvstep/model.toml"
+    edit(toml, 'greedy = { logits = "logits", token = "token" }\n',
+         'greedy = { logits = "logits", token = "token" }\nsplit = { parts = 2 }\n')
+    result = run_doit(repo, "dist:kvstep/w8a16")
+    assert result.code == 0, result.output
+    # the whole graph's export, calibration and QDQ model are reused: only the split and what follows it ran
+    assert {name.split(":")[0] for name in result.ran} == {"split", "compile", "check", "package", "dist"}, result.ran
+    entry = json.loads((repo / "out/kvstep/dist/w8a16/index.json").read_text())["graphs"]["step"]
+    assert [p["name"] for p in entry["parts"]] == ["step.part1", "step.part2"] and len(entry["cuts"]) == 1
+    inputs = {t["name"]: t for t in entry["io"]["inputs"]}
+    outputs = {t["name"]: t for t in entry["io"]["outputs"]}
+    assert set(inputs) == {"token", "k_cache", "v_cache", "offset", "mask"}
+    assert set(outputs) == {"logits", "this_k", "this_v"}
+    assert [(s["output"], s["input"], s["same_encoding"]) for s in entry["step"]["state"]] == \
+        [("this_k", "k_cache", True), ("this_v", "v_cache", True)]
+    for output, target in (("this_k", "k_cache"), ("this_v", "v_cache")):
+        assert (inputs[target]["scale"], inputs[target]["offset"]) == (outputs[output]["scale"], outputs[output]["offset"])
+    log = (repo / "out/kvstep/w8a16/dist.log").read_text()
+    assert "SM8750/step: 2 parts chained through the bare binaries hold the I/O contract" in log, log
+    assert ("SM8750/step: 3 greedy steps with the state fed back in the binary's own types agree with its parts' "
+            "_ctx.onnx chained") in log, log
+
+
 @pytest.mark.parametrize("old, new, message", [
     ('this_k = "k_cache"', 'this_q = "k_cache"',
      "[graphs.step.state] this_q: not an output of the graph (outputs: logits, this_k, this_v)"),

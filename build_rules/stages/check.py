@@ -45,14 +45,18 @@ def measure(hooks_path: str, graph: str, data_dir, inputs: list[dict], reference
     return metrics
 
 
-def measurement_key(ctx_model: str, evaluation: str, hooks: str, data_dir) -> dict:
+def measurement_key(ctx_model: str | list, evaluation: str, hooks: str, data_dir) -> dict:
     """Everything a measurement depends on: the binary, the evaluation set, the hooks, the emulator's version."""
     from importlib.metadata import PackageNotFoundError, version
 
     from ..hashing import file_digest
-    binary = str(ctx_model).replace("_ctx.onnx", ".bin")
-    key = {"version": VERSION, "ctx_model": file_digest(ctx_model), "binary": file_digest(binary),
-           "evaluation": file_digest(evaluation), "hooks": hooks_digest(hooks)}
+    if isinstance(ctx_model, list):  # a split graph: its parts' binaries, in order (build_rules/chain.py)
+        key = {"version": VERSION, "ctx_model": [file_digest(p) for p in ctx_model],
+               "binary": [file_digest(str(p).replace("_ctx.onnx", ".bin")) for p in ctx_model]}
+    else:
+        binary = str(ctx_model).replace("_ctx.onnx", ".bin")
+        key = {"version": VERSION, "ctx_model": file_digest(ctx_model), "binary": file_digest(binary)}
+    key.update({"evaluation": file_digest(evaluation), "hooks": hooks_digest(hooks)})
     if data_dir and Path(data_dir, "data.json").is_file():
         key["data"] = file_digest(Path(data_dir, "data.json"))
     for package in ("onnxruntime", "onnxruntime-qnn"):
@@ -69,7 +73,7 @@ def hooks_digest(hooks: str) -> list[str]:
     return [file_digest(f) for f in sorted({Path(hooks), *Path(hooks).parent.glob("*.py")})]
 
 
-def measurement(ctx_model: str, evaluation: str, hooks: str, graph: str, data_dir, memo: str) -> tuple[dict, dict]:
+def measurement(ctx_model: str | list, evaluation: str, hooks: str, graph: str, data_dir, memo: str) -> tuple[dict, dict]:
     """(metrics, key) of a context binary on the HTP emulator. `memo` (<graph>.measure.json beside the binary,
     not a build target) keeps the last measurement with its key: the report, and a check after a report, reuse it
     instead of running the emulator again. It is written before the gate is judged, so a binary that fails its
@@ -85,7 +89,11 @@ def measurement(ctx_model: str, evaluation: str, hooks: str, graph: str, data_di
         pass
     from ..toolchains import ort_qnn
     inputs, reference = load_evaluation(evaluation)
-    outputs = ort_qnn.run_context_binary(ctx_model, inputs)
+    if isinstance(ctx_model, list):  # a split graph: the parts in order, gated like the whole graph
+        from .. import chain
+        outputs = chain.run_on_emulator(ctx_model, inputs)
+    else:
+        outputs = ort_qnn.run_context_binary(ctx_model, inputs)
     metrics = measure(hooks, graph, data_dir, inputs, reference, outputs, load_labels(evaluation))
     atomic_write_json(memo, {"key": key, "metrics": metrics})
     return metrics, key
@@ -93,8 +101,8 @@ def measurement(ctx_model: str, evaluation: str, hooks: str, graph: str, data_di
 
 def diagnose_hint(params: dict) -> str:
     """Where to look next (ort-qnn: its check runs the binary's _ctx.onnx; qairt has no diagnose task)."""
-    if "ctx_model" not in params or ":" not in params.get("name", ""):
-        return ""
+    if "ctx_model" not in params or ":" not in params.get("name", "") or isinstance(params["ctx_model"], list):
+        return ""  # (a split graph's parts have no diagnose task: diagnose compiles one whole graph)
     return (f"; to see which tensor it starts at: doit diagnose:{params['name'].split(':', 1)[1]} "
             "(HTP emulator vs CPU QDQ vs float, tensor by tensor)")
 
@@ -126,7 +134,14 @@ def decide(params: dict, metrics: dict, key: dict | None = None) -> dict:
     if key is not None:
         report["inputs"] = key
     if params.get("compile_report"):  # what the binary runs in float (a quantized variant), from its compile
-        report["float_ops"] = json.loads(Path(params["compile_report"]).read_text()).get("float_ops")
+        ctx = params["ctx_model"]
+        compiled = [json.loads(Path(str(p).replace("_ctx.onnx", ".compile.json")).read_text()).get("float_ops")
+                    for p in (ctx if isinstance(ctx, list) else [ctx])]
+        if isinstance(ctx, list):  # a split graph: its parts' together
+            from ..toolchains.qnn_graph import combine
+            report["float_ops"] = combine(compiled)
+        else:
+            report["float_ops"] = compiled[0]
     try:
         report["gated"] = gates.judge(params["name"], params["gates"], summary, metrics.get("float_score"))
     except BuildError as e:  # the numbers stay in the memo, marked failed (each gate's verdict too); the task fails

@@ -12,7 +12,7 @@ import json
 import shutil
 from pathlib import Path
 
-from .. import dist
+from .. import dist, dist_parts
 from ..errors import BuildError
 
 VERSION = 2  # 2: index.json says how many samples the contract was checked on (verify)
@@ -63,12 +63,19 @@ def _bundle(params: dict, variant: str, spec: dict, bundle: Path) -> dict:
         manifest = json.loads(Path(entry["manifest"]).read_text())
         files = {}
         for graph, built in entry["graphs"].items():
-            files[f"{chip}/{graph}.bin"] = _copy(built["binary"], bundle / chip / f"{graph}.bin")
-            if toolchain["name"] == "ort-qnn":
+            if "parts" in built:  # a split graph: its parts in order, with the contract of each cut
+                try:
+                    part_files, contract = dist_parts.bundle_parts(bundle, chip, graph, built)
+                except dist_parts.PartsError as e:
+                    raise dist.DistError(str(e)) from None
+                files.update(part_files)
+            elif toolchain["name"] == "ort-qnn":
+                files[f"{chip}/{graph}.bin"] = _copy(built["binary"], bundle / chip / f"{graph}.bin")
                 files[f"{chip}/{graph}_ctx.onnx"] = _copy(built["ctx_model"], bundle / chip / f"{graph}_ctx.onnx")
                 contract = dist.contract_from_ctx(built["ctx_model"])
                 contract = {"inputs": contract["inputs"], "outputs": contract["outputs"]}
             else:
+                files[f"{chip}/{graph}.bin"] = _copy(built["binary"], bundle / chip / f"{graph}.bin")
                 contract = dist.contract_from_manifest(entry["manifest"], graph)
             if graph in contracts and contracts[graph][1] != contract:
                 raise dist.DistError(f"graph '{graph}' has another I/O contract on {chip} than on "
@@ -88,7 +95,8 @@ def _bundle(params: dict, variant: str, spec: dict, bundle: Path) -> dict:
         _copy(source, bundle / rel)
 
     model = params["model"]
-    graphs = {g: {"io": contracts[g][1]} for g in params["graphs"]}
+    # a split graph's entry has its parts and cuts beside the chain's io (dist_parts.chain_entry)
+    graphs = {g: contracts[g][1] if "parts" in contracts[g][1] else {"io": contracts[g][1]} for g in params["graphs"]}
     for g, files in params["graphs"].items():
         if files.get("step"):
             outputs_elsewhere = {t["name"]: other for other in graphs if other != g
@@ -111,6 +119,11 @@ def _bundle(params: dict, variant: str, spec: dict, bundle: Path) -> dict:
     }
     if spec.get("multi_soc") is not None:
         index["multi_soc"] = _multi_soc(spec["multi_soc"], bundle, chips)
+    if spec.get("shared") is not None:  # [model] share_weights
+        try:
+            index["shared_contexts"] = dist_parts.bundle_shared(bundle, spec["shared"], chips)
+        except dist_parts.PartsError as e:
+            raise dist.DistError(str(e)) from None
     _licenses(params, bundle, bool(runtime_files))
     (bundle / dist.INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     return index

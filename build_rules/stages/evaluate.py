@@ -35,11 +35,13 @@ def measurement_key(params: dict) -> dict:
     from ..hashing import file_digest
     from .check import hooks_digest
     files = {}
-    for graph, path in sorted(params["graphs"].items()):
-        files[graph] = [file_digest(path)]
-        binary = Path(str(path).replace("_ctx.onnx", ".bin"))
-        if str(path).endswith("_ctx.onnx") and binary.is_file():
-            files[graph].append(file_digest(binary))
+    for graph, paths in sorted(params["graphs"].items()):
+        files[graph] = []
+        for path in paths if isinstance(paths, list) else [paths]:  # a split graph: each part's files, in order
+            files[graph].append(file_digest(path))
+            binary = Path(str(path).replace("_ctx.onnx", ".bin"))
+            if str(path).endswith("_ctx.onnx") and binary.is_file():
+                files[graph].append(file_digest(binary))
     key = {"version": VERSION, "on": params["on"], "graphs": files, "hooks": hooks_digest(params["hooks"])}
     if params.get("data_dir") and Path(params["data_dir"], "data.json").is_file():
         key["data"] = file_digest(Path(params["data_dir"], "data.json"))
@@ -76,8 +78,10 @@ def run(params: dict) -> dict:
             report["gated"] = gates.results(report["gates"], metrics, reference)
             if params["on"] == "emulator" and any(g["passed"] is False for g in report["gated"]):
                 model, _, target = params["name"].split(":", 1)[1].partition("/")
-                e = BuildError(f"{e}; to see which graph and tensor it starts at: "
-                               + ", ".join(f"doit diagnose:{model}/{g}/{target}" for g in params["graphs"]))
+                whole = [g for g, p in params["graphs"].items() if not isinstance(p, list)]  # split: no diagnose
+                if whole:
+                    e = BuildError(f"{e}; to see which graph and tensor it starts at: "
+                                   + ", ".join(f"doit diagnose:{model}/{g}/{target}" for g in whole))
             results.keep_failed(memo, report, str(e), key, metrics, graph_runs=graph_runs)
             raise e from None
     results.clear_failed(memo)
@@ -91,8 +95,11 @@ def _evaluate(params: dict) -> tuple[dict, dict]:
     if not hasattr(hooks, "evaluate"):
         raise BuildError(f"{params['hooks']}: model.toml has [evaluate] but the hooks have no evaluate(run_graph)")
     if params["on"] == "emulator":
+        from .. import chain
         from ..toolchains import ort_qnn
-        runners = {g: ort_qnn.open_context_binary(p) for g, p in params["graphs"].items()}
+        # a split graph is its parts' binaries, run in order
+        runners = {g: chain.open_on_emulator(p) if isinstance(p, list) else ort_qnn.open_context_binary(p)
+                   for g, p in params["graphs"].items()}
     else:
         runners = {g: _cpu_runner(p) for g, p in params["graphs"].items()}
 

@@ -33,12 +33,17 @@ def model_commit(folder: str) -> str | None:
 def run(params: dict) -> dict:
     graphs = {}
     for graph, files in params["graphs"].items():
-        binary = Path(files["binary"])
         check = json.loads(Path(files["check"]).read_text())
+        if "parts" in files:  # a split graph: its parts' binaries in order, checked as a chain
+            parts = [{"binary": Path(b).name, "ctx_model": Path(c).name, "bytes": Path(b).stat().st_size,
+                      "xxh3_128": file_digest(b)} for b, c in zip(files["parts"], files["ctx_parts"])]
+            entry = {"parts": parts, "bytes": sum(p["bytes"] for p in parts)}
+        else:
+            binary = Path(files["binary"])
+            entry = {"binary": binary.name, "ctx_model": Path(files["ctx_model"]).name, "bytes": binary.stat().st_size,
+                     "xxh3_128": file_digest(binary)}
         graphs[graph] = {
-            "binary": binary.name, "ctx_model": Path(files["ctx_model"]).name, "bytes": binary.stat().st_size,
-            "xxh3_128": file_digest(binary), "metrics": check["summary"],
-            "gates": check.get("gates", []), "gated": check.get("gated", []),
+            **entry, "metrics": check["summary"], "gates": check.get("gates", []), "gated": check.get("gated", []),
             **({"worst_output": check["worst_output"]} if check.get("worst_output") else {}),
             **({"float_ops": check["float_ops"]} if check.get("float_ops") is not None else {}),
         }
@@ -69,12 +74,14 @@ def not_smaller(params: dict, graphs: dict) -> list[str]:
         return []
     found = []
     for graph, entry in graphs.items():
-        fp16_bytes = Path(sibling["binaries"][graph]).stat().st_size
+        binaries = sibling["binaries"][graph]  # a split graph: its parts' binaries (sizes summed, as entry["bytes"])
+        fp16_bytes = sum(Path(b).stat().st_size for b in (binaries if isinstance(binaries, list) else [binaries]))
         entry["fp16_bytes"] = fp16_bytes
         if entry["bytes"] < fp16_bytes:
             continue
         why = describe(entry.get("float_ops")) or "no op ran in float: look for weights kept at 16 bit (docs/models.md)"
+        what = f"{graph}.bin" if "binary" in entry else f"{graph}'s {len(entry['parts'])} parts"
         found.append(f"package:{params['model']['name']}/{params['variant']['name']}@{params['chip']['name']}: "
-                     f"{graph}.bin ({entry['bytes'] / 1e6:.2f} MB) is not smaller than {sibling['variant']}'s "
+                     f"{what} ({entry['bytes'] / 1e6:.2f} MB) is not smaller than {sibling['variant']}'s "
                      f"({fp16_bytes / 1e6:.2f} MB): {why}")
     return found

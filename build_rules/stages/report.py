@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from .. import gates, results
-from ..toolchains.qnn_graph import describe as describe_float_ops
+from ..toolchains.qnn_graph import combine, describe as describe_float_ops
 from ..files import atomic_write_json, atomic_write_text
 from .check import measurement, measurement_key, summarize
 
@@ -37,17 +37,27 @@ def _cell_metrics(cell: dict, hooks: str, data_dir) -> tuple[dict, str]:
     return metrics, "memo" if remembered else "emulator"
 
 
+def _compiled(path: str | list) -> dict:
+    """A binary's compile report; a split graph's parts summed, with each part's size."""
+    if not isinstance(path, list):
+        return json.loads(Path(path).read_text())
+    reports = [json.loads(Path(p).read_text()) for p in path]
+    return {"bytes": sum(r["bytes"] for r in reports), "seconds": sum(r["seconds"] for r in reports),
+            "part_bytes": [r["bytes"] for r in reports], "float_ops": combine([r.get("float_ops") for r in reports])}
+
+
 def run(params: dict) -> dict:
     rows = []
     measured = 0
     for cell in params["cells"]:
-        compiled = json.loads(Path(cell["compile"]).read_text())
+        compiled = _compiled(cell["compile"])
         metrics, source = _cell_metrics(cell, params["hooks"], params.get("data_dir"))
         measured += source == "emulator"
         summary = summarize(metrics)
         print(f"{cell['variant']}@{cell['chip']} {cell['graph']}: {source}", flush=True)
         rows.append({"variant": cell["variant"], "chip": cell["chip"], "graph": cell["graph"],
                      "bytes": compiled["bytes"], "compile_seconds": compiled["seconds"], "samples": metrics["samples"],
+                     **({"part_bytes": compiled["part_bytes"]} if "part_bytes" in compiled else {}),
                      "summary": summary, "float_score": metrics.get("float_score", {}), "gates": cell["gates"],
                      "gated": gates.results(cell["gates"], summary, metrics.get("float_score", {})),
                      "passed": gates.passes_all(cell["gates"], summary, metrics.get("float_score", {})),
@@ -168,7 +178,9 @@ def markdown(report: dict) -> str:
               "| float ops |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r["summary"]
-        lines.append(f"| {r['variant']} | {r['chip']} | {r['graph']} | {r['bytes'] / 1e3:.1f} | "
+        size = f"{r['bytes'] / 1e3:.1f}" + (" (" + " + ".join(f"{b / 1e3:.1f}" for b in r["part_bytes"]) + ")"
+                                              if r.get("part_bytes") else "")  # a split graph: each part's size
+        lines.append(f"| {r['variant']} | {r['chip']} | {r['graph']} | {size} | "
                      f"{r['compile_seconds']:.2f} | {_fmt(s['cosine'], 6)} | {_fmt(s['sqnr'])} | {_fmt(s['max_abs'])} | "
                      f"{_task_metrics(r)} | {_gate_text(r)} | {_float_text(r)} |")
     if report.get("evaluate"):

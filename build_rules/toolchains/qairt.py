@@ -437,9 +437,20 @@ def htp_config_files(sdk: Sdk, graph_name: str, chip: dict, config_path_abs: str
     return extensions, config
 
 
+def shared_htp_config_files(sdk: Sdk, graph_names: list[str], chip: dict, config_path_abs: str) -> tuple[dict, dict]:
+    """The HTP config of a weight-shared context: every graph of the group under graph_names, and the context's
+    weight_sharing_enabled (QAIRT's HTP backend config; Qualcomm's LLM bundles write it this way)."""
+    extensions, config = htp_config_files(sdk, graph_names[0], chip, config_path_abs)
+    config["graphs"][0]["graph_names"] = list(graph_names)
+    config["context"] = {"weight_sharing_enabled": True}
+    return extensions, config
+
+
 def context_binary_command(sdk: Sdk, output_dir: str, binary_file: str, config_file: str,
-                           model_lib: str | None = None, dlc: str | None = None) -> list[str]:
-    """qnn-context-binary-generator from a model library (model-lib flow) or a DLC (--dlc_path + libQnnModelDlc)."""
+                           model_lib: str | None = None, dlc: str | list[str] | None = None) -> list[str]:
+    """qnn-context-binary-generator from a model library (model-lib flow) or a DLC (--dlc_path + libQnnModelDlc);
+    several DLCs (a comma-separated --dlc_path) make one context holding all their graphs."""
+    dlc = ",".join(dlc) if isinstance(dlc, list) else dlc
     model = ["--model", model_lib] if dlc is None else ["--model", str(sdk.model_dlc_lib), "--dlc_path", dlc]
     return [str(sdk.tool("qnn-context-binary-generator")), "--backend", str(sdk.htp_backend), *model,
             "--output_dir", output_dir, "--binary_file", binary_file, "--config_file", config_file]

@@ -34,9 +34,10 @@ class ContractError(ValueError):
     """The file is not an I/O contract this module can read; the message says what is missing."""
 
 
-def read_io_contract(path: str | Path) -> dict:
+def read_io_contract(path: str | Path, graph_name: str | None = None) -> dict:
     """{"inputs": [...], "outputs": [...]} in graph order, each {"name", "shape", "dtype", "scale", "offset",
-    "layout"}, from a _net.json or a qnn-context-binary-utility JSON (the first graph: one graph per binary)."""
+    "layout"}, from a _net.json or a qnn-context-binary-utility JSON (the first graph: one graph per binary; or the
+    graph named graph_name, in a weight-shared context holding several)."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -46,7 +47,10 @@ def read_io_contract(path: str | Path) -> dict:
         return _from_net_json(data["graph"]["tensors"], path)
     graphs = (data.get("info") or {}).get("graphs") if isinstance(data.get("info"), dict) else None
     if graphs:
-        info = graphs[0].get("info", graphs[0])
+        infos = [g.get("info", g) for g in graphs]
+        info = next((i for i in infos if i.get("graphName") == graph_name), None) if graph_name else infos[0]
+        if info is None:
+            raise ContractError(f"{path}: no graph {graph_name!r} (it has {[i.get('graphName') for i in infos]})")
         return {"inputs": [_from_binary_info(t.get("info", t), path) for t in info.get("graphInputs", [])],
                 "outputs": [_from_binary_info(t.get("info", t), path) for t in info.get("graphOutputs", [])]}
     raise ContractError(f"{path}: neither a _net.json (graph.tensors) nor a qnn-context-binary-utility dump "

@@ -29,10 +29,11 @@ from . import qairt
 
 # Bump a stage's number when its output for the same inputs changes.
 STAGE_VERSIONS = {"convert": 2, "quantize": 1, "model_libs": 1, "htp_config": 1, "compile": 2, "check": 2,
-                  "package": 2}
+                  "package": 2, "shared_context": 1}
 # The stage module each task runs, per flow where the flows differ.
 STAGE_MODULES = {"convert": {"model-lib": "convert", "dlc": "dlc_convert"}, "quantize": "dlc_quantize",
-                 "model_libs": "model_libs", "compile": "context_binary", "check": "qairt_check"}
+                 "model_libs": "model_libs", "compile": "context_binary", "check": "qairt_check",
+                 "shared_context": "qairt_shared_context"}
 STAGE_TOOLS = {"convert": ("numpy", "onnx"), "quantize": ("numpy",), "check": ("numpy", "onnxruntime")}
 
 
@@ -236,8 +237,10 @@ def compile():
             params["model_lib"] = layout.model_lib(m, v, qairt.HOST, g)
         # htp_config.json, not the extensions file: that one holds absolute paths, so a moved repo would
         # otherwise recompile every binary although nothing that shapes them changed.
-        yield _stage_task("compile", f"{m}/{g}/{v}@{c}", params, [params.get("dlc") or params["model_lib"], config],
-                          list(params["outputs"].values()), layout.chip_file(m, v, c, f"{g}.compile.log"))
+        task = _stage_task("compile", f"{m}/{g}/{v}@{c}", params, [params.get("dlc") or params["model_lib"], config],
+                           list(params["outputs"].values()), layout.chip_file(m, v, c, f"{g}.compile.log"))
+        task["task_dep"] = [f"size:{m}/{g}/{v}"]  # the size check (build_rules/stages/size.py) fails before this
+        yield task
 
 
 def check():
@@ -306,10 +309,37 @@ def package():
                    "clean": True}
 
 
+def shared_context():
+    """[model] share_weights, DLC flow (project.py refuses the model-lib flow): one context per group and chip."""
+    if flow() != "dlc" or not any(model.share_weights for model in project().models):
+        return None
+    return _shared_context_tasks()
+
+
+def _shared_context_tasks():
+    yield _group("12b shared_context: [model] share_weights: the group's DLCs in one weight-shared context binary")
+    sdk = qairt.find_sdk()
+    for model in project().models:
+        for group in model.share_weights:
+            name = "+".join(group)
+            for variant, chip in variant_builds(model):
+                m, v, c = model.name, variant.name, chip.name
+                folder = layout.chip_file(m, v, c, "shared")
+                graphs = {g: {"dlc": _dlc(m, v, g), "apart_binary": layout.chip_file(m, v, c, f"{g}.bin"),
+                              "onnx": layout.float_file(m, g, ".sim.onnx")} for g in group}
+                outputs = {"report": f"{folder}/{name}.json", "binary": f"{folder}/{name}.bin",
+                           "info": f"{folder}/{name}.info.json"}
+                params = {"sdk": str(sdk.root), "group": name, "graphs": graphs, "chip": chip_params(chip),
+                          "outputs": outputs}
+                yield _stage_task("shared_context", f"{m}/{name}/{v}@{c}", params,
+                                  [f for files in graphs.values() for f in files.values()], list(outputs.values()),
+                                  f"{folder}/{name}.log")
+
+
 # quantize is ort-qnn's (a QDQ model) under ort-qnn, qairt-quantizer's in the DLC flow, absent in the model-lib flow
 # (qnn-onnx-converter quantizes); model_libs exists in the model-lib flow only.
 STAGES = {"quantize": quantize, "convert": convert, "model_libs": model_libs, "htp_config": htp_config,
-          "compile": compile, "check": check, "package": package}
+          "compile": compile, "check": check, "package": package, "shared_context": shared_context}
 
 
 def notes() -> list[str]:

@@ -79,6 +79,30 @@ def float_ops(model, dump: dict | None) -> dict:
             "qnn_ops": dict(sorted(qnn_ops.items(), key=lambda kv: (-kv[1], kv[0])))}
 
 
+def combine(infos: list) -> dict | None:
+    """The float_ops of a split graph's parts as one graph's: counts and weights summed, nodes in part order. None
+    when no part has any (fp16); the first error when a part's are unknown. A weight two parts read counts twice."""
+    known = [i for i in infos if i is not None]
+    if not known:
+        return None
+    errors = [i for i in known if i.get("error")]
+    if errors:
+        return errors[0]
+    op_types: dict[str, int] = {}
+    qnn_ops: dict[str, int] = {}
+    for info in known:
+        for table, total in ((info["op_types"], op_types), (info.get("qnn_ops", {}), qnn_ops)):
+            for op, n in table.items():
+                total[op] = total.get(op, 0) + n
+    weights = sum(i["weights"] for i in known)
+    in_float = sum(i["float_weights"] for i in known)
+    return {"count": sum(i["count"] for i in known),
+            "op_types": dict(sorted(op_types.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "nodes": [n for i in known for n in i["nodes"]][:LISTED], "weights": weights, "float_weights": in_float,
+            "weights_share": round(in_float / weights, 4) if weights else 0.0,
+            "qnn_ops": dict(sorted(qnn_ops.items(), key=lambda kv: (-kv[1], kv[0])))}
+
+
 def _weights(model) -> dict[str, int]:
     """Parameters per ONNX node: its initializer inputs (floats, or quantized ones behind a DequantizeLinear)."""
     sizes = {}
