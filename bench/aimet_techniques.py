@@ -2,7 +2,7 @@
 
     python bench/aimet_techniques.py [--graphs pnet,rnet,onet] [--chip SM8750] [--precisions w8a8,w4a16]
                                      [--methods ort,aimet,seq_mse,adaround] [--adaround-iterations 2000]
-                                     [--jobs 2] [--keep DIR]
+                                     [--seq-mse-candidates 20] [--jobs 2] [--keep DIR]
 
 In a fresh copy of the repo (models/mtcnn with the chosen graphs and one chip, its own build cache) it adds one
 variant per precision and method and builds every binary with the real `doit -n <jobs> -P thread --continue`:
@@ -28,7 +28,7 @@ PRECISIONS = {"w8a8": ("uint8", {"ort": "uint8", "aimet": "int8"}), "w4a16": ("u
               "w8a16": ("uint16", {"ort": "uint8", "aimet": "int8"})}
 
 
-def variants(precisions: list[str], methods: list[str], iterations: int) -> str:
+def variants(precisions: list[str], methods: list[str], iterations: int, candidates: int = 20) -> str:
     text = ""
     for precision in precisions:
         activations, weights = PRECISIONS[precision]
@@ -43,6 +43,8 @@ def variants(precisions: list[str], methods: list[str], iterations: int) -> str:
                 text += f"techniques = [\"{method}\"]\n"
             if method == "adaround":
                 text += f"adaround = {{ iterations = {iterations} }}\n"
+            if method == "seq_mse":
+                text += f"seq_mse = {{ candidates = {candidates} }}\n"
     return text
 
 
@@ -84,12 +86,14 @@ def main() -> int:
     parser.add_argument("--precisions", default="w8a8,w4a16")
     parser.add_argument("--methods", default="ort,aimet,seq_mse,adaround")
     parser.add_argument("--adaround-iterations", type=int, default=2000)
+    parser.add_argument("--seq-mse-candidates", type=int, default=20, help="aimet-onnx's default: 20")
     parser.add_argument("--jobs", default="2")
     parser.add_argument("--keep", help="build in this folder and keep it (default: a temp folder, removed)")
     args = parser.parse_args()
     graphs, precisions, methods = (args.graphs.split(","), args.precisions.split(","), args.methods.split(","))
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-aimet-"))
-    repo = make_repo(work, graphs, args.chip, variants(precisions, methods, args.adaround_iterations))
+    repo = make_repo(work, graphs, args.chip, variants(precisions, methods, args.adaround_iterations,
+                                                                 args.seq_mse_candidates))
     env = dict(os.environ, BUILD_RULES_CACHE=str(work / "cache"))
     proc = subprocess.run([sys.executable, "-m", "doit", "-n", args.jobs, "-P", "thread", "--continue"], cwd=repo,
                           env=env, capture_output=True, text=True)
@@ -101,6 +105,8 @@ def main() -> int:
         block = text[text.index(f"[graphs.{graph}]"):]
         gates[graph] = block[block.index("gate = {"):].split("metric = \"", 1)[1].split("\"", 1)[0]
     adaround = f"; AdaRound {args.adaround_iterations} iterations" if "adaround" in methods else ""
+    if "seq_mse" in methods:
+        adaround += f"; SeqMSE {args.seq_mse_candidates} candidates"
     load = os.getloadavg()[0]
     print(f"MTCNN on {args.chip}, HTP emulator, whole evaluation set (worst output){adaround}; doit exit code "
           f"{proc.returncode} (gates may fail); load average {load:.1f} at the end\n")
