@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import BuildError
 from ..files import atomic_write_json
+from ..lean_imports import onnxsim_simplify
 
 VERSION = 3  # 2: Constant nodes -> initializers, constants folded, opset >= 13; 3: shared biases copied per node,
 #              an ONNX-only model's transform(model) hook
@@ -64,7 +65,6 @@ def check_io_types(model, source: str) -> None:
 def run(params: dict) -> dict:
     import numpy as np
     import onnx
-    import onnxsim
 
     source = params["onnx"]
     try:
@@ -93,7 +93,7 @@ def run(params: dict) -> dict:
     model = _opset_for_quantization(model, source)
     constants = constants_to_initializers(model)
     try:
-        simplified, ok = onnxsim.simplify(
+        simplified, ok = onnxsim_simplify()(
             model, overwrite_input_shapes={n: s["shape"] for n, s in declared.items()} or None)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__  # the rest: its C++ stack

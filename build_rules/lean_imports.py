@@ -1,0 +1,54 @@
+"""Import a package's submodules without running the package's __init__, where that __init__ imports torch for
+tools the build never calls. Each stage is a process of its own, so an import is paid on every stage run:
+
+- onnxsim 0.8's __init__ imports every tool it has, torch among them: 4.5 s of a 5 s simplify stage here;
+  simplify() lives in onnxsim/onnx_simplifier.py in every version since 0.4.
+- onnxruntime/tools/__init__.py imports torch whenever torch is installed (for a PyTorch export helper), and the
+  QNN quantization config (onnxruntime.quantization.execution_providers.qnn) imports onnxruntime.tools' model
+  utilities: 2.2 s of every quantize and calibration_stats stage.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+
+
+def skip_package_init(package: str) -> bool:
+    """Put an empty module with the package's search path in sys.modules: its submodules import as usual, its
+    __init__ does not run. False (and nothing changed) when the package is missing or already imported."""
+    if package in sys.modules:
+        return False
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    module = types.ModuleType(package)
+    module.__path__, module.__spec__, module.__file__ = list(spec.submodule_search_locations), spec, spec.origin
+    module.__package__ = package
+    sys.modules[package] = module
+    return True
+
+
+def forget(package: str) -> None:
+    """Undo skip_package_init (and the submodules imported since), so that a plain import runs the __init__."""
+    for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
+        del sys.modules[name]
+
+
+def onnxsim_simplify():
+    """onnxsim.simplify, imported without onnxsim's __init__ where its layout allows, else with it."""
+    if skip_package_init("onnxsim"):
+        try:
+            from onnxsim.onnx_simplifier import simplify
+            return simplify
+        except ImportError:
+            forget("onnxsim")
+    import onnxsim
+    return onnxsim.simplify
+
+
+def onnxruntime_tools_without_torch() -> None:
+    """Before importing onnxruntime.quantization.execution_providers.qnn: its onnxruntime.tools imports do not
+    import torch (the submodules it uses need none)."""
+    import onnxruntime  # noqa: F401  (the parent package itself is imported as usual)
+    skip_package_init("onnxruntime.tools")
