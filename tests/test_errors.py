@@ -240,3 +240,33 @@ def test_control_flow_left_after_simplify_names_the_node(tmp_path):
     assert ("model.onnx: the graph has control flow, which QNN HTP cannot run: 'branch_1' (If) -- fix: export the "
             "branch the device needs as its own graph") in result.output
     assert targets_left(repo) == []
+
+
+def test_a_qdq_model_the_cpu_ep_refuses_names_its_quantizer(tmp_path):
+    """The aimet stage runs AIMET's QDQ export through the load check onnxruntime's QDQ models get: the message says
+    who wrote the model and where to report it."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from build_rules.errors import BuildError
+    from build_rules.stages.quantize import check_quantized
+
+    def graph(second_input_type):
+        nodes = [helper.make_node("Add", ["x", "y"], ["z"], name="add")]
+        inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+                  helper.make_tensor_value_info("y", second_input_type, [1, 4])]
+        outputs = [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 4])]
+        return helper.make_model(helper.make_graph(nodes, "g", inputs, outputs),
+                                 opset_imports=[helper.make_opsetid("", 17)])
+
+    onnx.save(graph(TensorProto.FLOAT), tmp_path / "float.onnx")
+    onnx.save(graph(TensorProto.INT32), tmp_path / "broken.qdq.onnx")  # Add of float and int32: a type error
+    check_quantized(str(tmp_path / "float.onnx"), str(tmp_path / "float.onnx"), "aimet:m/g/v", "out/m/v/g.qdq.onnx",
+                    ("AIMET's QDQ export", "AIMET"))  # a model that loads passes
+    with pytest.raises(BuildError) as error:
+        check_quantized(str(tmp_path / "broken.qdq.onnx"), str(tmp_path / "float.onnx"), "aimet:m/g/v",
+                        "out/m/v/g.qdq.onnx", ("AIMET's QDQ export", "AIMET"))
+    message = str(error.value)
+    assert message.startswith("aimet:m/g/v: AIMET's QDQ export wrote an invalid QDQ model (out/m/v/g.qdq.onnx is not "
+                              "written): onnxruntime's CPU EP refuses it: "), message
+    assert message.endswith("or report it to AIMET with that file"), message

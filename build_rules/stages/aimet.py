@@ -131,6 +131,11 @@ def quantize(params: dict) -> dict:
         qdq = sim.to_onnx_qdq(prequantize_constants=True, export_int32_bias=True)
         Path(params["outputs"]["onnx"]).parent.mkdir(parents=True, exist_ok=True)
         onnx.save(qdq, params["outputs"]["onnx"])
+        # the same load check as onnxruntime's QDQ models get: a model the CPU EP refuses fails here, named, and
+        # not minutes later in the compile with no node to blame
+        from .quantize import check_quantized
+        check_quantized(params["outputs"]["onnx"], params["onnx"], params["name"],
+                        params.get("final_outputs", params["outputs"])["onnx"], ("AIMET's QDQ export", "AIMET"))
         sim.export(tmp, "model", export_int32_bias=True)
         encodings = json.loads((Path(tmp) / "model.encodings").read_text())
         onnx.save(onnx.load(str(Path(tmp) / "model.onnx")), params["outputs"]["float_onnx"])  # weights inline

@@ -88,10 +88,12 @@ def narrowed_outputs(qdq_model: str, ranges: str | None) -> list[str]:
     return found
 
 
-def check_quantized(qdq_model: str, float_model: str, name: str, target: str) -> None:
+def check_quantized(qdq_model: str, float_model: str, name: str, target: str,
+                    quantizer: tuple[str, str] = ("onnxruntime's quantizer", "onnxruntime")) -> None:
     """The QDQ model must load: onnx's checker and onnxruntime's CPU EP, which resolves every node's types
     and shapes. onnxruntime's quantizer can write a model that does not (see simplify.unshare_biases); the compiler
-    would then fail with the same words and no node to blame. Fails naming the tensor and the cause when found."""
+    would then fail with the same words and no node to blame. Fails naming the tensor and the cause when found.
+    quantizer: who wrote the model and where to report it (the aimet stage checks AIMET's export the same way)."""
     import onnx
     import onnxruntime as ort
     problem = None
@@ -112,11 +114,11 @@ def check_quantized(qdq_model: str, float_model: str, name: str, target: str) ->
     if problem is None:
         return
     cause = renamed_tensors(float_model, qdq_model)
-    raise BuildError(f"{name}: onnxruntime's quantizer wrote an invalid QDQ model ({target} is not written): "
+    raise BuildError(f"{name}: {quantizer[0]} wrote an invalid QDQ model ({target} is not written): "
                      f"{problem}" + (f"; cause: {cause}" if cause else
                                      f"; the float model {float_model} loads, so the quantizer broke it: patch the "
                                      "graph (a transform(model) hook for an ONNX-only model), use an fp16 variant "
-                                     "(not quantized), or report it to onnxruntime with that file"))
+                                     f"(not quantized), or report it to {quantizer[1]} with that file"))
 
 
 def _first_line(error: Exception) -> str:
