@@ -29,8 +29,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import lean_imports
-
 if TYPE_CHECKING:  # only for annotations; numpy is imported lazily
     import numpy as np
 
@@ -457,7 +455,9 @@ class CalibrationReader:
 
 def _qnn_config(model_path: str, reader, method_name: str, **kwargs):
     from onnxruntime.quantization import CalibrationMethod
-    lean_imports.onnxruntime_tools_without_torch()
+
+    from ..lean_imports import onnxruntime_tools_without_torch  # here: the compile child loads this file on its own
+    onnxruntime_tools_without_torch()
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
     return get_qnn_qdq_config(model_path, reader, calibrate_method=getattr(CalibrationMethod, method_name), **kwargs)
 
@@ -465,7 +465,9 @@ def _qnn_config(model_path: str, reader, method_name: str, **kwargs):
 def _preprocessed(float_model: Path, tmp: Path):
     """(model after qnn_preprocess_model with its metadata back, (activation names, initializer names) before)."""
     import onnx
-    lean_imports.onnxruntime_tools_without_torch()
+
+    from ..lean_imports import onnxruntime_tools_without_torch
+    onnxruntime_tools_without_torch()
     from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
 
     model = onnx.load(str(float_model))
