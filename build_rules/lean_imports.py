@@ -6,6 +6,8 @@ tools the build never calls. Each stage is a process of its own, so an import is
 - onnxruntime/tools/__init__.py imports torch whenever torch is installed (for a PyTorch export helper), and the
   QNN quantization config (onnxruntime.quantization.execution_providers.qnn) imports onnxruntime.tools' model
   utilities: 2.2 s of every quantize and calibration_stats stage.
+Once a stub is in place, a later `import onnxsim` in that process gets the stub: the stages call this after the
+user's hooks have run (simplify's transform(model) hook imports the real package if it wants it).
 """
 from __future__ import annotations
 
@@ -14,35 +16,37 @@ import sys
 import types
 
 
-def skip_package_init(package: str) -> bool:
+def skip_package_init(package: str) -> None:
     """Put an empty module with the package's search path in sys.modules: its submodules import as usual, its
-    __init__ does not run. False (and nothing changed) when the package is missing or already imported."""
+    __init__ does not run. Nothing changes when the package is missing or already imported."""
     if package in sys.modules:
-        return False
+        return
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        return False
+        return
     module = types.ModuleType(package)
     module.__path__, module.__spec__, module.__file__ = list(spec.submodule_search_locations), spec, spec.origin
     module.__package__ = package
+    module.lean_stub = True  # (forget() undoes only these)
     sys.modules[package] = module
-    return True
 
 
 def forget(package: str) -> None:
     """Undo skip_package_init (and the submodules imported since), so that a plain import runs the __init__."""
-    for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
-        del sys.modules[name]
+    if getattr(sys.modules.get(package), "lean_stub", False):
+        for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
+            del sys.modules[name]
 
 
 def onnxsim_simplify():
-    """onnxsim.simplify, imported without onnxsim's __init__ where its layout allows, else with it."""
-    if skip_package_init("onnxsim"):
-        try:
-            from onnxsim.onnx_simplifier import simplify
-            return simplify
-        except ImportError:
-            forget("onnxsim")
+    """onnxsim.simplify, imported without onnxsim's __init__ where its layout allows, else with it. (A process may
+    call this more than once: the tests run stages in-process.)"""
+    skip_package_init("onnxsim")
+    try:
+        from onnxsim.onnx_simplifier import simplify
+        return simplify
+    except ImportError:
+        forget("onnxsim")
     import onnxsim
     return onnxsim.simplify
 
