@@ -91,17 +91,6 @@ def test_tasks_the_build_cache_holds_count_as_their_restore_not_their_work(tinyn
     assert "(1 restored from the build cache)" in result.output
 
 
-def test_k_of_n_with_two_threads(tinynet_repo):
-    change_head_checkpoint(tinynet_repo)
-    result = run_doit(tinynet_repo, "-n", "2", "-P", "thread")
-    assert result.code == 0, result.output
-    marks = markers(result.output)
-    assert len(result.ran) == 21
-    assert [k for k, *_ in marks] == list(range(1, 22))
-    assert {n for _, n, _, _ in marks} == {21}
-    assert len(re.findall(r"^summary: ", result.output, re.M)) == 1
-
-
 def test_a_no_op_prints_one_line(tinynet_repo):
     quiet = run_doit(tinynet_repo, "-v", "0")  # what `doit` prints
     assert quiet.code == 0, quiet.output
