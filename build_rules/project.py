@@ -192,6 +192,20 @@ def stage_task(stage: str, name: str, params: dict, file_dep: list, targets: lis
     return task
 
 
+def in_process_stage(stage: str, params: dict):
+    """doit action of a stage light enough to run inside doit (a size check, qairt's package): its BuildError is the
+    user's to fix, so the task fails with the message, not a traceback."""
+    import importlib
+
+    from doit.exceptions import TaskFailed
+
+    from .errors import BuildError
+    try:
+        return importlib.import_module(f"build_rules.stages.{stage}").run(params)
+    except BuildError as e:
+        return TaskFailed(str(e))
+
+
 # Stages whose outputs do not depend on where their inputs and outputs live (no path is written into them): the
 # build cache keys them by content alone, so e.g. a new variant whose pnet quantizes to the same bytes as another
 # variant's gets that variant's pnet binaries from the cache.

@@ -14,7 +14,7 @@ import json
 
 from . import context_size, layout
 from .config import Graph, Model
-from .project import project, quantized_variants, stage_task, task_key, variant_builds
+from .project import in_process_stage, project, quantized_variants, stage_task, task_key, variant_builds
 
 
 def parts(model: Model, graph: Graph) -> int | None:
@@ -81,18 +81,6 @@ def _budgets(model: Model, graph: Graph) -> dict:
     return budgets
 
 
-def _size(params: dict):
-    """doit action, in-process: reading a model's initializer shapes is light, a process per check would not be."""
-    from doit.exceptions import TaskFailed
-
-    from .errors import BuildError
-    from .stages import size
-    try:
-        return size.run(params)
-    except BuildError as e:  # the user's to fix: the message, not a traceback
-        return TaskFailed(str(e))
-
-
 def size_tasks():
     for model in project().models:
         budgets = {}
@@ -108,9 +96,10 @@ def size_tasks():
                 params = {"name": f"size:{model.name}/{graph.name}/{variant}", "onnx": sim, "graph": graph.name,
                           "variant": variant, "widths": widths[variant], "budgets": chips,
                           "outputs": {"report": report}}
-                yield {"name": f"{model.name}/{graph.name}/{variant}", "actions": [(_size, [params])],
-                       "file_dep": [sim], "targets": [report], "uptodate": [task_key("size", params)],
-                       "clean": True}
+                # in-process: reading a model's initializer shapes is light, a process per check would not be
+                yield {"name": f"{model.name}/{graph.name}/{variant}",
+                       "actions": [(in_process_stage, ["size", params])], "file_dep": [sim], "targets": [report],
+                       "uptodate": [task_key("size", params)], "clean": True}
 
 
 def split_tasks():

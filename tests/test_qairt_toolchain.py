@@ -175,8 +175,8 @@ def test_mtcnn_command_lines_follow_the_sherpa_onnx_flow(tmp_path, monkeypatch):
     finally:
         tasks.project.cache_clear()
     S = str(sdk)
-    params = lambda name: found[name]["actions"][0][1][1 if name.split(":")[0] not in ("htp_config", "package")
-                                                       else 0]
+    # an action's arguments: (stage, params, ...) for stage tasks and in-process stages, (params,) for htp_config
+    params = lambda name: found[name]["actions"][0][1][0 if name.startswith("htp_config:") else 1]
     tool = lambda name: f"{S}/bin/x86_64-linux-clang/{name}"
 
     convert = params("convert:mtcnn/pnet/w8a8")

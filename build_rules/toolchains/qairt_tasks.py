@@ -21,8 +21,8 @@ from pathlib import Path
 
 from .. import aimet_tasks, layout
 from ..config import gate_dicts
-from ..project import (calibration_files, checkpoint_files, chip_params, model_data, project, rel, tool_version,
-                       variant_builds)
+from ..project import (calibration_files, checkpoint_files, chip_params, in_process_stage, model_data, project, rel,
+                       tool_version, variant_builds)
 from ..hashing import TaskKey
 from ..runner import run_stage
 from . import qairt
@@ -263,17 +263,6 @@ def check():
                           [params["outputs"]["report"]], layout.chip_file(m, v, c, f"{g}.check.log"))
 
 
-def _package(params: dict):
-    from doit.exceptions import TaskFailed
-
-    from ..errors import BuildError
-    from ..stages import qairt_package
-    try:
-        return qairt_package.run(params)
-    except BuildError as e:  # the user's to fix: a message, not a traceback
-        return TaskFailed(str(e))
-
-
 def package():
     yield _group("8 package: context binaries + device runtime libraries + manifest.json per variant and chip")
     sdk, dlc = qairt.find_sdk(), flow() == "dlc"
@@ -304,9 +293,9 @@ def package():
             file_dep = [f for files in graphs.values() for k, f in files.items() if k != "model_libs"]
             file_dep += [f for files in graphs.values() for f in files.get("model_libs", {}).values()] + checkpoints
             file_dep += aimet_tasks.package_reports(model, variant, params)
-            yield {"name": f"{m}/{v}@{c}", "actions": [(_package, [params])], "file_dep": file_dep,
-                   "targets": [manifest, *outputs["runtime"].values()], "uptodate": [_key("package", params)],
-                   "clean": True}
+            yield {"name": f"{m}/{v}@{c}", "actions": [(in_process_stage, ["qairt_package", params])],
+                   "file_dep": file_dep, "targets": [manifest, *outputs["runtime"].values()],
+                   "uptodate": [_key("package", params)], "clean": True}
 
 
 def shared_context():
