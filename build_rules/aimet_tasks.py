@@ -75,6 +75,8 @@ def aimet_tasks():
                        "report": report_file(m, v, g)}
             params = {"onnx": sim, "input_list": input_list, "inputs": input_specs(graph),
                       "variant": variant.settings_for(g), "htp_arch": oldest_arch(model), "outputs": outputs}
+            if graph.state:  # each state output takes the encoding of the input it feeds (the app copies it over)
+                params["tied"] = sorted(graph.state.items())
             task = stage_task("aimet", f"{m}/{g}/{v}", params,
                               [sim, input_list, *calibration_files(model, graph, variant.calibration_samples)],
                               list(outputs.values()), layout.variant_file(m, v, g, ".aimet.log"))

@@ -223,3 +223,42 @@ def test_tune_proposes_the_smallest_whole_variant_that_meets_the_gate_before_16_
         os.chdir(cwd)
     listing = run_doit(rnet_copy, "list", "--all").output  # the proposal is an aimet variant of the same settings
     assert "aimet:mtcnn/rnet/w4a16_tuned" in listing and "quantize:mtcnn/rnet/w4a16_tuned" not in listing
+
+
+@needs_aimet
+def test_an_aimet_step_graph_gives_each_state_output_the_encoding_of_the_input_it_feeds(tmp_path):
+    """A recurrent cell with its state declared ([graphs.cell.state], no stacked output): AIMET calibrates h and c
+    apart from the h_out and c_out they receive, and the stage loads the union of each pair's ranges into both, so
+    the compiled binary's state input and output have one scale and offset (the app copies the buffer over), as
+    onnxruntime's quantize does."""
+    from build_rules import dist
+    from test_user_models import recurrent_repo
+
+    repo = recurrent_repo(tmp_path / "repo")
+    folder = repo / "models/recurrent"
+    (folder / "hooks.py").write_text((folder / "hooks.py").read_text().replace("STACK_STATES = True",
+                                                                               "STACK_STATES = False"))
+    toml = folder / "model.toml"
+    text = toml.read_text().replace('outputs = ["logits", "state"]', 'outputs = ["logits", "h_out", "c_out"]')
+    text = text.replace("\n[variants.fp16]", '\n[graphs.cell.state]\nh_out = "h"\nc_out = "c"\n\n[variants.fp16]')
+    toml.write_text(text + '\n[variants.w8a16_aimet]\nactivations = "uint16"\nweights = "int8"\nquantizer = "aimet"\n'
+                           'calibration = { samples = 12 }\n')
+    result = run_doit(repo, "compile:recurrent/cell/w8a16_aimet@SM8750")
+    assert result.code == 0, result.output
+    report = json.loads((repo / "out/recurrent/w8a16_aimet/cell.aimet.json").read_text())
+    pairs = {(t["output"], t["input"]): t for t in report["tied"]}
+    assert set(pairs) == {("h_out", "h"), ("c_out", "c")}
+    for tie in pairs.values():
+        ranges = list(tie["calibrated"].values())
+        assert len(ranges) == 2 and ranges[0] != ranges[1], tie  # calibrated apart: the tie has work to do
+        assert [tie["min"], tie["max"]] == [min(r[0] for r in ranges), max(r[1] for r in ranges)]
+    contract = dist.contract_from_ctx(repo / "out/recurrent/w8a16_aimet/SM8750/cell_ctx.onnx")
+    io = {t["name"]: t for t in contract["inputs"] + contract["outputs"]}
+    for output, target in (("h_out", "h"), ("c_out", "c")):
+        assert io[output]["dtype"] == io[target]["dtype"] == "UFIXED_POINT_16"
+        assert (io[output]["scale"], io[output]["offset"]) == (io[target]["scale"], io[target]["offset"])
+    # the encodings the qairt converters get say the same
+    encodings = {e["name"]: e for e in json.loads((repo / "out/recurrent/w8a16_aimet/cell.encodings.json").read_text())
+                 ["activation_encodings"]}
+    for tie in pairs.values():
+        assert len({(tuple(encodings[t]["scale"]), tuple(encodings[t]["offset"])) for t in tie["calibrated"]}) == 1

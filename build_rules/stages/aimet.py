@@ -11,7 +11,8 @@ calibration samples, and the export:
   --quantization_overrides, with
 - <graph>.aimet.onnx: the float model those encodings belong to (cle and adaround change the weights), which the
   qairt converters then convert instead of the simplified model;
-- <graph>.aimet.json: the config used, what each technique cost, aimet-onnx's version (the manifest lists it).
+- <graph>.aimet.json: the config used, what each technique cost, aimet-onnx's version (the manifest lists it), and
+  for a step graph the encoding each state pair shares (build_rules/state_encodings.py, as onnxruntime's quantize).
 The HTP configs fuse Conv+PRelu, Conv+Relu, ... into supergroups, which leaves the Conv output unquantized:
 onnxruntime's QNN EP then puts that node on the CPU and the compile fails. The config is copied with its
 supergroups emptied, so every op output gets its own encoding (the emulator then matched the CPU QDQ model).
@@ -28,7 +29,7 @@ from ..errors import BuildError
 from ..files import atomic_write_json
 from .common import read_input_list
 
-VERSION = 1
+VERSION = 2  # 2: a step graph's state pairs share one encoding (state_encodings.py)
 ACTIVATION_TYPES = {"uint8": "int8", "uint16": "int16"}  # AIMET's activation quantizers are asymmetric: exported
 WEIGHT_TYPES = {"int8": "int8", "int4": "int4"}         # unsigned (force_activation_as="unsigned")
 SCHEMES = {"minmax": "min_max", "percentile": "percentile"}
@@ -127,6 +128,9 @@ def quantize(params: dict) -> dict:
             _timed(report, technique, lambda t=technique, s=settings: _apply(t, s, sim, samples), settings)
             steps["done"] += 1
         _timed(report, "compute_encodings", lambda: sim.compute_encodings(samples))
+        if params.get("tied"):  # a step graph: each state output takes the encoding of the input it feeds
+            from ..state_encodings import tie_aimet
+            report["tied"] = tie_aimet(sim, [tuple(pair) for pair in params["tied"]], params["name"])
         steps["done"] += 1
         qdq = sim.to_onnx_qdq(prequantize_constants=True, export_int32_bias=True)
         Path(params["outputs"]["onnx"]).parent.mkdir(parents=True, exist_ok=True)

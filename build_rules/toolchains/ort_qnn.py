@@ -312,8 +312,9 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
             if ranges is None:  # the union of two ranges needs them before quantize_static calibrates
                 ranges = Path(tmp) / "tied-ranges.json"
                 calibration_ranges(float_model, ranges, calibration, method=method)
-            for tensor, entry in _tied_ranges(model, tied, Path(ranges), override_names, act_name,
-                                              activations_known).items():
+            from ..state_encodings import ort_ranges
+            for tensor, entry in ort_ranges(model, tied, Path(ranges), override_names, act_name,
+                                            activations_known).items():
                 init_overrides[tensor] = [{**entry, "quant_type": getattr(QuantType, entry["quant_type"])}]
         reader = CalibrationReader(calibration) if calibration and ranges is None else None
         config = _qnn_config(str(qnn_input), reader, method_name, activation_type=getattr(QuantType, act_name),
@@ -345,50 +346,6 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
         except BaseException:
             _unlink(Path(tmp_out))
             raise
-
-
-# Ops whose output the QDQ quantizer gives its input's scale and zero point (onnxruntime's QDQ registry: Direct8Bit
-# ops, Split, Gather...): an override on such an output does not reach it, only one on the tensor it shares with.
-_SHARED_PARAM_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Split", "Gather",
-                     "GatherElements", "Resize", "Pad", "MaxPool", "AveragePool", "TopK")
-
-
-def _tied_ranges(model, tied: list[tuple[str, str]], ranges: Path, override_names: dict[str, str], act_name: str,
-                 activations_known: set[str]) -> dict[str, dict]:
-    """tensor -> {"quant_type", "rmin", "rmax"} that give both tensors of each pair one scale and zero point: the
-    union of their ranges, set on each and on the tensors their scale comes from (up through ops that pass their
-    input's parameters on, e.g. the Reshape an exporter writes after a Linear), whose ranges join the union so
-    that no shared tensor is clipped."""
-    import json
-
-    import numpy as np
-
-    data = json.loads(Path(ranges).read_text()).get("data", {})
-    producers = {o: n for n in model.graph.node for o in n.output}
-    found = {}
-    for pair in tied:
-        chain = []
-        for tensor in pair:
-            if tensor not in activations_known or tensor not in data:
-                raise ValueError(f"state tensor {tensor!r} has no calibrated range in {ranges}: it is not an "
-                                 "activation of the model (a state input and output must be float graph I/O)")
-            while tensor in data and tensor not in chain:
-                chain.append(tensor)
-                node = producers.get(tensor)
-                if node is None or node.op_type not in _SHARED_PARAM_OPS or not node.input:
-                    break
-                tensor = node.input[0]
-        types = {override_names.get(t, act_name) for t in chain}
-        if len(types) > 1:
-            raise ValueError(f"state tensors {pair[0]!r} and {pair[1]!r} have different override types "
-                             f"({', '.join(sorted(types))}): a state output and the input it feeds take one type")
-        qtype = types.pop()
-        low = min(float(data[t]["lowest"]["data"][0]) for t in chain)
-        high = max(float(data[t]["highest"]["data"][0]) for t in chain)
-        for tensor in chain:
-            found[tensor] = {"quant_type": qtype, "rmin": np.array(low, dtype=np.float32),
-                             "rmax": np.array(high, dtype=np.float32)}
-    return found
 
 
 def calibration_ranges(float_model: Path, output: Path, calibration: list[dict[str, "np.ndarray"]], *,
