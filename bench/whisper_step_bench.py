@@ -14,9 +14,9 @@ REPO is a built model repo (its out/whisper_tiny_en/): --before one with the KV-
    (the last run yields <|endoftext|>) and the step decoder n + 2 times (one more for the
    <|startoftranscript|><|notimestamps|> prefix, fed one token at a time). The table gives both over the 4 held-out
    clips' measured token counts (from the float model's evaluate report).
-3. The emulator's own count of HTP cycles for one run (QNN profiling, "Accelerator (execute) time (cycles)"): it
-   does not depend on the machine's load, so its ratio is the steadiest one on a shared machine; with the ops that
-   take the most of them.
+3. The emulator's own count of HTP cycles for one run (QNN profiling, "Accelerator (execute) time (cycles)"), median
+   of `--runs` profiled runs per side, interleaved: the count is not the same from run to run (0.25-0.31 G for one
+   input of the step decoder at load 3), so the sides take turns; with the ops that take the most of them.
 4. With --evaluate: the whole evaluate stage per variant (`doit forget` + `doit evaluate:...` in each repo,
    interleaved), its wall time and WER.
 The load average before and after is printed: compare the ratios, not the absolute seconds across runs.
@@ -70,7 +70,9 @@ def per_run(repos: dict[str, Path], variants: list[str], chip: str, runs: int) -
 
 
 def emulator_cycles(repo: Path, variant: str, chip: str, top: int = 3) -> tuple[int, list[tuple[str, float]]]:
-    """(HTP cycles of one decoder run, [(op, share of the cycles)] of the `top` ops), from QNN's detailed profile."""
+    """(HTP cycles of one decoder run, [(op, share of the cycles)] of the `top` ops), from QNN's detailed profile.
+    The emulator's count is not the same from run to run (the same input: 0.25-0.31 G for the step decoder at load
+    3): compare sides interleaved (cycles_interleaved)."""
     import csv
     import tempfile
 
@@ -95,6 +97,21 @@ def emulator_cycles(repo: Path, variant: str, chip: str, top: int = 3) -> tuple[
     nodes = sorted(((int(r[2]), r[6].split(":")[0].removesuffix(" (cycles)")) for r in rows if r[1] == "NODE"),
                    reverse=True)
     return total, [(name, cycles / total) for cycles, name in nodes[:top]]
+
+
+def cycles_interleaved(repos: dict[str, Path], variant: str, chip: str, runs: int) -> dict:
+    """side -> (median cycles, min, max, top ops of the median run) over `runs` profiled runs per side, the sides
+    taking turns so that both see the same machine."""
+    counted = {side: [] for side in repos}
+    for _ in range(runs):
+        for side, repo in repos.items():
+            counted[side].append(emulator_cycles(repo, variant, chip))
+    result = {}
+    for side, found in counted.items():
+        found.sort(key=lambda c: c[0])
+        median = found[len(found) // 2]
+        result[side] = (statistics.median(c[0] for c in found), found[0][0], found[-1][0], median[1])
+    return result
 
 
 def _text_tokens(repo: Path) -> list[int]:
@@ -166,14 +183,15 @@ def main() -> int:
         print(row + " |")
     print("\nText tokens of the held-out clips (float greedy): "
           + "; ".join(f"{side} {tokens[side]}" for side in repos))
-    print("\nHTP cycles of one decoder run as the emulator counts them (independent of the machine's load):\n")
-    print("| variant | " + " | ".join(f"{side}: cycles per run (top ops)" for side in repos)
+    print(f"\nHTP cycles of one decoder run as the emulator counts them, median (min-max) of {args.runs} interleaved "
+          "profiled runs:\n")
+    print("| variant | " + " | ".join(f"{side}: cycles per run (top ops of the median run)" for side in repos)
           + (" | after / before per run | after / before per token |" if len(repos) == 2 else " |"))
     print("|---" * (1 + len(repos) + 2 * (len(repos) == 2)) + "|")
     for variant in variants:
-        counted = {side: emulator_cycles(repo, variant, args.chip) for side, repo in repos.items()}
-        cells = [f"{c / 1e9:.2f} G ({', '.join(f'{n} {share:.0%}' for n, share in top)})"
-                 for c, top in counted.values()]
+        counted = cycles_interleaved(repos, variant, args.chip, args.runs)
+        cells = [f"{median / 1e9:.3f} G ({low / 1e9:.3f}-{high / 1e9:.3f}; "
+                 f"{', '.join(f'{n} {share:.0%}' for n, share in top)})" for median, low, high, top in counted.values()]
         row = f"| {variant} | " + " | ".join(cells)
         if len(repos) == 2:
             ratio = counted["after"][0] / counted["before"][0]
