@@ -27,9 +27,9 @@ STAGE_VERSIONS = {
     "simplify": 3,
     "verify": 2,
     "calibrate": 1,
-    "quantize": 3,
+    "quantize": 4,  # 4: LayerNorm scales stay uint8 under int8/int4 weights
     "fp16_lint": 1,
-    "aimet": 1,
+    "aimet": 2,  # 2: qnn_preprocess_model first; state pairs share one encoding
     "compile": 2,
     "check": 3,
     "package": 3,

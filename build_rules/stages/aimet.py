@@ -1,10 +1,11 @@
 """Stage 5 (quantizer = "aimet"), aimet: float model + the shared calibration raw files -> QDQ model + encodings JSON,
 with Qualcomm's AIMET (aimet-onnx, the `aimet` extra).
 
-Steps: cross-layer equalization with batch-norm folding ("cle", on the float model), a QuantSim with the HTP QuantSim
-config of the oldest dsp_arch among the model's chips, the variant's per-tensor overrides as AIMET tensor precisions,
-then "seq_mse" / "adaround" on the weights in the order the variant lists them, activation encodings from the
-calibration samples, and the export:
+Steps: the float model as onnxruntime's quantizer prepares it (qnn_preprocess_model: the exporters' Erf form of Gelu
+fused back into Gelu, which QNN runs and Erf it does not), cross-layer equalization with batch-norm folding ("cle"), a
+QuantSim with the HTP QuantSim config of the oldest dsp_arch among the model's chips, the variant's per-tensor
+overrides as AIMET tensor precisions, then "seq_mse" / "adaround" on the weights in the order the variant lists them,
+activation encodings from the calibration samples, and the export:
 - <graph>.qdq.onnx: to_onnx_qdq(prequantize_constants=True, export_int32_bias=True), the model the ort-qnn compile
   takes (the default export keeps float weights behind a Q/DQ pair, which does not compile for HTP);
 - <graph>.encodings.json: the same encodings in AIMET's format (1.0.0), which the qairt converters take as
@@ -29,7 +30,7 @@ from ..errors import BuildError
 from ..files import atomic_write_json
 from .common import read_input_list
 
-VERSION = 2  # 2: a step graph's state pairs share one encoding (state_encodings.py)
+VERSION = 2  # 2: qnn_preprocess_model first; a step graph's state pairs share one encoding (project.STAGE_VERSIONS)
 ACTIVATION_TYPES = {"uint8": "int8", "uint16": "int16"}  # AIMET's activation quantizers are asymmetric: exported
 WEIGHT_TYPES = {"int8": "int8", "int4": "int4"}         # unsigned (force_activation_as="unsigned")
 SCHEMES = {"minmax": "min_max", "percentile": "percentile"}
@@ -102,7 +103,10 @@ def quantize(params: dict) -> dict:
         progress.watch(lambda: steps["done"], "steps (techniques, encodings, export)", len(techniques) + 2)
     report = {"aimet_onnx": aimet_onnx.__version__, "htp_arch": params["htp_arch"], "techniques": {},
               "samples": len(samples)}
-    model = onnx.load(params["onnx"])
+    # as onnxruntime's quantizer sees it: qnn_preprocess_model fuses the exporters' Erf form of Gelu (and LayerNorm
+    # patterns) back into the ops QNN runs; the Erf left as it is falls to the CPU and fails the compile (Whisper)
+    from ..toolchains import ort_qnn
+    model = ort_qnn.preprocessed_model(params["onnx"])
     with tempfile.TemporaryDirectory(prefix="aimet-") as tmp:
         config, report["config"] = htp_config(params["htp_arch"], v["per_channel"], Path(tmp))
         print(f"QuantSim config: {report['config']['file']} ({report['config']['supergroups_removed']} supergroups "
@@ -120,7 +124,7 @@ def quantize(params: dict) -> dict:
                                    activation_type=ACTIVATION_TYPES[v["activations"]],
                                    quant_scheme=SCHEMES[v["calibration_method"]], config_file=str(config),
                                    path=str(Path(tmp) / "sim"))
-        _apply_overrides(sim, params)
+        _apply_overrides(sim, params, model)
         for technique in techniques:
             if technique == "cle":
                 continue
@@ -178,14 +182,14 @@ def _apply(technique: str, settings: dict, sim, samples) -> None:
         raise BuildError(f"{technique}: not an aimet technique")
 
 
-def _apply_overrides(sim, params: dict) -> None:
+def _apply_overrides(sim, params: dict, model) -> None:
     """The variant's overrides / node_overrides (this graph's) as AIMET tensor precisions; a name the float model
     does not have fails with the closest one and the model.toml table to fix."""
     from ..toolchains import qairt
     v = params["variant"]
     model_name, variant = params["name"].split(":", 1)[1].split("/")[0], params["name"].rsplit("/", 1)[1]
     where = f"{params['name']} (fix overrides / node_overrides of [variants.{variant}] in models/{model_name}/model.toml)"
-    for tensor, qtype in qairt.tensor_overrides(params["onnx"], v, where).items():
+    for tensor, qtype in qairt.tensor_overrides(params["onnx"], v, where, model).items():
         try:
             sim.set_tensor_precision(tensor, ACTIVATION_TYPES[qtype])
         except ValueError as e:  # a tensor AIMET does not quantize (e.g. an int32 index)

@@ -11,7 +11,8 @@ from ..errors import BuildError
 from .common import read_input_list
 from .simplify import BIAS_OPS
 
-VERSION = 3  # 2: warns about graph outputs clamped by an activation; 3: an invalid QDQ model fails here
+VERSION = 4  # 2: warns about graph outputs clamped by an activation; 3: an invalid QDQ model fails here; 4: LayerNorm
+# scales stay uint8 under signed weights
 
 
 def run(params: dict) -> dict:

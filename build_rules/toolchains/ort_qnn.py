@@ -249,7 +249,8 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
 
     The recipe is qnn_preprocess_model, then get_qnn_qdq_config, then quantize.
     - activations: "uint8" | "uint16"
-    - weights: "uint8" | "int8" | "uint16" | "int4"
+    - weights: "uint8" | "int8" | "uint16" | "int4" (with int8 and int4, LayerNormalization's scale stays uint8:
+      HTP takes no signed weights there)
     - method: "minmax" | "entropy" | "percentile"
     - overrides: maps an activation tensor name to the type it should keep, e.g. {"conv3_out": "uint16"}.
       An unknown tensor name raises ValueError.
@@ -308,6 +309,12 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
         qnn_input = Path(tmp) / "input.onnx"
         onnx.save(model, str(qnn_input))
         init_overrides = {t: [{"quant_type": getattr(QuantType, q)}] for t, q in override_names.items()}
+        if wgt_name in ("QInt8", "QInt4"):
+            # HTP's LayerNormalization takes no signed weights (QNN error 0xc26 on every one: a transformer at int4
+            # or int8 would not compile): its scale, a few hundred values, stays uint8
+            for node in model.graph.node:
+                if node.op_type == "LayerNormalization" and len(node.input) > 1 and node.input[1] in initializers:
+                    init_overrides.setdefault(node.input[1], [{"quant_type": QuantType.QUInt8}])
         if tied:
             if ranges is None:  # the union of two ranges needs them before quantize_static calibrates
                 ranges = Path(tmp) / "tied-ranges.json"

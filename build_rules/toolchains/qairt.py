@@ -389,11 +389,13 @@ def dlc_quantizer_command(sdk: Sdk, input_dlc: str, output_dlc: str, input_list:
             "--output_dlc", output_dlc, *quantization_flags(variant, per_row), "--use_native_input_files"]
 
 
-def tensor_overrides(onnx_path: str, variant: dict, where: str) -> dict[str, str]:
+def tensor_overrides(onnx_path: str, variant: dict, where: str, model=None) -> dict[str, str]:
     """One graph's activation overrides by tensor: `overrides` as they are, each `node_overrides` node's outputs
-    (QAIRT's override file names tensors only); a name the float model does not have fails with the closest one."""
+    (QAIRT's override file names tensors only); a name the float model does not have fails with the closest one.
+    model: the loaded model of onnx_path as the quantizer sees it, if not the file itself (the aimet stage's)."""
     import onnx
-    model = onnx.load(onnx_path, load_external_data=False)
+    if model is None:
+        model = onnx.load(onnx_path, load_external_data=False)
     tensors = {t for n in model.graph.node for t in n.output} | {i.name for i in model.graph.input}
     producers = {n.name: [t for t in n.output if t] for n in model.graph.node if n.name}
     result = {}
