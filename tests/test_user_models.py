@@ -444,19 +444,42 @@ def layer_norm_graph(axis: int):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_layer_norm_with_int8_weights_names_node_qnn_error_and_fix(tmp_path):
+def test_layer_norm_with_int8_weights_builds_with_its_scale_kept_uint8(tmp_path):
+    """HTP takes no signed LayerNormalization weights (QNN error 0xc26): the quantize stage keeps the scale uint8
+    under int8 / int4 weights (the MatMul's weight is int8 as asked), so the variant compiles."""
+    import onnx
     repo = onnx_only_repo(tmp_path, "ln.onnx", "x", [1, 8, 16],
                           '[variants.w8a16]\nactivations = "uint16"\nweights = "int8"\n',
                           write=lambda: layer_norm_graph(-1))
     result = run_doit(repo)
-    assert result.code != 0
-    assert ("compile:det/net/w8a16@SM8750: QNN HTP cannot run 5 node(s) of out/det/w8a16/net.qdq.onnx: "
-            "QNN rejected node 'norm' (LayerNormalization): Failed to add node. (QNN error 0xc26); with 4 "
-            "Quantize/DequantizeLinear node(s) around them -- fix: HTP's LayerNormalization takes no signed 8-bit "
-            'weights: use weights = "uint8" for this variant') in result.output
-    log = (repo / "out/det/w8a16/SM8750/net.compile.log").read_text()
-    assert "<E> Failed to validate op norm with error 0xc26" in log
-    assert not list((repo / "out").rglob("*.bin"))
+    assert result.code == 0, result.output
+    qdq = onnx.load(str(repo / "out/det/w8a16/net.qdq.onnx"))
+    types = {i.name: i.data_type for i in qdq.graph.initializer}
+    assert types["gamma_quantized"] == onnx.TensorProto.UINT8 and types["w_quantized"] == onnx.TensorProto.INT8, types
+
+
+def test_layer_norm_with_a_signed_scale_names_node_qnn_error_and_fix(tmp_path):
+    """The same graph as onnxruntime's QNN recipe writes it by itself (signed scale): the compile stage's message."""
+    from onnxruntime.quantization import QuantType, quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    import numpy as np
+    import onnx
+
+    from build_rules.stages.compile import rejection
+    from build_rules.toolchains import ort_qnn
+    source, qdq = tmp_path / "ln.onnx", tmp_path / "net.qdq.onnx"
+    onnx.save(layer_norm_graph(-1), str(source))
+    samples = [{"x": np.random.default_rng(i).standard_normal((1, 8, 16)).astype(np.float32)} for i in range(4)]
+    config = get_qnn_qdq_config(str(source), ort_qnn.CalibrationReader(samples), activation_type=QuantType.QUInt16,
+                                weight_type=QuantType.QInt8)
+    quantize(str(source), str(qdq), config)
+    with pytest.raises(ort_qnn.UnsupportedOpsError) as raised:
+        ort_qnn.compile_context_binary(qdq, tmp_path / "SM8750", "net", soc_model=69, vtcm_mb=8, fp16=False)
+    message = rejection(str(qdq), raised.value)
+    assert ("QNN rejected node 'norm' (LayerNormalization): Failed to add node. (QNN error 0xc26); with 4 "
+            "Quantize/DequantizeLinear node(s) around them -- fix: HTP's LayerNormalization takes no signed "
+            "weights: keep its scale unsigned (this build's quantize stage does)") in message, message
 
 
 def test_layer_norm_over_a_non_last_axis_gets_its_fix(tmp_path):

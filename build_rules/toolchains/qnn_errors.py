@@ -27,8 +27,8 @@ KNOWN_REJECTIONS = (
                    "HTP normalises over the last axis only: transpose so the normalised axis is last (and back "
                    "after), or reshape it there"),
     KnownRejection("LayerNormalization", r"Failed to add node|0xc26",
-                   "HTP's LayerNormalization takes no signed 8-bit weights: use weights = \"uint8\" for this "
-                   "variant", weights="int8"),
+                   "HTP's LayerNormalization takes no signed weights: keep its scale unsigned (this build's quantize "
+                   "stage does)"),
     KnownRejection("*", r"GroupNormalization",
                    "quantized GroupNormalization is decomposed into ops HTP cannot place: build this graph as an "
                    "fp16 variant, or export the norm as Reshape + InstanceNormalization + Reshape"),
