@@ -24,6 +24,9 @@ def factory(make) -> _Factory:
     return _Factory(make)
 
 
+_MISSING = object()  # a field no argument gave yet
+
+
 def record(cls):
     names = tuple(cls.__dict__.get("__annotations__", {}))
     defaults = {n: cls.__dict__[n] for n in names if n in cls.__dict__}
@@ -34,24 +37,32 @@ def record(cls):
     if required and names.index(required[-1]) > min((names.index(n) for n in defaults), default=len(names)):
         raise TypeError(f"{cls.__name__}: field {required[-1]!r} without a default follows one with a default")
     title = cls.__qualname__
+    # Every field in order, with its plain default or a marker: a new instance's fields are this dict updated with the
+    # arguments (dict operations in C: ~160 records a load, a Python loop over ~20 fields each was ~5 us a record).
+    # The marked fields (required, or with a factory) are then filled or reported, in field order.
+    template = {n: defaults.get(n, _MISSING) for n in names}
+    for n, default in defaults.items():
+        if isinstance(default, _Factory):
+            template[n] = _MISSING
+    marked = tuple(n for n in names if template[n] is _MISSING)
 
     def __init__(self, *args, **kwargs):
         if len(args) > len(names):
             raise TypeError(f"{title}() takes {len(names)} arguments, {len(args)} given")
         values = dict(zip(names, args))
-        for key, value in kwargs.items():
-            if key not in names or key in values:
+        for key in kwargs:
+            if key not in template or key in values:
                 raise TypeError(f"{title}() got an unexpected or repeated argument {key!r}")
-            values[key] = value
-        state = self.__dict__
-        for n in names:
-            if n in values:
-                state[n] = values[n]
-            elif n in defaults:
-                default = defaults[n]
-                state[n] = default.make() if isinstance(default, _Factory) else default
-            else:
-                raise TypeError(f"{title}() missing argument {n!r}")
+        state = dict(template)
+        state.update(values)
+        state.update(kwargs)
+        for n in marked:
+            if state[n] is _MISSING:
+                default = defaults.get(n)
+                if not isinstance(default, _Factory):
+                    raise TypeError(f"{title}() missing argument {n!r}")
+                state[n] = default.make()
+        self.__dict__.update(state)
 
     def fields(self) -> tuple:
         return tuple(self.__dict__[n] for n in names)

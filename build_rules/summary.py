@@ -147,7 +147,7 @@ class SummaryReporter(ConsoleReporter):
             self.decided[task.name] = False
             if self.plan is not None:
                 self.plan.skip(task.name)
-            if task.actions:
+            if task._actions:  # (not task.actions: doit would make the action objects a no-op never uses)
                 self.up_to_date += 1
         if (task.verbosity or 0) >= 1:
             self.verbose = True

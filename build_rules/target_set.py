@@ -40,17 +40,32 @@ def written_paths(tasks: dict) -> list[str]:
     own = own_stages()
     paths: list[str] = []
     for name, task in tasks.items():
-        if not task.actions or name.split(":", 1)[0] not in own:
+        # The actions as the task dict gave them (doit's _actions): doit makes its action objects when first asked,
+        # and a no-op never needs them (~2 us a task, ~1 ms with ten models).
+        if name.split(":", 1)[0] not in own or not task._actions:
             continue
         paths += task.targets
         for target in task.targets:
             if target.endswith((".check.json", "evaluate.json")):
                 paths.append(layout.memo_file(target))  # the measurement memo (and a failure's numbers)
-        for action in task.actions:
-            if getattr(action, "py_callable", None) is run_stage and len(action.args) >= 4:
-                paths.append(action.args[3])  # the stage's log
-                paths += [f"{folder.rstrip('/')}/" for folder in action.kwargs.get("publish_dirs", ())]
+        for action in task._actions:
+            call = _stage_call(action, run_stage)
+            if call is not None and len(call[0]) >= 4:
+                paths.append(call[0][3])  # the stage's log
+                paths += [f"{folder.rstrip('/')}/" for folder in call[1].get("publish_dirs", ())]
     return paths
+
+
+def _stage_call(action, run_stage) -> tuple | None:
+    """(args, kwargs) of a run_stage action: a (callable, args, kwargs) tuple, as the task dicts give it, or an
+    action object doit made; None for any other action."""
+    if isinstance(action, tuple):
+        if len(action) > 1 and action[0] is run_stage:
+            return action[1], (action[2] if len(action) > 2 else {})
+        return None
+    if getattr(action, "py_callable", None) is run_stage:
+        return action.args, action.kwargs
+    return None
 
 
 def _flavor(toolchain: dict) -> str:
