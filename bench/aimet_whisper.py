@@ -1,10 +1,10 @@
-"""Whisper tiny.en W4A16 with onnxruntime's min-max vs AIMET SeqMSE (not a test): prints a Markdown table.
+"""Whisper tiny.en W4A16 and W8A8 with onnxruntime's min-max vs AIMET's (not a test): prints a Markdown table.
 
-    python bench/aimet_whisper.py [--candidates 10] [--keep DIR] [--emulator]
+    python bench/aimet_whisper.py [--variants w4a16,w4a16_seqmse] [--candidates 10] [--keep DIR] [--emulator]
 
-In a fresh copy of the repo (models/whisper_tiny_en, SM8750, its own build cache) it adds the variants w4a16 (ort)
-and w4a16_seqmse (quantizer = "aimet", techniques = ["seq_mse"]) and builds, with the real doit, the float WER
-(evaluate:whisper_tiny_en/float) and both variants' QDQ models. Then the model's own evaluate hook (greedy decoding
+In a fresh copy of the repo (models/whisper_tiny_en, SM8750, its own build cache) it adds the variants named
+(RECIPES: W4A16 and W8A8 with onnxruntime's min-max and AIMET's min-max (its HTP config alone), W4A16 with SeqMSE)
+and builds, with the real doit, the float WER (evaluate:whisper_tiny_en/float) and the variants' QDQ models. Then the model's own evaluate hook (greedy decoding
 of the held-out clips, WER) runs on those QDQ models with onnxruntime on the CPU, and with --emulator also on the
 compiled binaries on the HTP emulator (evaluate:whisper_tiny_en/<variant>@SM8750; slow: tens of seconds per encoder
 run). The CPU QDQ numbers are not the emulator's (research/ort-qnn.md section 4): they say whether the weights and
@@ -23,19 +23,29 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = """
-[variants.w4a16]
-activations = "uint16"
+# name -> (model.toml table, the stage that quantizes it, what the table calls it)
+RECIPES = {
+    "w4a16": ("""activations = "uint16"
 weights = "int4"
 per_channel = true
-calibration = {{ method = "minmax", samples = 8 }}
-
-[variants.w4a16_seqmse]
-inherits = "w4a16"
+calibration = { method = "minmax", samples = 8 }""", "quantize", "ort min-max"),
+    "w4a16_aimet": ("""inherits = "w4a16"
+quantizer = "aimet"
+""", "aimet", "aimet min-max"),
+    "w4a16_seqmse": ("""inherits = "w4a16"
 quantizer = "aimet"
 techniques = ["seq_mse"]
-seq_mse = {{ candidates = {candidates} }}
-"""
+seq_mse = { candidates = CANDIDATES }""", "aimet", "aimet seq_mse"),
+    "w8a8": ("""activations = "uint8"
+weights = "uint8"
+per_channel = true
+calibration = { method = "minmax", samples = 8 }""", "quantize", "ort min-max"),
+    "w8a8_aimet": ("""activations = "uint8"
+weights = "int8"
+per_channel = true
+quantizer = "aimet"
+calibration = { method = "minmax", samples = 8 }""", "aimet", "aimet min-max"),
+}
 
 
 def doit(repo: Path, env: dict, *tasks: str) -> str:
@@ -50,12 +60,11 @@ def cpu_wer(repo: Path, variant: str) -> tuple[dict, float]:
     cwd = os.getcwd()
     os.chdir(repo)
     try:
-        out = Path(tempfile.mkdtemp()) / "report.json"
-        evaluate.run({"name": f"cpu:{variant}", "hooks": "models/whisper_tiny_en/export.py",
-                      "data_dir": "out/whisper_tiny_en/data", "on": "cpu", "gate": None,
-                      "graphs": {g: f"out/whisper_tiny_en/{variant}/{g}.qdq.onnx" for g in ("encoder", "decoder")},
-                      "outputs": {"report": str(out)}})
-        return json.loads(out.read_text())["metrics"], time.perf_counter() - started
+        metrics, _ = evaluate._evaluate({"hooks": "models/whisper_tiny_en/export.py", "on": "cpu",
+                                         "data_dir": "out/whisper_tiny_en/data",
+                                         "graphs": {g: f"out/whisper_tiny_en/{variant}/{g}.qdq.onnx"
+                                                    for g in ("encoder", "decoder")}})
+        return metrics, time.perf_counter() - started
     finally:
         os.chdir(cwd)
 
@@ -65,7 +74,13 @@ def main() -> int:
     parser.add_argument("--candidates", type=int, default=10, help="SeqMSE candidates (aimet-onnx's default: 20)")
     parser.add_argument("--emulator", action="store_true", help="also the WER of the compiled binaries (slow)")
     parser.add_argument("--keep", help="build in this folder and keep it (default: a temp folder, removed)")
+    parser.add_argument("--variants", default="w4a16,w4a16_seqmse", help=f"of {', '.join(RECIPES)} (w4a16_* inherit "
+                        "w4a16: name it too)")
     args = parser.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in RECIPES]
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(RECIPES)}")
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-aimet-whisper-"))
     repo = work / "repo"
     if not repo.exists():
@@ -74,10 +89,12 @@ def main() -> int:
         shutil.copy(ROOT / "chips.toml", repo / "chips.toml")
         shutil.copytree(ROOT / "models/whisper_tiny_en", repo / "models/whisper_tiny_en")
         toml = repo / "models/whisper_tiny_en/model.toml"
-        toml.write_text(toml.read_text() + VARIANTS.format(candidates=args.candidates))
+        toml.write_text(toml.read_text() + "".join(
+            f"\n[variants.{v}]\n" + RECIPES[v][0].replace("CANDIDATES", str(args.candidates)) + "\n"
+            for v in variants))
     env = dict(os.environ, BUILD_RULES_CACHE=str(work / "cache"))
-    tasks = ["evaluate:whisper_tiny_en/float"] + [f"{stage}:whisper_tiny_en/{g}/{v}" for g in ("encoder", "decoder")
-                                                  for stage, v in (("quantize", "w4a16"), ("aimet", "w4a16_seqmse"))]
+    tasks = ["evaluate:whisper_tiny_en/float"] + [f"{RECIPES[v][1]}:whisper_tiny_en/{g}/{v}"
+                                                  for g in ("encoder", "decoder") for v in variants]
     (work / "doit.log").write_text(doit(repo, env, *tasks))
     float_wer = json.loads((repo / "out/whisper_tiny_en/float/model.evaluate.json").read_text())["metrics"]["wer"]
     seconds = {}
@@ -87,21 +104,29 @@ def main() -> int:
             seconds[parts[3]] = float(parts[1])
     print(f"Whisper tiny.en, held-out clips, greedy WER (float ONNX on the CPU: {float_wer:.3f}); SeqMSE "
           f"{args.candidates} candidates, 8 calibration clips\n")
-    print("| variant | quantizer | WER, QDQ on CPU | WER, HTP emulator (SM8750) | quantizer time encoder + decoder (s) |")
-    print("|---|---|---|---|---|")
-    for variant, stage in (("w4a16", "quantize"), ("w4a16_seqmse", "aimet")):
+    print("| variant | quantizer | WER, QDQ on CPU | WER, HTP emulator (SM8750) | binaries encoder + decoder (MB) "
+          "| quantizer time encoder + decoder (s) |")
+    print("|---|---|---|---|---|---|")
+    for variant in variants:
+        stage = RECIPES[variant][1]
         metrics, _ = cpu_wer(repo, variant)
         emulator = "not run"
         if args.emulator:
             (work / f"doit-{variant}.log").write_text(doit(repo, env, f"evaluate:whisper_tiny_en/{variant}@SM8750"))
-            try:
-                report = json.loads((repo / f"out/whisper_tiny_en/{variant}/SM8750/evaluate.json").read_text())
-                emulator = f"{report['metrics']['wer']:.3f}"
+            folder = repo / f"out/whisper_tiny_en/{variant}/SM8750"
+            try:  # a failed gate writes no report: its numbers stay in the measurement memo
+                emulator = f"{json.loads((folder / 'evaluate.json').read_text())['metrics']['wer']:.3f}"
             except (OSError, ValueError, KeyError):
-                emulator = f"failed (see {work / f'doit-{variant}.log'})"
+                try:
+                    memo = json.loads((folder / "evaluate.measure.json").read_text())
+                    emulator = f"{memo['metrics']['wer']:.3f} (gate failed)"
+                except (OSError, ValueError, KeyError):
+                    emulator = f"failed (see {work / f'doit-{variant}.log'})"
+        binaries = [repo / f"out/whisper_tiny_en/{variant}/SM8750/{g}.bin" for g in ("encoder", "decoder")]
+        size = " + ".join(f"{b.stat().st_size / 1e6:.1f}" if b.is_file() else "-" for b in binaries)
         quantizer = sum(seconds.get(f"{stage}:whisper_tiny_en/{g}/{variant}", 0.0) for g in ("encoder", "decoder"))
-        print(f"| {variant} | {'ort min-max' if stage == 'quantize' else 'aimet seq_mse'} | {metrics['wer']:.3f} | "
-              f"{emulator} | {quantizer:.0f} |")
+        print(f"| {variant} | {RECIPES[variant][2]} | {metrics['wer']:.3f} | {emulator} | {size} | {quantizer:.0f} |",
+              flush=True)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 0
