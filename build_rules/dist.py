@@ -508,9 +508,10 @@ def verify(bundle: Path, evaluation: dict[str, Path] | None = None, samples: int
                 walked = check_steps(bundle / chip, graph, entry, Path(evaluation[graph]), steps, where)
                 result["steps"][where] = walked
                 floats = "its parts' _ctx.onnx chained" if entry.get("parts") else f"{graph}_ctx.onnx"
-                say(f"{where}: {walked['steps']} greedy steps with the state fed back in the binary's own types "
-                    f"agree with {floats} (tokens {walked['tokens']}; worst output: "
-                    f"{walked['worst_steps']:.2f} of one quantization step)")
+                # a recurrent cell (no `greedy`) steps on its evaluation inputs: no tokens to name
+                kind, tokens = ("greedy ", f"tokens {walked['tokens']}; ") if entry["step"].get("greedy") else ("", "")
+                say(f"{where}: {walked['steps']} {kind}steps with the state fed back in the binary's own types "
+                    f"agree with {floats} ({tokens}worst output: {walked['worst_steps']:.2f} of one quantization step)")
     multi = index.get("multi_soc") or {}
     for graph, entry in (multi.get("graphs") or {}).items():
         result["multi_soc"][graph] = _try_multi_soc_on_emulator(bundle, graph, entry, index, evaluation, samples, say,
