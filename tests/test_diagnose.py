@@ -182,3 +182,33 @@ def test_the_init_template_is_this_repos_example():
     assert {str(p) for p in init_repo.template_files()} == {*pairs, "gitignore"}
     text = (ROOT / "pyproject.toml").read_text()
     assert '"templates/repo/*", "templates/repo/models/mtcnn/*"' in text  # package data: a wheel has them
+
+
+def test_diagnose_says_when_its_samples_miss_the_loss_check_measured(tinynet_repo):
+    """Diagnose runs 4 evenly spaced samples; when check measured the same binary as much worse over the whole
+    evaluation set (here: the 8 samples diagnose skips are 30 x outside the calibrated range, so the binary clips
+    them), the report says so first, with the command that diagnoses them all (a new user's GRU cell looked fine
+    to diagnose at cosine 0.99999 on 4 samples while check measured 0.9956 over 12)."""
+    repo = tinynet_repo
+    hooks = repo / "models/tinynet/hooks.py"
+    hooks.write_text(hooks.read_text() + '''
+
+def evaluation_inputs(graph):
+    samples = _samples(graph, 12, seed=2)
+    for i, sample in enumerate(samples):
+        if i not in (0, 4, 7, 11):  # not among the 4 that diagnose runs
+            sample.update({name: 30 * value for name, value in sample.items()})
+    return samples
+''')
+    task = "tinynet/head/w8a16@SM8750"
+    checked = run_doit(repo, f"check:{task}")
+    assert checked.code != 0 and "gate failed" in checked.output, checked.output  # the clipped samples fail it
+    result = run_doit(repo, f"diagnose:{task}")
+    assert result.code == 0, result.output
+    report = (repo / "out/tinynet/w8a16/SM8750/head.diagnose.md").read_text()
+    likely = report.split("## Likely fix", 1)[1].strip().splitlines()[0]
+    assert likely.startswith("- These 4 samples miss the loss check measured over all 12: logits "), likely
+    assert likely.endswith("Diagnose them all: `BUILD_RULES_DIAGNOSE_SAMPLES=12 doit diagnose:tinynet/head/"
+                           "w8a16@SM8750`."), likely
+    measured = json.loads((repo / "out/tinynet/w8a16/SM8750/head.diagnose.json").read_text())
+    assert measured["check"]["samples"] == 12 and measured["samples"] == [0, 4, 7, 11]

@@ -129,8 +129,9 @@ def run(params: dict) -> dict:
               "chip": params["chip"]["name"], "fp16": fp16, "samples": subset, "tensors_total": len(graph.tensors),
               "exposed": len(exposed), "every": every, "floor_db": floor, "rows": rows, "drops": drops,
               "exposure": exposure, "final": final_outputs(graph, plain_outputs, floats),
-              "lint": lint, "seconds": {"compile": round(compile_seconds, 1), "emulator": round(emulator_seconds, 1),
-                                        "total": round(time.perf_counter() - started, 1)}}
+              "lint": lint, "check": check_measurement(params),
+              "seconds": {"compile": round(compile_seconds, 1), "emulator": round(emulator_seconds, 1),
+                          "total": round(time.perf_counter() - started, 1)}}
     lap("drops and lint")
     from .diagnosis import clean, diagnose, markdown, plot
     result["diagnosis"] = diagnose(result, params)
@@ -428,6 +429,26 @@ def exposure_check(graph: Graph, emulated: list[dict], plain: list[dict]) -> dic
         per_output[name] = {**_compare(b, a), "max_abs": difference}
         worst = max(worst, difference)
     return {"identical": worst == 0.0, "max_abs": worst, "outputs": per_output}
+
+
+def check_measurement(params: dict) -> dict | None:
+    """{"samples", "outputs"} of the check stage's measurement of this very binary over the whole evaluation set
+    (its memo beside the binary; same binary, context model and evaluation file), else None. Diagnose runs a few
+    samples: the report says when they miss what check measured (build_rules/stages/diagnosis.py)."""
+    import json
+    from pathlib import Path
+
+    from .. import layout
+    from ..hashing import file_digest
+    ctx = str(params["ctx_model"])
+    try:
+        saved = json.loads(Path(layout.memo_file(ctx.replace("_ctx.onnx", ".check.json"))).read_text())
+        key, metrics = saved["key"], saved["metrics"]
+        same = (key.get("ctx_model"), key.get("binary"), key.get("evaluation")) == (
+            file_digest(ctx), file_digest(ctx.replace("_ctx.onnx", ".bin")), file_digest(params["evaluation"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return {"samples": metrics.get("samples"), "outputs": metrics.get("outputs") or {}} if same else None
 
 
 def final_outputs(graph: Graph, plain: list[dict], reference: list[dict]) -> dict:
