@@ -263,6 +263,14 @@ class Dist:
 
 
 @record
+class CheckPolicy:
+    """[check] of model.toml: which chips' binaries the emulator checks in full (docs/models.md, "Checks")."""
+    every_chip: bool = False  # true: a full emulator check on every chip, no equality proof
+    reference_chip: str | None = None  # the chip checked in full; default SM8750 when the model targets it, else its first
+    proof_samples: int = 3  # evaluation samples on which another chip's outputs must equal the reference's, bit for bit
+
+
+@record
 class Model:
     name: str
     folder: Path
@@ -284,6 +292,7 @@ class Model:
     dist: Dist = Dist()  # [dist]: what `doit dist` ships
     share_weights: tuple[tuple[str, ...], ...] = ()  # groups of graphs compiled into one weight-shared context
     checkpoint_files: dict[str, tuple[Path, ...]] = factory(dict)  # graph -> its checkpoints, found at load
+    check: CheckPolicy = CheckPolicy()  # [check]: full checks on one reference chip, equality proofs on the others
 
     def checkpoint_paths(self, graph: Graph) -> list[Path]:
         return list(self.checkpoint_files[graph.name])
@@ -828,7 +837,7 @@ def _quantizer(t: _Table) -> tuple[str, tuple[str, ...], dict[str, dict[str, int
 def load_model(folder: Path, chips: ChipTable, cache: TomlCache | None = None) -> Model:
     path = folder / "model.toml"
     root = _Table(path, "", read_toml(path, cache))
-    root.check_keys(("model", "graphs", "variants", "evaluate", "tuning", "dist"))
+    root.check_keys(("model", "graphs", "variants", "evaluate", "tuning", "dist", "check"))
     m = root.table("model")
     m.check_keys(("description", "license", "hooks", "onnx", "checkpoints", "chips", "trusted_checkpoints", "data",
                   "data_tools", "export", "share_weights"))
@@ -884,7 +893,8 @@ def load_model(folder: Path, chips: ChipTable, cache: TomlCache | None = None) -
                   variants=variants, trusted_checkpoints=m.get("trusted_checkpoints", bool, False),
                   data=_data_sources(m, folder), data_tools=_data_tools(m), evaluate="evaluate" in root.data,
                   evaluate_gates=_evaluate_gates(root), tuning=_tuning(root, graphs, model_chips),
-                  dist=_dist(root, folder), share_weights=_share_weights(m, graphs), checkpoint_files=checkpoint_files)
+                  dist=_dist(root, folder), share_weights=_share_weights(m, graphs), checkpoint_files=checkpoint_files,
+                  check=_check_policy(root, model_chips))
     return model
 
 
@@ -933,6 +943,20 @@ def _tuning(root: _Table, graphs: dict[str, Graph], model_chips: tuple[str, ...]
         targets[graph_name] = _gates(targets_table, graph_name)
     return Tuning(chip=chip, samples=samples, targets=targets, search=search, max_measurements=max_measurements,
                   try_variants=t.get("try_variants", bool, True))
+
+
+def _check_policy(root: _Table, model_chips: tuple[str, ...]) -> CheckPolicy:
+    if "check" not in root.data:
+        return CheckPolicy()
+    t = root.table("check")
+    t.check_keys(("every_chip", "reference_chip", "proof_samples"))
+    chip = t.get("reference_chip", str, None)
+    if chip is not None and chip not in model_chips:
+        raise t.error("reference_chip", f"{chip!r} is not one of the model's chips ({', '.join(model_chips)})")
+    samples = t.get("proof_samples", int, 3)
+    if samples < 1:
+        raise t.error("proof_samples", f"must be at least 1, got {samples}")
+    return CheckPolicy(every_chip=t.get("every_chip", bool, False), reference_chip=chip, proof_samples=samples)
 
 
 def _dist(root: _Table, folder: Path) -> Dist:

@@ -5,6 +5,7 @@ leave either the old file or no file, never a truncated one: write beside, fsync
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -74,3 +75,17 @@ def _unlink(p) -> None:
         os.unlink(p)
     except FileNotFoundError:
         pass
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | os.PathLike):
+    """Held by one process at a time (flock on `path`, made if missing): the others wait. The kernel drops it when
+    the holder exits, also when it is killed, so a crash leaves nothing to clean up."""
+    import fcntl
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -323,3 +323,31 @@ def _target_unchanged(path: str, saved) -> bool:
     if st.st_mtime_ns == saved[1]:
         return True
     return _cache.digest(path, st) == saved[2]
+
+
+class OptionalFiles:
+    """doit uptodate: files a task reads when they exist but must not make (a report reads the checks that ran and
+    marks the others; a check.json as a file_dep would run every missing check first). Up to date while each file's
+    size and mtime (or its absence) is what it was when the task last ran; one stat a file, only when doit checks
+    the task."""
+
+    __signature__ = TaskKey.__signature__
+
+    def __init__(self, paths: list[str]):
+        self.paths = paths
+
+    def stamp(self) -> list:
+        found = []
+        for path in self.paths:
+            try:
+                st = os.stat(path)
+                found.append([st.st_size, st.st_mtime_ns])
+            except FileNotFoundError:
+                found.append(None)
+        return found
+
+    def configure_task(self, task):
+        task.value_savers.append(lambda: {"_optional_files": self.stamp()})
+
+    def __call__(self, task, values):
+        return values.get("_optional_files") == self.stamp()

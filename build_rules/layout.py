@@ -74,6 +74,12 @@ def memo_file(report: str) -> str:
     return report[:-len(".json")] + ".measure.json"
 
 
+def lock_file(memo: str) -> str:
+    """The lock that lets one process at a time measure into a memo (build_rules/files.exclusive_lock): kept in the
+    build state, not beside the outputs."""
+    return f"{OUT}/.build-state/locks/{str(memo).replace('/', '%')}.lock"
+
+
 def model_lib(model: str, variant: str, target: str, graph: str) -> str:
     return f"{OUT}/{model}/{variant}/model_libs/{target}/lib{graph}.so"
 

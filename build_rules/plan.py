@@ -12,7 +12,8 @@ may have, but the tasks reading that task's outputs are counted anyway), so it s
 see.
 
 The time left is the sum over the tasks still to run of their seconds in out/.build-state/build.log (the last
-time each ran; a task never seen counts as the median of its stage, else of all: the estimate says how many),
+time each ran; a task never seen counts as the median of its stage (or of the kind its task names, see Plan.kind),
+else of all: the estimate says how many),
 minus what the running ones have done, divided by the number of jobs. A task whose outputs the local build cache
 holds (see cache_hits) counts as its last restore from the cache, a fraction of a second, not as its work.
 """
@@ -67,9 +68,15 @@ class Plan:
             return statistics.median(self.restore_seconds.values()) if self.restore_seconds else RESTORE_SECONDS
         if name in self.seconds:
             return self.seconds[name]
-        stage = name.split(":", 1)[0]
-        same_stage = [s for n, s in self.seconds.items() if n.split(":", 1)[0] == stage]
-        return statistics.median(same_stage or self.seconds.values() or self.restore_seconds.values())
+        kind = self.kind(name)
+        same_kind = [s for n, s in self.seconds.items() if self.kind(n) == kind]
+        return statistics.median(same_kind or self.seconds.values() or self.restore_seconds.values())
+
+    def kind(self, name: str) -> str:
+        """What a never-run task is timed like: its stage, or the kind its task dict names in meta["estimate_as"]
+        (another chip's check that proves its outputs equal to the reference chip's takes seconds, not minutes)."""
+        meta = getattr(self.tasks.get(name), "meta", None) or {}
+        return meta.get("estimate_as") or name.split(":", 1)[0]
 
 
 RESTORE_SECONDS = 0.05  # a restore when the build log has none yet (copying a few files)

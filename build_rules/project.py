@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import os
 import re
 from pathlib import Path
 
@@ -32,14 +33,14 @@ STAGE_VERSIONS = {
     "aimet": 2,  # 2: qnn_preprocess_model first; state pairs share one encoding
     "compile": 2,
     "check": 3,
-    "package": 3,
+    "package": 4,  # 4: the check's equal-chip proof and the mostly-float warning in the manifest
     "calibration_stats": 1,
-    "report": 4,
+    "report": 5,  # 5: unmeasured cells marked, not measured; equal-chip cells; model metrics beside float
     "sensitivity": 2,
     "tune": 3,
     "diagnose": 1,
     "multi_soc": 1,
-    "dist": 2,
+    "dist": 3,  # 3: chips.<chip>.equal_to and .warnings in the index
     "size": 1,
     "split": 1,
     "shared_context": 1,
@@ -268,6 +269,22 @@ def variant_builds(model: Model):
             if variant.is_fp16 and not chip.fp16:
                 continue
             yield variant, chip
+
+
+EVERY_CHIP_ENV = "BUILD_RULES_CHECK_EVERY_CHIP"  # =1: a full emulator check on every chip, for every model
+
+
+def reference_chip(model: Model, variant: Variant) -> Chip | None:
+    """The chip whose binaries of `variant` the emulator checks in full; the other chips' checks prove their outputs
+    equal to its on a few samples and take its metrics (stages/check.py). None: every chip is checked in full."""
+    import os
+    if model.check.every_chip or os.environ.get(EVERY_CHIP_ENV, "").strip() not in ("", "0"):
+        return None
+    chips = [chip for v, chip in variant_builds(model) if v.name == variant.name]
+    if len(chips) < 2:
+        return None
+    wanted = model.check.reference_chip or "SM8750"
+    return next((c for c in chips if c.name == wanted), chips[0])
 
 
 def skipped_builds() -> list[str]:

@@ -235,17 +235,22 @@ class SummaryReporter(ConsoleReporter):
                 pair = f"{model.name}/{variant.name}@{chip.name}"
                 package = f"package:{pair}"
                 failed_here = sorted(n for n in failed if _of_pair(n, model.name, variant.name, chip.name))
+                # e.g. `doit check:<target>`: the pair's checks ran, its package did not (its manifest may be older)
+                checked_now = package not in ran and any(_of_pair(n, model.name, variant.name, chip.name)
+                                                         for n in ran if n.startswith(("check:", "evaluate:")))
                 if failed_here:
                     state = "FAILED now"
                 elif package in ran:
                     state = "built now"
+                elif checked_now:
+                    state = "checked now"
                 elif package in blocked:
                     state = "not run now"
                 elif self.decided.get(package) is False:
                     state = "up to date"
                 else:
                     state = "earlier"
-                described = describe_pair(model, variant.name, chip.name, failed_here)
+                described = describe_pair(model, variant.name, chip.name, failed_here, fresh_checks=checked_now)
                 if described is None and state == "earlier":
                     never.setdefault(variant.name, []).append(chip.name)
                     continue
@@ -318,10 +323,10 @@ def _of_pair(task: str, model: str, variant: str, chip: str) -> bool:
         name[:-len(f"{variant}@{chip}")].endswith("/")
 
 
-def describe_pair(model, variant: str, chip: str, failed_tasks: list[str] = ()) -> str | None:
+def describe_pair(model, variant: str, chip: str, failed_tasks: list[str] = (), fresh_checks: bool = False) -> str | None:
     """One variant x chip's last known result: the manifest's numbers when it was packaged since its checks last
-    failed; else each graph's binary size and check result, a failed gate marked with its message. None: nothing
-    of it was built or checked yet."""
+    failed (and no check ran after it: `fresh_checks`); else each graph's binary size and check result, a failed gate
+    marked with its message. None: nothing of it was built or checked yet."""
     from . import results
     folder = layout.chip_dir(model.name, variant, chip)
     checks = {g: results.last(layout.chip_file(model.name, variant, chip, f"{g}.check.json")) for g in model.graphs}
@@ -330,7 +335,7 @@ def describe_pair(model, variant: str, chip: str, failed_tasks: list[str] = ()) 
     if evaluation and evaluation["passed"] is False:
         failures.append("model")
     manifest = Path(folder, "manifest.json")
-    if not failures and not failed_tasks and manifest.is_file():
+    if not failures and not failed_tasks and not fresh_checks and manifest.is_file():
         return _describe(str(manifest))
     from .split_tasks import units  # a split graph: its parts' binaries, summed
     parts = []
@@ -341,7 +346,7 @@ def describe_pair(model, variant: str, chip: str, failed_tasks: list[str] = ()) 
             size = f"{size / 1e6:.2f} MB"
         except OSError:
             size = "no binary"
-        parts.append(f"{graph} {size} {_result_text(result)}")
+        parts.append(f"{graph} {size} {_result_text(result)}{_notes(result)}")
     if evaluation:
         parts.append(f"model {_result_text(evaluation, 'metrics')}")
     pair = f"{variant}@{chip}"
@@ -370,8 +375,20 @@ def _result_text(result: dict | None, metrics_key: str = "summary") -> str:
     return " ".join(f"{m} {metrics[m]:.4g}" for m in shown if isinstance(metrics.get(m), (int, float)))
 
 
-def _describe(manifest_path: str) -> str:
+def _notes(info: dict | None) -> str:
+    """What a graph's check or manifest entry adds after its numbers: the chip its metrics were measured on when its
+    outputs equal that chip's, and what its binary runs in float."""
     from .toolchains.qnn_graph import describe as describe_float_ops
+    if not info:
+        return ""
+    text = ""
+    if info.get("equal_to"):
+        text += f" (equal to {info['equal_to']['chip']} on {info['equal_to']['samples']} samples)"
+    float_text = describe_float_ops(info.get("float_ops"))  # a quantized variant that is partly float
+    return text + (f" [{float_text}]" if float_text else "")
+
+
+def _describe(manifest_path: str) -> str:
     try:
         manifest = json.loads(Path(manifest_path).read_text())
     except (OSError, ValueError):
@@ -389,10 +406,8 @@ def _describe(manifest_path: str) -> str:
                     value += f" (worst: {info['worst_output'][metric]})"
                 values.append(value)
             gate_text = "".join(f" {v}" for v in values)  # "cosine 1 sqnr 41.2": graphs are split by commas
-        float_text = describe_float_ops(info.get("float_ops"))  # a quantized variant that is partly float
         pieces = f" in {len(info['parts'])} parts" if info.get("parts") else ""  # a split graph
-        parts.append(f"{graph} {info['bytes'] / 1e6:.2f} MB{pieces}{gate_text}"
-                     + (f" [{float_text}]" if float_text else ""))
+        parts.append(f"{graph} {info['bytes'] / 1e6:.2f} MB{pieces}{gate_text}{_notes(info)}")
     evaluation = manifest.get("evaluate")
     if evaluation and evaluation.get("gated"):  # the model-level metrics, e.g. WER of encoder + decoder
         parts.append("model " + " ".join(f"{m} {evaluation['metrics'].get(m, float('nan')):.4g}"

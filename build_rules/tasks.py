@@ -15,8 +15,8 @@ from . import aimet_tasks, collector, diagnose_tasks, dist_tasks, interrupt, lay
 from .config import ConfigError, Model, gate_dicts
 from .hashing import ContentChecker, use_key_digests, use_stat_cache
 from .project import (STATE_DIR, chip_params, calibration_files, checkpoint_files, model_data,
-                      hook_files, input_specs, model_graphs, project, quantized_variants, ranges_file, rel, source_onnx,
-                      stage_task, task_key, tool_version, variant_builds)
+                      hook_files, input_specs, model_graphs, project, quantized_variants, ranges_file, reference_chip,
+                      rel, source_onnx, stage_task, task_key, tool_version, variant_builds)
 from .runner import remove_stale_staging, run_stage
 
 # What dodo.py imports: every stage and group generator in pipeline order (the order of `doit list`), plus
@@ -339,9 +339,22 @@ def _check_tasks():
                           "graph": graph.name, "gates": gate_dicts(graph.gates), "compile_report": True,
                           "outputs": {"report": report}, **data_params}
                 binaries = [*ctx, *binary] if graph.split else [ctx, binary]
-                yield stage_task("check", f"{model.name}/{graph.name}/{variant.name}@{chip.name}", params,
+                reference = reference_chip(model, variant)
+                if reference is not None and reference.name != chip.name:
+                    # another chip's binary: proven equal to the reference chip's on a few samples, it takes that
+                    # chip's full measurement (which runs here, under a lock, when its own check has not run yet)
+                    ref_ctx = split_tasks.chip_files(model, graph, variant, reference, "_ctx.onnx")
+                    ref_binary = split_tasks.chip_files(model, graph, variant, reference, ".bin")
+                    ref_report = layout.chip_file(model.name, variant.name, reference.name, f"{graph.name}.check.json")
+                    params["reference"] = {"chip": reference.name, "ctx_model": ref_ctx, "check": ref_report,
+                                           "samples": model.check.proof_samples}
+                    binaries += [*ref_ctx, *ref_binary] if graph.split else [ref_ctx, ref_binary]
+                task = stage_task("check", f"{model.name}/{graph.name}/{variant.name}@{chip.name}", params,
                                   [*binaries, evaluation, *hook_files(model), *data_dep], [report],
                                   layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.check.log"))
+                if "reference" in params:
+                    task["meta"] = {"estimate_as": "check (equality proof)"}  # the time left: build_rules/plan.py
+                yield task
 
 
 def _evaluate_params(model: Model, graphs: dict, on: str, report: str) -> tuple[dict, list[str]]:

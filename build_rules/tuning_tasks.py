@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from . import aimet_tasks, layout, split_tasks
 from .config import Chip, Graph, Model, Tuning, Variant, gate_dicts
+from .hashing import OptionalFiles
 from .project import (chip_params, model_data, hook_files, model_graphs, project, ranges_file,
                       rel, stage_task, variant_builds)
 
@@ -39,9 +40,19 @@ def report_tasks():
         params = {"model": model.name, "cells": cells, "hooks": rel(model.hooks), "toolchain": project().toolchain,
                   "variants": {v.name: v.settings() for v in model.variants.values()}, "evaluations": evaluations,
                   "outputs": outputs, **data_params}
+        if model.evaluate:  # the float model's value beside each variant's
+            params["float_evaluation"] = layout.float_file(model.name, "model", ".evaluate.json")
         file_dep += aimet_tasks.report_reports(model, params)  # which QuantSim config each aimet variant used
-        yield stage_task("report", model.name, params, [*file_dep, *hook_files(model), *data_dep],
+        task = stage_task("report", model.name, params, [*file_dep, *hook_files(model), *data_dep],
                           list(outputs.values()), layout.report_file(model.name, ".log"))
+        # What was measured so far, without running what was not: a check or evaluation that ends later re-runs it
+        measured = [path for cell in cells for path in (cell["check"], cell["memo"])]
+        measured += [p for path in evaluations.values() for p in (path, layout.memo_file(path))]
+        measured += [params["float_evaluation"]] if model.evaluate else []
+        task["uptodate"].append(OptionalFiles(measured))
+        action, args, _ = task["actions"][0]
+        task["actions"] = [(action, args)]  # not from the build cache: its key cannot hold what was measured since
+        yield task
 
 
 def _tuning_chip(model: Model) -> Chip:

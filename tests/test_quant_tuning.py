@@ -212,7 +212,8 @@ def test_report_lists_every_variant_and_chip_with_the_check_numbers(tinynet_repo
         folder = tinynet_repo / f"out/tinynet/{variant}/{chip}"
         check = json.loads((folder / f"{graph}.check.json").read_text())
         assert cell["summary"] == check["summary"]
-        assert cell["measured_by"] == "check"
+        # SM8750 is measured in full; SM8550's outputs were proven equal to it (stages/check.py)
+        assert cell["measured_by"] == ("check" if chip == "SM8750" else "equal to SM8750 on 3 samples")
         assert cell["bytes"] == (folder / f"{graph}.bin").stat().st_size
         assert cell["compile_seconds"] == json.loads((folder / f"{graph}.compile.json").read_text())["seconds"]
         assert cell["passed"] is True

@@ -15,14 +15,20 @@ from ..errors import BuildError
 from ..files import atomic_write_json
 from .common import compare, load_evaluation, load_hooks, load_labels, score, worst
 
-VERSION = 2  # 2: frame_cosine measured; worst output per metric in the report
+VERSION = 2  # the measurement memo's version (2: frame_cosine measured; worst output per metric in the report)
 
 
 def run(params: dict) -> dict:
     memo = layout.memo_file(params["final_outputs"]["report"])
+    proof = None
+    if params.get("reference"):  # another chip than the reference: equal outputs take the reference's metrics
+        proof = prove_equal(params)
+        if proof["equal"]:
+            metrics, key = reference_metrics(params)
+            return decide(params, metrics, key, proof)
     metrics, key = measurement(params["ctx_model"], params["evaluation"], params["hooks"], params["graph"],
                                params.get("data_dir"), memo)
-    return decide(params, metrics, key)
+    return decide(params, metrics, key, proof)
 
 
 def judge(params: dict, inputs: list[dict], reference: list[dict], outputs: list[dict]) -> dict:
@@ -73,30 +79,103 @@ def hooks_digest(hooks: str) -> list[str]:
     return [file_digest(f) for f in sorted({Path(hooks), *Path(hooks).parent.glob("*.py")})]
 
 
+def remembered(memo: str, key: dict) -> dict | None:
+    """The metrics kept in a measurement memo when they were measured from exactly `key`, else None."""
+    try:
+        saved = json.loads(Path(memo).read_text())
+        return saved["metrics"] if saved.get("key") == key else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def measurement(ctx_model: str | list, evaluation: str, hooks: str, graph: str, data_dir, memo: str) -> tuple[dict, dict]:
     """(metrics, key) of a context binary on the HTP emulator. `memo` (<graph>.measure.json beside the binary,
     not a build target) keeps the last measurement with its key: the report, and a check after a report, reuse it
     instead of running the emulator again. It is written before the gate is judged, so a binary that fails its
-    gate still has its numbers for the report and the tuning tasks."""
+    gate still has its numbers for the report and the tuning tasks. One process measures a binary at a time (a lock
+    beside the memo): another chip's check that needs this binary's numbers waits for them instead of measuring too."""
+    from ..files import exclusive_lock
     key = measurement_key(ctx_model, evaluation, hooks, data_dir)
-    try:
-        saved = json.loads(Path(memo).read_text())
-        if saved.get("key") == key:
+    with exclusive_lock(layout.lock_file(memo)):
+        metrics = remembered(memo, key)
+        if metrics is not None:
             print(f"metrics from {memo} (measured from the same binary, evaluation set and hooks): the emulator "
                   "does not run again", flush=True)
-            return saved["metrics"], key
-    except (OSError, ValueError, KeyError):
-        pass
-    from ..toolchains import ort_qnn
-    inputs, reference = load_evaluation(evaluation)
-    if isinstance(ctx_model, list):  # a split graph: the parts in order, gated like the whole graph
-        from .. import chain
-        outputs = chain.run_on_emulator(ctx_model, inputs)
-    else:
-        outputs = ort_qnn.run_context_binary(ctx_model, inputs)
-    metrics = measure(hooks, graph, data_dir, inputs, reference, outputs, load_labels(evaluation))
-    atomic_write_json(memo, {"key": key, "metrics": metrics})
+            return metrics, key
+        inputs, reference = load_evaluation(evaluation)
+        outputs = run_binary(ctx_model, inputs)
+        metrics = measure(hooks, graph, data_dir, inputs, reference, outputs, load_labels(evaluation))
+        atomic_write_json(memo, {"key": key, "metrics": metrics})
     return metrics, key
+
+
+# --- another chip than the reference: equal outputs, equal metrics ---------------------------------------------
+# QNN compiles one graph into the same HTP ops for every chip of these generations (measured: bit-identical metrics
+# on all five chips for MTCNN, NSNet2, a YOLOX-style detector, a CNN classifier). So one chip's binary is measured in
+# full and each other chip's runs a few evaluation samples: outputs equal bit for bit take the reference's metrics
+# (labelled "equal to <chip> on N samples"); any difference gets the full check of its own.
+
+def prove_equal(params: dict) -> dict:
+    """{"equal", "chip", "samples", ...}: this binary's outputs against the reference chip's on the first
+    params["reference"]["samples"] evaluation samples; where they differ, the first sample and output that does."""
+    import numpy as np
+
+    from ..hashing import file_digest
+    reference = params["reference"]
+    inputs, _ = load_evaluation(params["evaluation"], limit=reference["samples"])
+    print(f"proof: this binary against {reference['chip']}'s on {len(inputs)} evaluation sample(s)", flush=True)
+    ours, theirs = run_binary(params["ctx_model"], inputs), run_binary(reference["ctx_model"], inputs)
+    ctx = params["ctx_model"]
+    proof = {"chip": reference["chip"], "samples": len(inputs),
+             "binary": [file_digest(str(p).replace("_ctx.onnx", ".bin")) for p in ctx] if isinstance(ctx, list)
+             else file_digest(str(ctx).replace("_ctx.onnx", ".bin"))}
+    for index, (mine, other) in enumerate(zip(ours, theirs)):
+        for name in sorted(set(mine) | set(other)):
+            a, b = mine.get(name), other.get(name)
+            if a is not None and b is not None and a.dtype == b.dtype and a.shape == b.shape \
+                    and a.tobytes() == b.tobytes():
+                continue
+            gap = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) \
+                if a is not None and b is not None and a.shape == b.shape and a.size else None
+            print(f"proof: output {name!r} of sample {index} differs from {reference['chip']}'s (max abs {gap}): "
+                  "a full check of this binary", flush=True)
+            return {**proof, "equal": False, "sample": index, "output": name, "max_abs": gap}
+    print(f"proof: equal to {reference['chip']}'s outputs, bit for bit: its metrics, no full check", flush=True)
+    return {**proof, "equal": True}
+
+
+def reference_metrics(params: dict) -> tuple[dict, dict]:
+    """(metrics, key) of the reference chip's binary: from its check report or memo when they were measured from it,
+    else measured now (under the memo's lock: its own check, if running, measures once for both)."""
+    reference = params["reference"]
+    key = measurement_key(reference["ctx_model"], params["evaluation"], params["hooks"], params.get("data_dir"))
+    try:
+        check = json.loads(Path(reference["check"]).read_text())
+        if check.get("inputs") == key and "equal_to" not in check:
+            print(f"metrics from {reference['check']}", flush=True)
+            return {k: v for k, v in check.items() if k in ("samples", "outputs", "score", "float_score")}, key
+    except (OSError, ValueError):
+        pass
+    if remembered(layout.memo_file(reference["check"]), key) is None:
+        print(f"{reference['chip']}'s binary has no measurement yet: measured here, once for both checks", flush=True)
+    return measurement(reference["ctx_model"], params["evaluation"], params["hooks"], params["graph"],
+                       params.get("data_dir"), layout.memo_file(reference["check"]))
+
+
+def run_binary(ctx_model: str | list, inputs: list[dict]) -> list[dict]:
+    """A context binary's outputs on the HTP emulator; a split graph's parts in order (build_rules/chain.py)."""
+    if isinstance(ctx_model, list):
+        from .. import chain
+        return chain.run_on_emulator(ctx_model, inputs)
+    from ..toolchains import ort_qnn
+    return ort_qnn.run_context_binary(ctx_model, inputs)
+
+
+def _inherited(proof: dict | None) -> str:
+    if not proof or not proof["equal"]:
+        return ""
+    return (f" (the metrics of {proof['chip']}'s binary: this chip's outputs equal its on {proof['samples']} "
+            "samples, bit for bit)")
 
 
 def diagnose_hint(params: dict) -> str:
@@ -126,13 +205,16 @@ def worst_outputs(metrics: dict) -> dict:
             for m in COMPARED if all(m in o for o in per_output.values())}
 
 
-def decide(params: dict, metrics: dict, key: dict | None = None) -> dict:
-    """The report (<graph>.check.json) and the gate."""
+def decide(params: dict, metrics: dict, key: dict | None = None, proof: dict | None = None) -> dict:
+    """The report (<graph>.check.json) and the gate. `proof`: how this chip's outputs compared with the reference
+    chip's (prove_equal); when equal, `metrics` and `key` are the reference binary's."""
     summary = summarize(metrics)
     report = {"samples": metrics["samples"], "summary": summary, **{k: v for k, v in metrics.items() if k != "samples"},
               "worst_output": worst_outputs(metrics), "gates": params["gates"]}
     if key is not None:
         report["inputs"] = key
+    if proof is not None:
+        report["equal_to" if proof["equal"] else "differs_from"] = {k: v for k, v in proof.items() if k != "equal"}
     if params.get("compile_report"):  # what the binary runs in float (a quantized variant), from its compile
         ctx = params["ctx_model"]
         compiled = [json.loads(Path(str(p).replace("_ctx.onnx", ".compile.json")).read_text()).get("float_ops")
@@ -147,7 +229,7 @@ def decide(params: dict, metrics: dict, key: dict | None = None) -> dict:
     except BuildError as e:  # the numbers stay in the memo, marked failed (each gate's verdict too); the task fails
         report["gated"] = gates.results(params["gates"], summary, metrics.get("float_score"))
         if any(g["passed"] is False for g in report["gated"]):  # a gate missed, not one that could not be judged
-            e = BuildError(f"{e}{diagnose_hint(params)}")
+            e = BuildError(f"{e}{_inherited(proof)}{diagnose_hint(params)}")
         results.keep_failed(layout.memo_file(params["final_outputs"]["report"]), report, str(e), key, metrics)
         raise e from None
     results.clear_failed(layout.memo_file(params["final_outputs"]["report"]))

@@ -91,6 +91,11 @@ def _bundle(params: dict, variant: str, spec: dict, bundle: Path) -> dict:
                      if manifest["graphs"][g].get("float_ops") is not None}
         if float_ops:  # a quantized variant: what its binaries run in float all the same (qnn_graph.py)
             chips[chip]["float_ops"] = float_ops
+        proofs = {g: manifest["graphs"][g]["equal_to"] for g in entry["graphs"] if "equal_to" in manifest["graphs"][g]}
+        if proofs:  # metrics measured on another chip's binary, whose outputs these equal (stages/check.py)
+            chips[chip]["equal_to"] = proofs
+        if manifest.get("warnings"):  # e.g. a quantized variant mostly in float, a binary not smaller than fp16's
+            chips[chip]["warnings"] = manifest["warnings"]
     for rel, source in sorted(runtime_files.items()):
         _copy(source, bundle / rel)
 

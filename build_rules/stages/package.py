@@ -46,8 +46,9 @@ def run(params: dict) -> dict:
             **entry, "metrics": check["summary"], "gates": check.get("gates", []), "gated": check.get("gated", []),
             **({"worst_output": check["worst_output"]} if check.get("worst_output") else {}),
             **({"float_ops": check["float_ops"]} if check.get("float_ops") is not None else {}),
+            **{k: check[k] for k in ("equal_to", "differs_from") if k in check},  # the check's equal-chip proof
         }
-    warnings = not_smaller(params, graphs)
+    warnings = not_smaller(params, graphs) + mostly_float(params, graphs)
     manifest = {
         "model": {**params["model"], "commit": model_commit(params["model_folder"])},
         "variant": params["variant"], "chip": params["chip"], "toolchain": params["toolchain"],
@@ -62,6 +63,15 @@ def run(params: dict) -> dict:
         manifest["warnings"] = warnings
     atomic_write_json(params["outputs"]["manifest"], manifest)
     return {"bytes": sum(g["bytes"] for g in graphs.values()), **({"warnings": warnings} if warnings else {})}
+
+
+def mostly_float(params: dict, graphs: dict) -> list[str]:
+    """A quantized variant with more than a quarter of a graph's weights in float: one warning per such graph, naming
+    the ops and the fix (toolchains/qnn_graph.mostly_float)."""
+    from ..toolchains.qnn_graph import mostly_float as why
+    where = f"package:{params['model']['name']}/{params['variant']['name']}@{params['chip']['name']}"
+    return [f"{where}: {graph}: {why(entry.get('float_ops'))}" for graph, entry in graphs.items()
+            if why(entry.get("float_ops"))]
 
 
 def not_smaller(params: dict, graphs: dict) -> list[str]:

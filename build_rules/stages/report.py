@@ -4,8 +4,10 @@ Each cell (graph, variant, chip) shows the context binary's size and compile tim
 metrics against the float model measured on the HTP emulator: cosine, SQNR, max abs and the score hook's task
 metrics, next to the float model's own task metrics. A cell's measurement is read from its check report or
 measurement memo when those were made from the same binary, evaluation set and hooks (digests compared);
-only a cell without one (e.g. its check never ran, or failed its gate) runs on the emulator here. A cell that
-fails its gate is shown as failing, with its numbers, instead of stopping the report.
+a cell of another chip whose check proved its outputs equal to the reference chip's shows that chip's metrics, so
+marked. A cell without any of these (its check has not run yet) is marked "not measured" with the command that
+measures it: the report never runs the emulator, and reads no check it would have to wait for. A cell that fails
+its gate is shown as failing, with its numbers (from the memo), instead of stopping the report.
 """
 from __future__ import annotations
 
@@ -13,28 +15,31 @@ import json
 from pathlib import Path
 
 from .. import gates, results
-from ..toolchains.qnn_graph import combine, describe as describe_float_ops
+from ..toolchains.qnn_graph import combine, describe as describe_float_ops, mostly_float
 from ..files import atomic_write_json, atomic_write_text
-from .check import measurement, measurement_key, summarize
-
-VERSION = 2  # 2: a failed model-level evaluation is shown (from its memo), marked FAIL
+from .check import measurement_key, remembered, summarize
 
 
-def _cell_metrics(cell: dict, hooks: str, data_dir) -> tuple[dict, str]:
-    """(metrics, where they came from) for one cell."""
+MEASURED = ("samples", "outputs", "score", "float_score")
+
+
+def _cell_metrics(cell: dict, hooks: str, data_dir) -> tuple[dict | None, str]:
+    """(metrics, where they came from) for one cell: its check report or memo when made from this very binary, a
+    check that proved this binary's outputs equal to another chip's ("equal to SM8750 on 3 samples"), else
+    (None, "not measured"): the report shows what was measured and never runs the emulator itself."""
+    from ..hashing import file_digest
     key = measurement_key(cell["ctx_model"], cell["evaluation"], hooks, data_dir)
-    try:
-        check = json.loads(Path(cell["check"]).read_text())
-        if check.get("inputs") == key:
-            return {k: v for k, v in check.items() if k in ("samples", "outputs", "score", "float_score")}, "check"
-    except (OSError, ValueError):
-        pass
-    try:
-        remembered = json.loads(Path(cell["memo"]).read_text()).get("key") == key
-    except (OSError, ValueError, AttributeError):
-        remembered = False
-    metrics, _ = measurement(cell["ctx_model"], cell["evaluation"], hooks, cell["graph"], data_dir, cell["memo"])
-    return metrics, "memo" if remembered else "emulator"
+    check = results.last(cell["check"]) or {}  # its report, or a failed one's from the memo
+    if check.get("inputs") == key and "equal_to" not in check:
+        return {k: v for k, v in check.items() if k in MEASURED}, "check"
+    proof = check.get("equal_to")
+    if proof and check.get("inputs", {}).get("evaluation") == key["evaluation"] \
+            and proof["binary"] == (key["binary"] if isinstance(key["binary"], list) else file_digest(
+                str(cell["ctx_model"]).replace("_ctx.onnx", ".bin"))):
+        return {k: v for k, v in check.items() if k in MEASURED}, \
+            f"equal to {proof['chip']} on {proof['samples']} samples"
+    metrics = remembered(cell["memo"], key)
+    return (metrics, "memo") if metrics is not None else (None, "not measured")
 
 
 def _compiled(path: str | list) -> dict:
@@ -48,26 +53,33 @@ def _compiled(path: str | list) -> dict:
 
 def run(params: dict) -> dict:
     rows = []
-    measured = 0
     for cell in params["cells"]:
         compiled = _compiled(cell["compile"])
         metrics, source = _cell_metrics(cell, params["hooks"], params.get("data_dir"))
-        measured += source == "emulator"
-        summary = summarize(metrics)
         print(f"{cell['variant']}@{cell['chip']} {cell['graph']}: {source}", flush=True)
-        rows.append({"variant": cell["variant"], "chip": cell["chip"], "graph": cell["graph"],
-                     "bytes": compiled["bytes"], "compile_seconds": compiled["seconds"], "samples": metrics["samples"],
-                     **({"part_bytes": compiled["part_bytes"]} if "part_bytes" in compiled else {}),
-                     "summary": summary, "float_score": metrics.get("float_score", {}), "gates": cell["gates"],
-                     "gated": gates.results(cell["gates"], summary, metrics.get("float_score", {})),
-                     "passed": gates.passes_all(cell["gates"], summary, metrics.get("float_score", {})),
-                     "measured_by": source, "float_ops": compiled.get("float_ops")})
+        row = {"variant": cell["variant"], "chip": cell["chip"], "graph": cell["graph"], "bytes": compiled["bytes"],
+               "compile_seconds": compiled["seconds"],
+               **({"part_bytes": compiled["part_bytes"]} if "part_bytes" in compiled else {}),
+               "gates": cell["gates"], "measured_by": source, "float_ops": compiled.get("float_ops"),
+               "mostly_float": mostly_float(compiled.get("float_ops")) or None}
+        if metrics is None:  # its check has not run: marked, with the command that measures it
+            row.update({"samples": 0, "summary": {}, "float_score": {}, "gated": [], "passed": None,
+                        "measure_with": f"doit check:{params['model']}/{cell['graph']}/{cell['variant']}@{cell['chip']}"})
+        else:
+            summary = summarize(metrics)
+            row.update({"samples": metrics["samples"], "summary": summary, "float_score": metrics.get("float_score", {}),
+                        "gated": gates.results(cell["gates"], summary, metrics.get("float_score", {})),
+                        "passed": gates.passes_all(cell["gates"], summary, metrics.get("float_score", {}))})
+        rows.append(row)
     report = {"model": params["model"], "toolchain": params["toolchain"], "variants": params["variants"],
-              "cells": rows, "evaluate": evaluations(params.get("evaluations", {})), "quantizers": quantizers(params)}
+              "cells": rows, "evaluate": evaluations(params.get("evaluations", {})), "quantizers": quantizers(params),
+              "float_evaluation": (results.last(params["float_evaluation"]) or {}).get("metrics")
+              if params.get("float_evaluation") else None}
     atomic_write_json(params["outputs"]["json"], report)
     atomic_write_text(params["outputs"]["markdown"], markdown(report))
     plot(report, params["outputs"]["png"])
-    return {"cells": len(rows), "measured": measured}
+    return {"cells": len(rows), "not_measured": sum(r["passed"] is None and r["measured_by"] == "not measured"
+                                                     for r in rows)}
 
 
 def evaluations(paths: dict) -> dict:
@@ -132,6 +144,26 @@ def _float_text(row: dict) -> str:
     return describe_float_ops(info) or ("unknown" if info.get("error") else "none")
 
 
+def _equal_mark(row: dict) -> str:
+    """' (= SM8750)' on a cell whose metrics are another chip's binary's, its outputs proven equal."""
+    by = row["measured_by"]
+    return f" (= {by.split()[2]})" if by.startswith("equal to ") else ""
+
+
+def _beside_float(metrics: dict, baseline: dict) -> str:
+    """'wer 0.0526 (float 0.0526, +0)': rounded, with the float model's value and the difference."""
+    parts = []
+    for name, value in metrics.items():
+        if not isinstance(value, (int, float)):
+            continue
+        text = f"{name} {_fmt(float(value))}"
+        ref = baseline.get(name)
+        if isinstance(ref, (int, float)):
+            text += f" (float {_fmt(float(ref))}, {float(value) - float(ref):+.4g})"
+        parts.append(text)
+    return ", ".join(parts) or "–"
+
+
 def _task_metrics(row: dict) -> str:
     parts = []
     for name, value in row["summary"].items():
@@ -166,29 +198,46 @@ def markdown(report: dict) -> str:
         values = []
         for g in graphs:
             r = cells.get(g)
-            values.append(" / ".join(_fmt(r["summary"].get(m)) for m in _gated_metrics(rows, g)) if r else "–")
+            values.append("not measured" if r and r["measured_by"] == "not measured" else
+                          " / ".join(_fmt(r["summary"].get(m)) for m in _gated_metrics(rows, g)) + _equal_mark(r)
+                          if r else "–")
         failed = [g for g, r in cells.items() if r["passed"] is False]
+        unmeasured = [g for g, r in cells.items() if r["measured_by"] == "not measured"]
+        verdict = "; ".join(([f"FAIL: {', '.join(failed)}"] if failed else [])
+                            + ([f"not measured: {', '.join(unmeasured)}"] if unmeasured else [])) or "pass"
         settings = report["variants"].get(variant, {})
         bits = "fp16" if settings.get("precision") == "fp16" else f"{settings.get('weights')}/{settings.get('activations')}"
         lines.append(f"| {variant} | {report.get('quantizers', {}).get(variant, '–')} | {bits} | {chip} | {size:.3f} | "
-                     f"{seconds:.2f} | " + " | ".join(values)
-                     + f" | {'FAIL: ' + ', '.join(failed) if failed else 'pass'} |")
+                     f"{seconds:.2f} | " + " | ".join(values) + f" | {verdict} |")
     lines += ["", "## Per graph", "",
               "| variant | chip | graph | size (KB) | compile (s) | cosine | SQNR (dB) | max abs | task metrics | gate "
-              "| float ops |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| measured | float ops |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r["summary"]
         size = f"{r['bytes'] / 1e3:.1f}" + (" (" + " + ".join(f"{b / 1e3:.1f}" for b in r["part_bytes"]) + ")"
                                               if r.get("part_bytes") else "")  # a split graph: each part's size
         lines.append(f"| {r['variant']} | {r['chip']} | {r['graph']} | {size} | "
-                     f"{r['compile_seconds']:.2f} | {_fmt(s['cosine'], 6)} | {_fmt(s['sqnr'])} | {_fmt(s['max_abs'])} | "
-                     f"{_task_metrics(r)} | {_gate_text(r)} | {_float_text(r)} |")
+                     f"{r['compile_seconds']:.2f} | {_fmt(s.get('cosine'), 6)} | {_fmt(s.get('sqnr'))} | "
+                     f"{_fmt(s.get('max_abs'))} | {_task_metrics(r)} | {_gate_text(r)} | {r['measured_by']} | "
+                     f"{_float_text(r)} |")
+    unmeasured = [r["measure_with"] for r in rows if r.get("measure_with")]
+    if unmeasured:  # the report shows what was measured; measuring the rest stays one command away
+        how = ", ".join(f"`{c}`" for c in unmeasured) if len(unmeasured) <= 3 else "`doit check` (every missing check)"
+        lines += ["", f"{len(unmeasured)} of {len(rows)} binaries not measured yet (their checks have not run): "
+                      f"{how}, then `doit report`."]
+    warned = [r for r in rows if r.get("mostly_float")]
+    if warned:  # a quantized variant that is mostly float is not what its name says
+        lines += ["", "**Mostly float:** " + "; ".join(dict.fromkeys(f"{r['variant']} {r['graph']}: {r['mostly_float']}"
+                                                                    for r in warned))]
     if report.get("evaluate"):
-        lines += ["", "## Model-level evaluation", "", "| variant@chip | metrics | gate |", "|---|---|---|"]
+        baseline = report.get("float_evaluation") or {}
+        lines += ["", "## Model-level evaluation", "", f"Each metric beside the float model's on the CPU"
+                  f"{'' if baseline else ' (not measured yet: `doit evaluate:' + report['model'] + '/float`)'} "
+                  "and the difference.", "", "| variant@chip | metrics | gate |", "|---|---|---|"]
         for name, value in report["evaluate"].items():
             gate = "–" if not value.get("gates") or value.get("passed") is None else \
                 ("pass" if value["passed"] else f"**FAIL** ({value.get('error', '').split(': ', 1)[-1]})")
-            lines.append(f"| {name} | {json.dumps(value.get('summary', value.get('metrics', value)))[:200]} | {gate} |")
+            lines.append(f"| {name} | {_beside_float(value.get('metrics') or {}, baseline)} | {gate} |")
     lines += ["", "## Variants", ""]
     for name, settings in report["variants"].items():
         lines.append(f"- **{name}**: " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in settings.items()
@@ -211,6 +260,8 @@ def plot(report: dict, path: str) -> None:
     fig, axes = plt.subplots(1, len(graphs), figsize=(4.2 * len(graphs), 3.8), squeeze=False)
     for ax, graph in zip(axes[0], graphs):
         for r in (r for r in rows if r["graph"] == graph):
+            if "sqnr" not in r["summary"]:
+                continue  # not measured yet
             sqnr = r["summary"]["sqnr"]
             y = min(sqnr, 80.0) if sqnr == sqnr else 0.0  # fp16 can be near-lossless: clip inf for the axis
             ax.scatter(r["bytes"] / 1e3, y, color=colors[variants.index(r["variant"]) % len(colors)],

@@ -129,3 +129,21 @@ def describe(info: dict | None) -> str:
         return ""
     ops = ", ".join(f"{n} {op}" for op, n in info["op_types"].items())
     return f"{ops} ran in float ({100 * info['weights_share']:.1f} % of the weights)"
+
+
+# A quantized variant that keeps more than this share of its weights in float is mostly float: it is warned about.
+MOSTLY_FLOAT = 0.25
+RECURRENT_FIX = ("QNN HTP has no quantized LSTM, GRU or RNN: export the recurrence as cells, one step a graph with "
+                 "the state as inputs and outputs (docs/models.md, \"Recurrent layers as cells\"; an ONNX-only model "
+                 "too), or build fp16")
+
+
+def mostly_float(info: dict | None) -> str:
+    """'' or why a quantized graph is mostly float: '2 GRU ran in float (71.6 % of the weights): more than a quarter
+    of its weights are not quantized; <the fix>'."""
+    if not info or info.get("error") or info.get("weights_share", 0.0) <= MOSTLY_FLOAT:
+        return ""
+    recurrent = any(op in ("LSTM", "GRU", "RNN") for op in info.get("op_types", {}))
+    fix = RECURRENT_FIX if recurrent else ("see which nodes in its float_ops and docs/models.md, \"A variant must be "
+                                           "what it says\"")
+    return f"{describe(info)}: more than {MOSTLY_FLOAT:.0%} of its weights are not quantized; {fix}"
