@@ -92,6 +92,22 @@ def test_declared_shape_pins_a_dynamic_input(tmp_path):
     assert "simplify:bad/net" in result.ran
 
 
+@pytest.mark.parametrize("declared, message", [
+    ("[1, 3, 8, 9]", "input 'x' is declared [1, 3, 8, 9], but the model fixes dim 3 at 8 (declared 9) (its shape: "
+                     "[N, 3, 8, 8]): declare [1, 3, 8, 8]"),
+    ("[1, 3, 64]", "input 'x' is declared with 3 dims [1, 3, 64], but the model's has 4: [N, 3, 8, 8]"),
+])
+def test_a_declared_dim_that_contradicts_a_fixed_dim_of_the_model_is_named(tmp_path, declared, message):
+    """(A user declared [1, 200, 160] on a model whose last dim is 161 and was told the output is dynamic.)"""
+    repo = onnx_model_repo(tmp_path, conv_graph, f'inputs = {{ x = {{ shape = {declared}, dtype = "float32" }} }}')
+    result = run_doit(repo, "simplify")
+    assert result.code != 0
+    assert (f"models/bad/model.toml [graphs.net] inputs: {message} -- the model is models/bad/model.onnx; only its "
+            "dynamic dims can be pinned") in result.output
+    assert "dynamic shape" not in result.output
+    assert targets_left(repo) == []
+
+
 def paddle_style_graph():
     """As paddle2onnx writes a dynamic batch: dim_value -1 on the I/O and on an intermediate's value_info."""
     from onnx import TensorProto, helper

@@ -90,6 +90,9 @@ def run(params: dict) -> dict:
     if unknown:
         raise BuildError(f"{source}: declared input(s) {', '.join(unknown)} not in the model "
                          f"(its inputs: {', '.join(graph_inputs)})")
+    contradiction = declared_against_model(model, declared, source, params["where"])
+    if contradiction:  # onnxsim would fail later with a misleading message (a dynamic output shape)
+        raise BuildError(contradiction)
     model = _opset_for_quantization(model, source)
     constants = constants_to_initializers(model)
     try:
@@ -147,6 +150,34 @@ def run(params: dict) -> dict:
         "parameters": int(sum(int(np.prod(i.dims)) for i in simplified.graph.initializer)),
     })
     return {"nodes": len(simplified.graph.node)}
+
+
+def declared_against_model(model, declared: dict, source: str, where: str) -> str:
+    """'' or the message naming each declared input dim that contradicts a fixed dim of the model's input (a rank
+    that differs, or a fixed size that differs), with the shape to declare."""
+    found = []
+    for value in model.graph.input:
+        if value.name not in declared:
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
+                for d in value.type.tensor_type.shape.dim]
+        want = list(declared[value.name]["shape"])
+        if not dims:
+            continue  # no shape in the model: the declaration is all there is
+        shown = "[" + ", ".join(str(d) for d in dims) + "]"
+        if len(dims) != len(want):
+            found.append(f"input '{value.name}' is declared with {len(want)} dims {want}, but the model's has "
+                         f"{len(dims)}: {shown}")
+            continue
+        clashes = [i for i, (d, w) in enumerate(zip(dims, want)) if isinstance(d, int) and d != w]
+        if clashes:
+            fixed = [w if i not in clashes else dims[i] for i, w in enumerate(want)]
+            found.append(f"input '{value.name}' is declared {want}, but the model fixes "
+                         + ", ".join(f"dim {i} at {dims[i]} (declared {want[i]})" for i in clashes)
+                         + f" (its shape: {shown}): declare {fixed}")
+    if not found:
+        return ""
+    return f"{where} inputs: " + "; ".join(found) + f" -- the model is {source}; only its dynamic dims can be pinned"
 
 
 def check_state_shapes(source: str, where: str, step: dict, inputs: list[dict], outputs: list[dict]) -> None:
