@@ -13,10 +13,11 @@ from doit.exceptions import TaskFailed
 
 from . import layout, split_tasks
 from .config import Model, Variant
+from .errors import AIMET_INSTALL
 from .project import calibration_files, input_specs, model_graphs, project, stage_task, tool_version
 
 DIST = "aimet-onnx"
-INSTALL = "pip install -e '.[aimet]' (after the exact torch pin: pip install 'torch==2.13.0')"
+INSTALL = AIMET_INSTALL
 
 
 def aimet_variants(model: Model) -> list[Variant]:

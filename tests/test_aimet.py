@@ -107,13 +107,17 @@ def test_a_missing_aimet_onnx_fails_the_variant_naming_the_extra_and_nothing_els
     monkeypatch.setattr(aimet_tasks, "tool_version", lambda dist: None if dist == "aimet-onnx" else "1")
     listing = run_doit(repo, "list")
     assert listing.code == 0, listing.output
-    assert "aimet-onnx not installed: pip install -e '.[aimet]'" in listing.output
+    assert "aimet-onnx not installed: pip install 'aimet-onnx==2.42.0' 'torch==2.13.0'" in listing.output
     report = repo / f"out/mtcnn/{VARIANT}/rnet.aimet.json"
     before = report.read_bytes() if report.exists() else None
     result = run_doit(repo, "--continue", TASK, "quantize:mtcnn/rnet/w8a8")
     assert result.code != 0
     assert (f"models/mtcnn/model.toml: [variants.{VARIANT}] quantizer = \"aimet\" needs the Python package "
-            "aimet-onnx, which is not installed: pip install -e '.[aimet]'") in result.output
+            "aimet-onnx, which is not installed: pip install 'aimet-onnx==2.42.0' 'torch==2.13.0'") in result.output
+    # the line adds AIMET to the tool as installed (not an editable reinstall), at the version of pyproject's extra
+    import tomllib
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["aimet"]
+    assert f"'{extra[0]}'" in aimet_tasks.INSTALL
     assert "quantize:mtcnn/rnet/w8a8" in result.ran and (repo / "out/mtcnn/w8a8/rnet.qdq.onnx").is_file()
     assert (report.read_bytes() if report.exists() else None) == before  # no stage process ran
 

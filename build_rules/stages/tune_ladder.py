@@ -173,7 +173,8 @@ def search(params: dict) -> dict:
     variant = params["graphs"][0]["variant"]
     for rung in rungs(variant):
         if rung["quantizer"] == "aimet" and not aimet_installed():
-            found["notes"].append(f"{rung['name']}: skipped (aimet-onnx is not installed: pip install -e '.[aimet]')")
+            from ..errors import AIMET_INSTALL
+            found["notes"].append(f"{rung['name']}: skipped (aimet-onnx is not installed: {AIMET_INSTALL})")
             continue
         if _same_as_variant(rung, variant):
             found["notes"].append(f"{rung['name']}: the variant itself, which misses {', '.join(missed)}")
