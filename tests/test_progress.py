@@ -74,6 +74,26 @@ def test_each_started_task_says_k_of_n_and_the_time_left(tinynet_repo):
     assert list(slowest.groups()[1:]) == [task for _, _, _, task in rows[:3]]
 
 
+def test_a_check_that_never_ran_counts_as_the_checks_of_its_kind(tinynet_repo):
+    """Another chip's check proves its outputs equal to the reference chip's in seconds (stages/check.py): one that
+    never ran counts as the median of those, not of every check (the full checks take minutes)."""
+    from build_rules.progress import format_seconds
+
+    def seconds(name):
+        if name == "check:tinynet/head/w8a16@SM8550":
+            return None  # never ran here
+        if name.startswith("check:"):
+            return 60.0 if name.endswith("@SM8750") else 3.0  # SM8750: the reference, measured in full
+        return 2.0 if name.startswith("package:") else 10.0
+    write_build_log(tinynet_repo, seconds)
+    change_head_checkpoint(tinynet_repo)
+    result = run_doit(tinynet_repo)
+    assert result.code == 0, result.output
+    total = 13 * 10.0 + (60 + 60 + 3 + 3) + 4 * 2.0  # the guessed check: 3 s, the median of its kind (not 60 s)
+    assert (f"21 task(s) to run, about {format_seconds(total)} by out/.build-state/build.log (1 never ran here: "
+            "each counted as the median of its stage)\n") in result.output
+
+
 def test_tasks_the_build_cache_holds_count_as_their_restore_not_their_work(tinynet_repo):
     """A rebuild restored from the cache in well under a second said "2 min 06 s left": its tasks counted as their
     last real run. Forgotten, simplify:tinynet/head and every task reading it are stale, and the cache holds them."""

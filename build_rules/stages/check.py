@@ -4,6 +4,10 @@ Metrics (cosine, SQNR, max abs per output, plus the model's score hook) go to <g
 a metric below the graph's gate fails the build with the metric, value and threshold. A failed check's report is
 kept in the measurement memo <graph>.measure.json (build_rules/results.py), which the report, the summary and tune
 read: check.json is a target, and the runner removes a failed task's targets.
+
+Each variant is measured in full on one reference chip; another chip's check (params["reference"]) first runs its
+binary and the reference's on a few evaluation samples, and equal outputs take the reference's metrics (prove_equal,
+below; docs/models.md, "Checks on several chips").
 """
 from __future__ import annotations
 
