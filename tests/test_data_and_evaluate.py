@@ -72,6 +72,14 @@ def test_data_stage_feeds_the_hooks_and_evaluate_gates_against_float(tmp_path):
     assert images == {"gate": "images >= 4", "metric": "images", "value": 4.0, "passed": True, "low": 4.0,
                       "high": None}
 
+    # doit report: each model-level metric rounded, beside the float model's value and the difference
+    assert run_doit(repo, "report:tinynet").code == 0
+    row = next(line for line in (repo / "out/tinynet/report.md").read_text().splitlines()
+               if line.startswith("| w8a16@SM8750 |"))
+    value = manifest["evaluate"]["metrics"]["accuracy"]
+    assert row == (f"| w8a16@SM8750 | accuracy {value:.4g} (float {float_value:.4g}, {value - float_value:+.4g}), "
+                   "images 4 (float 4, +0) | pass |")
+
     # new data: the stages that read it run again, nothing upstream of them
     (repo / "models/tinynet/seeds.txt").write_text("3 4 5 7\n")
     again = run_doit(repo)
