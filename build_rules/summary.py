@@ -236,21 +236,21 @@ class SummaryReporter(ConsoleReporter):
                 package = f"package:{pair}"
                 failed_here = sorted(n for n in failed if _of_pair(n, model.name, variant.name, chip.name))
                 # e.g. `doit check:<target>`: the pair's checks ran, its package did not (its manifest may be older)
-                checked_now = package not in ran and any(_of_pair(n, model.name, variant.name, chip.name)
-                                                         for n in ran if n.startswith(("check:", "evaluate:")))
+                ran_here = [] if package in ran else [n for n in ran if _of_pair(n, model.name, variant.name, chip.name)]
+                checked_now = any(n.startswith(("check:", "evaluate:")) for n in ran_here)
                 if failed_here:
                     state = "FAILED now"
                 elif package in ran:
                     state = "built now"
-                elif checked_now:
-                    state = "checked now"
+                elif ran_here:
+                    state = "checked now" if checked_now else "compiled now"
                 elif package in blocked:
                     state = "not run now"
                 elif self.decided.get(package) is False:
                     state = "up to date"
                 else:
                     state = "earlier"
-                described = describe_pair(model, variant.name, chip.name, failed_here, fresh_checks=checked_now)
+                described = describe_pair(model, variant.name, chip.name, failed_here, fresh_checks=bool(ran_here))
                 if described is None and state == "earlier":
                     never.setdefault(variant.name, []).append(chip.name)
                     continue
