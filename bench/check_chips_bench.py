@@ -33,12 +33,22 @@ ENV = dict(os.environ, BUILD_RULES_CACHE="off",
 ENV.pop(EVERY_CHIP_ENV, None)
 
 
+# The PP-OCR detector of bench/models is built for SM8750 with a gate its w8a8 misses on purpose (the tuning
+# benchmarks); here it is built for the five default chips, gated where it passes.
+EDITS = {"ppocr_det": [('chips = ["SM8750"]', 'chips = ["SM8550", "SM8650", "SM8750", "SM8850", "QCS9100"]'),
+                       ('gate = { metric = "cosine", min = 0.97 }', 'gate = { metric = "cosine", min = 0.9 }')]}
+
+
 def scratch(dest: Path, model: str) -> Path:
     dest.mkdir(parents=True)
     shutil.copy(ROOT / "dodo.py", dest)
     shutil.copy(ROOT / "chips.toml", dest)
     source = ROOT / "models" / model if (ROOT / "models" / model).is_dir() else ROOT / "bench/models" / model
     shutil.copytree(source, dest / "models" / model)
+    toml = dest / "models" / model / "model.toml"
+    for old, new in EDITS.get(model, []):
+        assert old in toml.read_text(), (model, old)
+        toml.write_text(toml.read_text().replace(old, new))
     return dest
 
 
@@ -60,8 +70,12 @@ def checks_again(repo: Path, model: str, jobs: int, every_chip: bool) -> dict:
     wall = doit(repo, "-n", str(jobs), "-P", "thread", model, env=env)
     rows = read_build_log(str(repo / "out/.build-state/build.log"), last_build=True)
     checks = [(task, seconds) for _, seconds, how, task in rows if task.startswith("check:")]
-    differed = sorted({f"{task.split(':', 1)[1]}" for task, _ in checks
-                       if "differs_from" in json.loads(_report(repo, task).read_text())})
+    differed = {}
+    for task, _ in checks:
+        found = json.loads(_report(repo, task).read_text()).get("differs_from")
+        if found:  # which output of which sample, and by how much
+            differed[task.split(":", 1)[1]] = (f"{found['output']} of sample {found['sample']}, max abs "
+                                               f"{found['max_abs']:.3g} against {found['chip']}")
     return {"checks": len(checks), "emulator": sum(s for _, s in checks), "wall": wall, "differed": differed}
 
 
@@ -95,7 +109,8 @@ def main() -> None:
     for model, before, after in rows:
         print(f"| {model} | {before['checks']} | {before['emulator']:.1f} | {after['emulator']:.1f} | "
               f"{after['emulator'] / before['emulator']:.2f} x | {before['wall']:.1f} | {after['wall']:.1f} | "
-              f"{after['wall'] / before['wall']:.2f} x | {', '.join(after['differed']) or 'none'} |")
+              f"{after['wall'] / before['wall']:.2f} x | "
+              f"{'; '.join(f'{t}: {why}' for t, why in sorted(after['differed'].items())) or 'none'} |")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ out/<model>/calibration/<graph>/ranges.<method>-<samples>.json   tensor ranges (
 out/<model>/<variant>/<graph>.qdq.onnx                                          (per variant, any chip)
 out/<model>/<variant>/<chip>/<graph>.bin, <graph>_ctx.onnx, <graph>.compile.json, <graph>.check.json, manifest.json
 out/<model>/<variant>/<chip>/<graph>.measure.json, evaluate.measure.json   memos: the last measurement (and a failure)
+out/<model>/<variant>/<chip>/<graph>.proof.npz   the reference chip's outputs on the samples other chips prove with
 out/<model>/report.md, report.png, report.json                                  (`doit report`)
 out/<model>/tuning/<variant>/<graph>.sensitivity.json, .md, .png               (`doit sensitivity`)
 out/<model>/tuning/<variant>.tuned.toml, .tuned.json                            (`doit tune`)
@@ -72,6 +73,12 @@ def memo_file(report: str) -> str:
     if report.endswith(".check.json"):
         return report[:-len(".check.json")] + ".measure.json"
     return report[:-len(".json")] + ".measure.json"
+
+
+def proof_file(report: str) -> str:
+    """The reference chip's outputs on the proof samples, beside its check report (not a target): <graph>.check.json
+    -> <graph>.proof.npz. Other chips' checks compare their outputs with these (stages/check.py)."""
+    return str(report)[:-len(".check.json")] + ".proof.npz"
 
 
 def lock_file(memo: str) -> str:

@@ -128,7 +128,7 @@ def prove_equal(params: dict) -> dict:
     reference = params["reference"]
     inputs, _ = load_evaluation(params["evaluation"], limit=reference["samples"])
     print(f"proof: this binary against {reference['chip']}'s on {len(inputs)} evaluation sample(s)", flush=True)
-    ours, theirs = run_binary(params["ctx_model"], inputs), run_binary(reference["ctx_model"], inputs)
+    ours, theirs = run_binary(params["ctx_model"], inputs), reference_outputs(reference, params["evaluation"], inputs)
     ctx = params["ctx_model"]
     proof = {"chip": reference["chip"], "samples": len(inputs),
              "binary": [file_digest(str(p).replace("_ctx.onnx", ".bin")) for p in ctx] if isinstance(ctx, list)
@@ -146,6 +146,42 @@ def prove_equal(params: dict) -> dict:
             return {**proof, "equal": False, "sample": index, "output": name, "max_abs": gap}
     print(f"proof: equal to {reference['chip']}'s outputs, bit for bit: its metrics, no full check", flush=True)
     return {**proof, "equal": True}
+
+
+def reference_outputs(reference: dict, evaluation: str, inputs: list[dict]) -> list[dict]:
+    """The reference binary's outputs on the proof samples, kept beside its memo (<graph>.proof.npz, with what they
+    were made from): the first other chip's check runs them, the next ones read them."""
+    import io
+
+    import numpy as np
+
+    from ..files import atomic_write_bytes, exclusive_lock
+    from ..hashing import file_digest, text_digest
+    ctx = reference["ctx_model"]
+    made_from = text_digest(json.dumps([[file_digest(p) for p in (ctx if isinstance(ctx, list) else [ctx])],
+                                        [file_digest(str(p).replace("_ctx.onnx", ".bin"))
+                                         for p in (ctx if isinstance(ctx, list) else [ctx])],
+                                        file_digest(evaluation), len(inputs)]))
+    path = layout.proof_file(reference["check"])
+    with exclusive_lock(layout.lock_file(path)):
+        try:
+            with np.load(path) as saved:
+                if str(saved["made_from"]) == made_from:
+                    outputs = [{} for _ in inputs]
+                    for name in saved.files:
+                        if "/" in name:
+                            index, output = name.split("/", 1)
+                            outputs[int(index)][output] = saved[name]
+                    print(f"{reference['chip']}'s outputs on the proof samples from {path}", flush=True)
+                    return outputs
+        except (OSError, ValueError, KeyError):
+            pass
+        outputs = run_binary(ctx, inputs)
+        buffer = io.BytesIO()
+        np.savez(buffer, made_from=np.array(made_from),
+                 **{f"{i}/{name}": value for i, sample in enumerate(outputs) for name, value in sample.items()})
+        atomic_write_bytes(path, buffer.getvalue())
+    return outputs
 
 
 def reference_metrics(params: dict) -> tuple[dict, dict]:
