@@ -13,7 +13,8 @@ from doit.exceptions import TaskFailed
 
 from . import layout, split_tasks
 from .config import Model, Variant
-from .project import calibration_files, input_specs, model_graphs, project, stage_task, tool_version
+from .project import calibration_files, input_specs, model_graphs, project, stage_task
+from .tool_versions import tool_version
 
 DIST = "aimet-onnx"
 INSTALL = "pip install -e '.[aimet]' (after the exact torch pin: pip install 'torch==2.13.0')"

@@ -16,7 +16,8 @@ from .config import ConfigError, Model, gate_dicts
 from .hashing import ContentChecker, use_key_digests, use_stat_cache
 from .project import (STATE_DIR, chip_params, calibration_files, checkpoint_files, model_data,
                       hook_files, input_specs, model_graphs, project, quantized_variants, ranges_file, rel, source_onnx,
-                      stage_task, task_key, tool_version, variant_builds)
+                      stage_task, task_key, variant_builds)
+from .tool_versions import tool_version
 from .runner import remove_stale_staging, run_stage
 
 # What dodo.py imports: every stage and group generator in pipeline order (the order of `doit list`), plus

@@ -171,8 +171,8 @@ def hook_rows() -> list[dict]:
         arguments = dict(a.split(": ", 1) for a in re.split(r", (?=\w+: )", found.group(2)))
 
         def stages(cell):
-            from build_rules.project import STAGE_VERSIONS
-            return {s for s in re.findall(r"`(\w+)`", cell) if s in STAGE_VERSIONS}
+            from build_rules.stage_table import BY_NAME
+            return {s for s in re.findall(r"`(\w+)`", cell) if s in BY_NAME}
         rows.append({"hook": found.group(1), "arguments": arguments, "stages": stages(called_by),
                      "DATA_DIR": stages(data_dir), "CHECKPOINTS": stages(checkpoints), "called_by": called_by})
     return rows

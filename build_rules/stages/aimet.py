@@ -30,7 +30,6 @@ from ..errors import BuildError
 from ..files import atomic_write_json
 from .common import read_input_list
 
-VERSION = 2  # 2: qnn_preprocess_model first; a step graph's state pairs share one encoding (project.STAGE_VERSIONS)
 ACTIVATION_TYPES = {"uint8": "int8", "uint16": "int16"}  # AIMET's activation quantizers are asymmetric: exported
 WEIGHT_TYPES = {"int8": "int8", "int4": "int4"}         # unsigned (force_activation_as="unsigned")
 SCHEMES = {"minmax": "min_max", "percentile": "percentile"}

@@ -12,8 +12,6 @@ from ..errors import BuildError
 from ..layout import raw_name
 from .common import check_sample, load_hooks
 
-VERSION = 1
-
 
 def run(params: dict) -> dict:
     hooks = load_hooks(params["hooks"], params.get("data_dir"), params.get("checkpoints"))

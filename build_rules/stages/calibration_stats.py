@@ -11,8 +11,6 @@ from __future__ import annotations
 from ..errors import BuildError
 from .common import read_input_list
 
-VERSION = 1
-
 
 def run(params: dict) -> dict:
     from ..toolchains import ort_qnn

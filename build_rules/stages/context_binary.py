@@ -14,8 +14,6 @@ from pathlib import Path
 from ..errors import BuildError
 from .sdk_tool import onnx_nodes, run_tool, short, tail
 
-VERSION = 2
-
 
 def rejection_error(name: str, rejected: list[dict], onnx_path: str | None, dsp_arch: str) -> BuildError:
     """One message for the nodes HTP refused, named as in the ONNX model where the model has them."""

@@ -17,8 +17,6 @@ from ..errors import BuildError
 from ..files import atomic_write_json
 from .sdk_tool import check_converter_output, overrides_file, run_tool, short
 
-VERSION = 2
-
 
 def qnn_input_list(params: dict, work: Path, flow: str = "model-lib", absolute: bool = False) -> str:
     """An input list with the variant's sample count, in the layout the converter expects: the shared one when it

@@ -33,7 +33,6 @@ from .. import progress
 from ..errors import BuildError
 from ..files import atomic_write_json, atomic_write_text
 
-VERSION = 1
 SAMPLES = 4  # evaluation samples, evenly spaced over the set: the emulator with every tensor exposed is slow
 # More activation tensors than this: every Nth is exposed. Measured on PP-OCRv4's recogniser (340 tensors, w8a8,
 # SM8750, a busy machine): compile with 341 outputs 30.8 s, 172 outputs 27.5 s, 87 outputs 8.0 s, the plain binary

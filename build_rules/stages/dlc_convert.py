@@ -14,8 +14,6 @@ from ..errors import BuildError
 from ..files import atomic_write_json
 from .sdk_tool import check_converter_output, overrides_file, run_tool, short
 
-VERSION = 1
-
 
 def run(params: dict) -> dict:
     from ..toolchains import qairt

@@ -15,8 +15,6 @@ from ..files import atomic_write_json
 from .convert import qnn_input_list
 from .sdk_tool import run_tool, short, tail
 
-VERSION = 1
-
 
 def run(params: dict) -> dict:
     from ..toolchains import qairt

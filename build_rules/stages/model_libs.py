@@ -12,8 +12,6 @@ from pathlib import Path
 from ..errors import BuildError
 from .sdk_tool import run_tool, short, tail
 
-VERSION = 1
-
 
 def run(params: dict) -> dict:
     from ..toolchains import qairt

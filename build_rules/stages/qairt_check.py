@@ -18,8 +18,6 @@ from ..errors import BuildError
 from ..files import atomic_write_json
 from .sdk_tool import run_tool, short, tail
 
-VERSION = 2
-
 
 def _to_onnx_layout(data, dims: list[int] | None, shape: tuple[int, ...]):
     """A QNN output (flat) back in the ONNX output's shape, undoing a channel-last move of the channel axis."""

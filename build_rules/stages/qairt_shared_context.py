@@ -16,8 +16,6 @@ from ..errors import BuildError
 from ..files import atomic_write_json, atomic_write_text
 from .sdk_tool import run_tool, short, tail
 
-VERSION = 1
-
 
 def run(params: dict) -> dict:
     from .. import dist

@@ -11,10 +11,6 @@ from ..errors import BuildError
 from .common import read_input_list
 from .simplify import BIAS_OPS
 
-# 2: warns about graph outputs clamped by an activation; 3: an invalid QDQ model fails here; 4: LayerNorm scales stay
-# uint8 under signed weights. (Task keys take project.STAGE_VERSIONS["quantize"]; keep the two equal.)
-VERSION = 4
-
 
 def run(params: dict) -> dict:
     from ..toolchains import ort_qnn

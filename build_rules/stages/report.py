@@ -17,8 +17,6 @@ from ..toolchains.qnn_graph import combine, describe as describe_float_ops
 from ..files import atomic_write_json, atomic_write_text
 from .check import measurement, measurement_key, summarize
 
-VERSION = 2  # 2: a failed model-level evaluation is shown (from its memo), marked FAIL
-
 
 def _cell_metrics(cell: dict, hooks: str, data_dir) -> tuple[dict, str]:
     """(metrics, where they came from) for one cell."""

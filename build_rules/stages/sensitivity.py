@@ -37,7 +37,7 @@ from .. import progress
 from ..files import atomic_write_json, atomic_write_text
 from .precision import Candidates, clean
 
-VERSION = 2
+RANKING_VERSION = 2  # what a stored ranking was made by: tune reuses one only when it matches
 GAIN_THRESHOLD = 0.05  # a group (or a cost alone) matters from this share of all-16-bit's gain (and 0.1 dB) on
 CONFIRM = 4  # the CPU ranking's top tensors measured alone on the emulator
 PLOTTED = 40  # tensors in the .png (the .md lists all)
@@ -202,7 +202,7 @@ def ranking_key(c: Candidates, hooks: str) -> dict:
     """What a ranking depends on: the tune stage reuses a sensitivity result only when this matches."""
     from ..hashing import file_digest
     from .check import hooks_digest
-    return {"version": VERSION, "variant": c.graph["variant"], "chip": c.chip, "samples": len(c.subset),
+    return {"version": RANKING_VERSION, "variant": c.graph["variant"], "chip": c.chip, "samples": len(c.subset),
             **{k: file_digest(c.graph[k]) for k in ("onnx", "ranges", "evaluation")}, "hooks": hooks_digest(hooks)}
 
 

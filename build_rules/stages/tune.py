@@ -27,8 +27,6 @@ from .mixed_precision import search, values
 from .precision import describe
 from . import tune_ladder
 
-VERSION = 2
-
 
 def run(params: dict) -> dict:
     started = time.perf_counter()

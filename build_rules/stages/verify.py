@@ -14,8 +14,6 @@ from ..files import atomic_write_json
 from .common import (build_module, check_sample, compare, label_arrays, load_hooks, save_arrays, split_labels,
                      transformed, worst)
 
-VERSION = 2  # 2: frame_cosine
-
 
 def evaluation_samples(hooks, params) -> tuple[list[dict], list | None]:
     """(inputs, labels): evaluation_inputs() may return (inputs, label) pairs; labels is None without them."""

@@ -140,7 +140,7 @@ def identity(cache_dir: Path | None = None) -> dict:
     Raises ModuleNotFoundError when onnxruntime-qnn is not installed.
     """
     pkg_dir = _package_dir()
-    from ..project import tool_version  # METADATA's header only: importlib.metadata.version() parses the whole file
+    from ..tool_versions import tool_version  # METADATA's header only: importlib.metadata.version() parses the whole file
     package_version = tool_version(_DIST)
     if package_version is None:
         raise _not_installed(f"found {pkg_dir} but no installed distribution metadata")
