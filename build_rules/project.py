@@ -201,7 +201,7 @@ def skipped_builds() -> list[str]:
                     notes.append(f"{model.name}/{variant.name}@{chip.name}: skipped, {chip.name} "
                                  f"({chip.dsp_arch}) has no fp16 support")
     from . import toolchains
-    return notes + toolchains.notes(project().toolchain["name"])
+    return notes + toolchains.notes(project().toolchain)
 
 
 def compile_input(model: Model, graph: Graph, variant: Variant) -> str:

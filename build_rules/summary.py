@@ -332,7 +332,7 @@ def describe_pair(model, variant: str, chip: str, failed_tasks: list[str] = ()) 
     manifest = Path(folder, "manifest.json")
     if not failures and not failed_tasks and manifest.is_file():
         return _describe(str(manifest))
-    from .split_tasks import units  # a split graph: its parts' binaries, summed
+    from .tasks.split import units  # a split graph: its parts' binaries, summed
     parts = []
     for graph, result in checks.items():
         try:

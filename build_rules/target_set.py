@@ -29,9 +29,9 @@ PROTECTED = (".cache", ".build-state", ".staging")  # out/<these>: never removed
 
 
 def own_stages() -> set[str]:
-    """The task basenames build_rules defines (task_<stage> in tasks.py; qairt's stages have the same names)."""
-    from . import tasks
-    return {name[len("task_"):] for name in tasks.__all__ if name.startswith("task_")}
+    """The task basenames build_rules defines (a row of stage_table.py with a generator, and the groups)."""
+    from . import stage_table
+    return {stage.name for stage in stage_table.STAGES if stage.generators} | {"chips", "models"}
 
 
 def written_paths(tasks: dict) -> list[str]:

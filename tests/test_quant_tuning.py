@@ -292,7 +292,7 @@ def test_bisect_tune_needs_no_more_16_bit_tensors_than_the_exhaustive_one_even_w
     nothing else keeps at 16 bit, comes last), meets the target on the emulator with no more 16-bit tensors than the
     exhaustive search, with fewer emulator runs."""
     from build_rules.stages import mixed_precision
-    from build_rules.tuning_tasks import _tuning_graph, _tuning_chip
+    from build_rules.tasks.tuning import _tuning_graph, _tuning_chip
     from build_rules.project import chip_params, project, rel
     toml = tinynet_repo / "models/tinynet/model.toml"
     toml.write_text(toml.read_text() + '\n[variants.w8a8]\ninherits = "w8a16"\nactivations = "uint8"\n')

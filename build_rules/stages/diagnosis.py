@@ -29,7 +29,7 @@ def _subset_missed(result: dict, params: dict) -> list[str]:
     """A line when an output is >= SUBSET_MISS_DB worse over check's whole evaluation set than on these samples: the
     drops below were looked for where the binary does well (a new user's GRU cell: cosine 0.99999 on 4 samples,
     0.9956 over 12)."""
-    from ..diagnose_tasks import SAMPLES_ENV
+    from ..tasks.diagnose import SAMPLES_ENV
     check = result.get("check") or {}
     worse = [(name, check["outputs"][name], here) for name, here in result["final"].items()
              if name in check.get("outputs", {}) and check["outputs"][name]["sqnr"] < here["sqnr"] - SUBSET_MISS_DB]

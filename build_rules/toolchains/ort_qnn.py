@@ -140,7 +140,7 @@ def identity(cache_dir: Path | None = None) -> dict:
     Raises ModuleNotFoundError when onnxruntime-qnn is not installed.
     """
     pkg_dir = _package_dir()
-    from ..tool_versions import tool_version  # METADATA's header only: importlib.metadata.version() parses the whole file
+    from ..tool_versions import tool_version  # METADATA's header only: importlib.metadata.version() reads it all
     package_version = tool_version(_DIST)
     if package_version is None:
         raise _not_installed(f"found {pkg_dir} but no installed distribution metadata")
@@ -578,8 +578,8 @@ def compile_context_binary(model: Path, out_dir: Path, graph: str, *, soc_model:
             raise RuntimeError("expected an external context binary (embed_mode 0)")
         work_bin = work / attrs["ep_cache_context"].s.decode()
         target = read_binary_target(work_bin)
-        from . import qnn_graph
-        float_ops = None if fp16 else qnn_graph.float_ops(source, qnn_graph.read_dump(work / "qnn_graph"))
+        from .qnn_graph import float_ops as graph_float_ops, read_dump  # not `from . import`: an import circle
+        float_ops = None if fp16 else graph_float_ops(source, read_dump(work / "qnn_graph"))
         if target["soc_type"].startswith("UNKNOWN"):
             raise RuntimeError(f"compiling {model} gave a {target['soc_type']} binary: soc_model {soc_model} "
                                "was not applied")

@@ -467,3 +467,22 @@ def net_run_command(sdk: Sdk, binary: str, input_list: str, output_dir: str) -> 
     """qnn-net-run on the x86 HTP backend (the emulator): float raw inputs in, float raw outputs out."""
     return [str(sdk.net_run or sdk.tool("qnn-net-run")), "--backend", str(sdk.htp_backend),
             "--retrieve_context", binary, "--input_list", input_list, "--output_dir", output_dir]
+
+
+def notes(ident: dict) -> list[str]:
+    """What the user should know about a qairt build (shown under the build summary); ident: the toolchain
+    identity (its flow, build id)."""
+    found = []
+    try:
+        sdk = find_sdk()
+    except SdkError:
+        return found
+    if ident["flow"] == "model-lib" and not ndk_build():
+        found.append("qairt: no ndk-build on PATH, so model libs were built for x86_64-linux-clang only "
+                     "(no aarch64-android lib<graph>.so); put the Android NDK on PATH to build them")
+    if sdk.net_run is None:
+        found.append(f"qairt: check did not run the binaries: no {sdk.tool('qnn-net-run')} "
+                     "(check.json and manifest.json say \"not run\")")
+    if ident.get("build_id") is None:
+        found.append(f"qairt: {ident.get('build_id_note', 'no HTP build id')}")
+    return found

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import aimet_tasks, layout, stage_table
+from .. import layout, stage_table
 from ..config import gate_dicts
 from ..project import (calibration_files, checkpoint_files, chip_params, in_process_stage, model_data, project, rel,
                        variant_builds)
 from ..hashing import TaskKey
 from ..runner import run_stage
+from ..toolchains import qairt
 from ..tool_versions import tool_version
-from . import qairt
+from . import aimet as aimet_tasks
 
 def flow() -> str:
     return project().toolchain["flow"]
@@ -301,29 +302,3 @@ def _shared_context_tasks():
                 yield _stage_task("shared_context", f"{m}/{name}/{v}@{c}", params,
                                   [f for files in graphs.values() for f in files.values()], list(outputs.values()),
                                   f"{folder}/{name}.log")
-
-
-# quantize is ort-qnn's (a QDQ model) under ort-qnn, qairt-quantizer's in the DLC flow, absent in the model-lib flow
-# (qnn-onnx-converter quantizes); model_libs exists in the model-lib flow only.
-STAGES = {"quantize": quantize, "convert": convert, "model_libs": model_libs, "htp_config": htp_config,
-          "compile": compile, "check": check, "package": package, "shared_context": shared_context}
-
-
-def notes() -> list[str]:
-    """Shown under the build summary."""
-    found = []
-    try:
-        current = flow()
-        sdk = qairt.find_sdk()
-    except qairt.SdkError:
-        return found
-    if current == "model-lib" and not qairt.ndk_build():
-        found.append("qairt: no ndk-build on PATH, so model libs were built for x86_64-linux-clang only "
-                     "(no aarch64-android lib<graph>.so); put the Android NDK on PATH to build them")
-    if sdk.net_run is None:
-        found.append(f"qairt: check did not run the binaries: no {sdk.tool('qnn-net-run')} "
-                     "(check.json and manifest.json say \"not run\")")
-    ident = project().toolchain
-    if ident.get("build_id") is None:
-        found.append(f"qairt: {ident.get('build_id_note', 'no HTP build id')}")
-    return found
