@@ -161,3 +161,32 @@ def generator(stage: str, toolchain: str) -> str | None:
 def worker_modules() -> set[str]:
     """Every module in build_rules/stages/ that some row runs."""
     return {w.module for stage in STAGES for w in stage.workers.values() if w.module}
+
+
+def markdown() -> str:
+    """docs/stages.md: the table as a reader wants it (`python -m build_rules.stage_table > docs/stages.md`; a test
+    checks that the page is this)."""
+    lines = ["# The stages", "",
+             "Made from `build_rules/stage_table.py` (`python -m build_rules.stage_table > docs/stages.md`), in the "
+             "pipeline's order:", "the order of `doit list`. A task `<stage>:<target>` is made by the generator "
+             "(`build_rules/tasks/<module>.py`) and runs", "the worker (`build_rules/stages/<module>.py`, its `run(params)`) "
+             "of its toolchain. Its key holds the key version, the", "versions of the tools, and for SDK-dependent "
+             "workers the toolchain identity; a relocatable worker's outputs are", "cached by content alone; an "
+             "in-process worker runs inside doit.", "",
+             "| stage | `doit list` | generator | toolchain | worker | key (version) | tools | SDK | relocatable | "
+             "in-process |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for stage in STAGES:
+        generators = ", ".join(f"{g} ({t})" if t != "any" else g for t, g in stage.generators.items()) or \
+            "(made by another stage's generator)"
+        for i, (where, w) in enumerate(stage.workers.items()):
+            first = i == 0
+            lines.append("| " + " | ".join([
+                f"`{stage.name}`" if first else "", stage.doc if first else "", generators if first else "",
+                where, f"`{w.module}`" if w.module else "", f"`{w.key}` ({w.version})",
+                ", ".join(w.tools) or "-", "yes" if w.sdk else "", "yes" if w.relocatable else "",
+                "yes" if w.in_process else ""]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

@@ -152,3 +152,17 @@ def test_no_lower_layer_imports_the_stages_or_the_task_generators():
     graph = import_graph()
     reach = {m: sorted(t for t in graph[m] if t.startswith(upper)) for m in lower}
     assert {m: t for m, t in reach.items() if t} == {}
+
+
+def test_docs_stage_table_is_made_from_the_stage_table():
+    assert (ROOT / "docs/stages.md").read_text() == stage_table.markdown(), \
+        "docs/stages.md is stale: python -m build_rules.stage_table > docs/stages.md"
+
+
+def test_the_readme_is_an_entrance():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines: reference belongs in docs/"
+    for link in (ROOT / "README.md").read_text().split("](")[1:]:
+        target = link.split(")")[0].split("#")[0]
+        if target and not target.startswith("http"):
+            assert (ROOT / target).exists(), f"README.md links to {target}, which does not exist"
