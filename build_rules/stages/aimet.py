@@ -28,7 +28,7 @@ from pathlib import Path
 from .. import progress
 from ..errors import BuildError
 from ..files import atomic_write_json
-from .common import read_input_list
+from ..samples import read_input_list
 
 ACTIVATION_TYPES = {"uint8": "int8", "uint16": "int16"}  # AIMET's activation quantizers are asymmetric: exported
 WEIGHT_TYPES = {"int8": "int8", "int4": "int4"}         # unsigned (force_activation_as="unsigned")

@@ -13,7 +13,7 @@ from pathlib import Path
 from .. import gates, layout, results
 from ..errors import BuildError
 from ..files import atomic_write_json
-from .common import compare, load_evaluation, load_hooks, load_labels, score, worst
+from ..samples import compare, load_evaluation, load_hooks, load_labels, score, worst
 
 # The version of this stage's measurement memo (results.py): a new one re-measures, a task key's version
 # (stage_table.py) does not have to.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import BuildError
-from .sdk_tool import onnx_nodes, run_tool, short, tail
+from ..toolchains.sdk_tool import onnx_nodes, run_tool, short, tail
 
 
 def rejection_error(name: str, rejected: list[dict], onnx_path: str | None, dsp_arch: str) -> BuildError:

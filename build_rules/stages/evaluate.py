@@ -15,7 +15,7 @@ from pathlib import Path
 from .. import gates, layout, progress, results
 from ..errors import BuildError
 from ..files import atomic_write_json
-from .common import load_hooks
+from ..samples import load_hooks
 
 # The version of this stage's measurement memo (results.py): a new one re-measures, a task key's version
 # (stage_table.py) does not have to.

@@ -8,7 +8,7 @@ only the quantization. Without ranges (params["ranges"] absent) it calibrates fr
 from __future__ import annotations
 
 from ..errors import BuildError
-from .common import read_input_list
+from ..samples import read_input_list
 from .simplify import BIAS_OPS
 
 

@@ -70,7 +70,7 @@ def run(params: dict) -> dict:
         raise BuildError(f"{source}: not a valid ONNX model: {one_line(e)}") from e
     after = ""
     if params.get("hooks"):  # an ONNX-only model: the user's patch first
-        from .common import load_hooks, transformed
+        from ..samples import load_hooks, transformed
         hooks = load_hooks(params["hooks"])
         if hasattr(hooks, "transform"):
             model, after = transformed(hooks, model, params["hooks"]), f" after {params['hooks']}: transform(model)"

@@ -11,7 +11,7 @@ from pathlib import Path
 from .. import gates
 from ..errors import BuildError
 from ..files import atomic_write_json
-from .common import (build_module, check_sample, compare, label_arrays, load_hooks, save_arrays, split_labels,
+from ..samples import (build_module, check_sample, compare, label_arrays, load_hooks, save_arrays, split_labels,
                      transformed, worst)
 
 

@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import gates
-from ..files import atomic_write_json, atomic_write_text
+from ... import gates
+from ...files import atomic_write_json, atomic_write_text
 from .precision import Candidates, clean, meets
 
 AIMET_WEIGHTS = {"uint8": "int8", "int8": "int8", "uint16": "int8", "int4": "int4"}
@@ -64,7 +64,7 @@ class Ladder:
         return next(g for g in self.params["graphs"] if g["name"] == name)
 
     def quantize(self, rung: dict, graph: dict) -> Path:
-        from ..toolchains import ort_qnn
+        from ...toolchains import ort_qnn
         v = graph["variant"]
         folder = self.work / rung["name"]
         folder.mkdir(exist_ok=True)
@@ -88,7 +88,7 @@ class Ladder:
         return path
 
     def size(self, path: Path, graph: str) -> int:
-        from ..toolchains import ort_qnn
+        from ...toolchains import ort_qnn
         chip = self.params["chip"]
         result = ort_qnn.compile_context_binary(path, path.parent / f"{graph}.ctx", graph, soc_model=chip["soc_id"],
                                                 vtcm_mb=chip["vtcm_mb"], fp16=False)
@@ -96,8 +96,8 @@ class Ladder:
 
     def measure(self, path: Path, graph: str, full: bool) -> dict:
         """The graph's summary metrics for a QDQ model on the emulator (as Candidates.measure does for its own)."""
-        from .check import measure, summarize
-        from .common import compare
+        from ..check import measure, summarize
+        from ...samples import compare
         c = self.candidates[graph]
         started = time.perf_counter()
         indices = list(range(len(c.inputs))) if full else c.subset
