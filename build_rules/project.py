@@ -15,9 +15,9 @@ from .config import (Chip, ChipTable, ConfigError, Graph, Model, TomlCache, Vari
 from .hashing import TaskKey
 from .records import record
 from .runner import run_stage
+from .state import STATE_DIR, TOML_CACHE
 from .tool_versions import tool_version
 
-STATE_DIR = f"{layout.OUT}/.build-state"
 
 
 @record
@@ -37,7 +37,7 @@ def project() -> Project:
     _checkpoint_files.clear()
     package_folder.cache_clear()
     root = Path(".")  # doit runs in the dodo file's folder; relative paths keep messages and keys short
-    toml_cache = TomlCache(f"{STATE_DIR}/toml-cache.json")
+    toml_cache = TomlCache(TOML_CACHE)
     try:
         chips = load_chips(root / "chips.toml", toml_cache)
         models = load_models(root / "models", chips, toml_cache)

@@ -267,7 +267,7 @@ def _duration(seconds: float) -> str:
     return format_seconds(seconds)
 
 
-BUILD_LOG = f"{layout.OUT}/.build-state/build.log"
+from .state import BUILD_LOG  # noqa: E402 (state.py: the files of out/.build-state)
 TUNING_STAGES = ("report", "sensitivity", "tune")  # they build no binary: the summary lists no results for them
 
 

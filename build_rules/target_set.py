@@ -23,8 +23,9 @@ import shutil
 from pathlib import Path
 
 from . import layout
+from .state import OUTPUTS_PREFIX, STATE_DIR as BUILD_STATE
 
-STATE_DIR = Path(layout.OUT) / ".build-state"
+STATE_DIR = Path(BUILD_STATE)
 PROTECTED = (".cache", ".build-state", ".staging")  # out/<these>: never removed
 
 
@@ -82,11 +83,11 @@ def prune(tasks: dict, toolchain: dict, state_dir: Path = STATE_DIR) -> list[str
     removed paths (files, and folders ending with '/'). Costs one stat when the set of targets did not change."""
     paths = written_paths(tasks)
     flavor = _flavor(toolchain)
-    record = state_dir / f"outputs-{flavor}-{_digest(paths)}.json"
+    record = state_dir / f"{OUTPUTS_PREFIX}{flavor}-{_digest(paths)}.json"
     if record.exists():
         return []
     previous: list[str] = []
-    older = sorted(state_dir.glob(f"outputs-{flavor}-*.json"))
+    older = sorted(state_dir.glob(f"{OUTPUTS_PREFIX}{flavor}-*.json"))
     for path in older:
         try:
             previous += json.loads(path.read_text())["paths"]

@@ -24,7 +24,8 @@ import sys
 from .. import collector, interrupt, stage_table
 from ..config import ConfigError
 from ..hashing import ContentChecker, use_key_digests, use_stat_cache
-from ..project import STATE_DIR, project
+from ..project import project
+from ..state import DOIT_DB, KEY_DIGESTS, STAT_CACHE, STATE_DIR
 from ..runner import remove_stale_staging
 
 
@@ -86,8 +87,8 @@ def doit_config() -> dict:
     os.makedirs(STATE_DIR, exist_ok=True)
     interrupt.install()  # Ctrl-C and SIGTERM: state kept, one line, stages stopped
     remove_stale_staging()
-    use_stat_cache(f"{STATE_DIR}/stat-cache.json")
-    use_key_digests(f"{STATE_DIR}/key-digests.json")
+    use_stat_cache(STAT_CACHE)
+    use_key_digests(KEY_DIGESTS)
     collector.pause()  # no garbage collection while doit loads and checks the tasks (collector.py)
     return {
         "default_tasks": [m.name for m in models],
@@ -96,7 +97,7 @@ def doit_config() -> dict:
         # default dbm is dbm.dumb on many Pythons: build_rules/journal.py commits per change and
         # lets one doit at a time work on a repo.
         "backend": "build_rules_journal",
-        "dep_file": f"{STATE_DIR}/doit.json",
+        "dep_file": DOIT_DB,
         "reporter": SummaryReporter,
         "verbosity": 0,
         "sort": "definition",  # `doit list` in pipeline order
