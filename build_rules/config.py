@@ -13,6 +13,7 @@ import os
 import re
 from pathlib import Path
 
+from .dtypes import ACTIVATION_TYPES, AIMET_WEIGHT_TYPES, WEIGHT_TYPES
 from .errors import BuildError
 from .records import factory, record
 
@@ -23,15 +24,14 @@ BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")  # TOML's bare keys; any other key is
 MAX_CALIBRATION_SAMPLES = 10_000  # one file per sample and input; calibration saturates long before this
 MAX_INPUT_ELEMENTS = 1 << 28  # per graph input: 1 GiB of float32 (Whisper's mel input is 240,000)
 TENSOR_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "bool")
-ACTIVATION_TYPES = ("uint8", "uint16")
-WEIGHT_TYPES = ("uint8", "int8", "uint16", "int4")
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 # Who quantizes a variant: onnxruntime.quantization's min-max recipe ("ort"), or Qualcomm's AIMET ("aimet", the
 # aimet-onnx package of the `aimet` extra) with its HTP QuantSim config and the techniques below.
 QUANTIZERS = ("ort", "aimet")
 TECHNIQUES = ("seq_mse", "adaround", "cle")  # aimet only; applied in the order given (cle first: it edits the model)
 TECHNIQUE_PARAMS = {"seq_mse": {"candidates": 20}, "adaround": {"iterations": 10000}}  # aimet-onnx's defaults
-AIMET_WEIGHTS = ("int8", "int4")  # AIMET's HTP configs quantize weights symmetrically: signed types only
+# AIMET's HTP configs quantize weights symmetrically: signed types only (dtypes.py: the quantized types' table).
+AIMET_WEIGHTS = AIMET_WEIGHT_TYPES
 AIMET_CALIBRATION = ("minmax", "percentile")
 TOOLCHAINS = ("ort-qnn", "qairt", "auto")
 EXPORTERS = ("dynamo", "torchscript")

@@ -27,11 +27,14 @@ from pathlib import Path
 
 from .. import progress
 from ..errors import BuildError
+from ..dtypes import TYPES
 from ..files import atomic_write_json
 from ..samples import read_input_list
 
-ACTIVATION_TYPES = {"uint8": "int8", "uint16": "int16"}  # AIMET's activation quantizers are asymmetric: exported
-WEIGHT_TYPES = {"int8": "int8", "int4": "int4"}         # unsigned (force_activation_as="unsigned")
+# AIMET's type per model.toml type (dtypes.py). Its activation quantizers are asymmetric: exported unsigned
+# (force_activation_as="unsigned").
+ACTIVATION_TYPES = {t.name: t.aimet for t in TYPES if t.activation}
+WEIGHT_TYPES = {t.name: t.aimet for t in TYPES if t.weight and t.signed}
 SCHEMES = {"minmax": "min_max", "percentile": "percentile"}
 
 

@@ -230,8 +230,6 @@ def _qnn_session_options(ort, provider_options: dict[str, str]):
 # --------------------------------------------------------------------------------------------------------------
 # quantize
 
-_ACTIVATION_TYPES = {"uint8": "QUInt8", "uint16": "QUInt16"}
-_WEIGHT_TYPES = {"uint8": "QUInt8", "int8": "QInt8", "uint16": "QUInt16", "int4": "QInt4"}
 _METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 
 
@@ -263,12 +261,14 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
       input. Both must be activations of the same type.
     `output` appears only when it is complete.
     """
-    act_name = _choice("activation type", activations, _ACTIVATION_TYPES)
-    wgt_name = _choice("weight type", weights, _WEIGHT_TYPES)
+    from ..dtypes import TYPES  # here, not at the top: this file also runs as the compile child's script
+    activation_types = {t.name: t.ort for t in TYPES if t.activation}
+    act_name = _choice("activation type", activations, activation_types)
+    wgt_name = _choice("weight type", weights, {t.name: t.ort for t in TYPES if t.weight})
     method_name = _choice("calibration method", method, _METHODS)
-    override_names = {t: _choice(f"override type for tensor {t!r}", v, _ACTIVATION_TYPES)
+    override_names = {t: _choice(f"override type for tensor {t!r}", v, activation_types)
                       for t, v in (overrides or {}).items()}
-    node_override_names = {n: _choice(f"override type for node {n!r}", v, _ACTIVATION_TYPES)
+    node_override_names = {n: _choice(f"override type for node {n!r}", v, activation_types)
                            for n, v in (node_overrides or {}).items()}
     calibration = list(calibration)
     if not calibration and ranges is None:

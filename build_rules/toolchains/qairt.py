@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import QAIRT_FLOWS, ConfigError
+from ..dtypes import TYPES
 from ..errors import BuildError, did_you_mean
 from .qnn_probe import probe_build_id
 
@@ -45,13 +46,13 @@ HOST_BUILD_PROGRAMS = {"clang++": ("clang++", "clang++-9"), "make": ("make",)}
 # Android 15+ needs 16 KB page alignment of native libraries (sherpa-onnx sets this for the lib generator).
 LDFLAGS = "-Wl,-z,max-page-size=16384"
 
-_WEIGHT_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int4": 4}
+_WEIGHT_BITS = {t.name: t.bits for t in TYPES if t.weight}  # dtypes.py: the quantized types
 # Symmetric weight encodings: signed weights, and 16-bit weights, whose --restrict_quantization_steps only
 # applies with a symmetric parameter quantizer (the quantizer says "Value will be ignored" otherwise).
-_SYMMETRIC_WEIGHTS = ("int8", "int4", "uint16")
+_SYMMETRIC_WEIGHTS = tuple(t.name for t in TYPES if t.weight and t.qairt_symmetric)
 # "This argument is required for 16-bit Matmul operations" (qairt-quantizer --help); one argv entry, two hex.
 _RESTRICT_STEPS_16 = "-0x8000 0x7F7F"
-_ACT_BITS = {"uint8": 8, "uint16": 16}
+_ACT_BITS = {t.name: t.bits for t in TYPES if t.activation}
 # HTP v68/v69 have no 16-bit MatMul without per-row quantization (`expected >= 73 ... 0xc26`, audit #3).
 PER_ROW_ARCHS = ("v68", "v69")
 # model.toml calibration method -> --act_quantizer_calibration (min-max is the converter's default).

@@ -20,10 +20,12 @@ import time
 from pathlib import Path
 
 from ... import gates
+from ...dtypes import TYPES
 from ...files import atomic_write_json, atomic_write_text
 from .precision import Candidates, clean, meets
 
-AIMET_WEIGHTS = {"uint8": "int8", "int8": "int8", "uint16": "int8", "int4": "int4"}
+# The weight type an AIMET rung uses for a variant's weights (dtypes.py: AIMET's HTP configs take signed <= 8 bit).
+AIMET_WEIGHTS = {t.name: t.aimet_weight for t in TYPES if t.weight}
 
 
 def rungs(variant: dict) -> list[dict]:
