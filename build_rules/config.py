@@ -13,6 +13,7 @@ import os
 import re
 from pathlib import Path
 
+from .aimet_techniques import NAMES as TECHNIQUE_NAMES, PARAMS as TECHNIQUE_DEFAULTS
 from .dtypes import ACTIVATION_TYPES, AIMET_WEIGHT_TYPES, WEIGHT_TYPES
 from .errors import BuildError
 from .records import factory, record
@@ -28,8 +29,9 @@ CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 # Who quantizes a variant: onnxruntime.quantization's min-max recipe ("ort"), or Qualcomm's AIMET ("aimet", the
 # aimet-onnx package of the `aimet` extra) with its HTP QuantSim config and the techniques below.
 QUANTIZERS = ("ort", "aimet")
-TECHNIQUES = ("seq_mse", "adaround", "cle")  # aimet only; applied in the order given (cle first: it edits the model)
-TECHNIQUE_PARAMS = {"seq_mse": {"candidates": 20}, "adaround": {"iterations": 10000}}  # aimet-onnx's defaults
+# aimet only, applied in the order given (cle first: it edits the model); aimet_techniques.py: the table
+TECHNIQUES = TECHNIQUE_NAMES
+TECHNIQUE_PARAMS = TECHNIQUE_DEFAULTS  # aimet-onnx's defaults
 # AIMET's HTP configs quantize weights symmetrically: signed types only (dtypes.py: the quantized types' table).
 AIMET_WEIGHTS = AIMET_WEIGHT_TYPES
 AIMET_CALIBRATION = ("minmax", "percentile")

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from ... import gates
+from ...aimet_techniques import PARAMS as TECHNIQUE_PARAMS
 from ...dtypes import TYPES
 from ...files import atomic_write_json, atomic_write_text
 from .precision import Candidates, clean, meets
@@ -77,10 +78,10 @@ class Ladder:
                              overrides=v.get("overrides"), node_overrides=v.get("node_overrides"),
                              ranges=graph["ranges"])
         else:
-            from . import aimet
+            from .. import aimet
             settings = dict(v, weights=rung["weights"], activations=rung["activations"], quantizer="aimet",
                             techniques=rung["techniques"], calibration_method="minmax",
-                            technique_params={"seq_mse": {"candidates": 20}})
+                            technique_params={"seq_mse": dict(TECHNIQUE_PARAMS["seq_mse"])})
             calibration = graph["calibration"]
             aimet.quantize({"name": f"{self.params['name']} {rung['name']}", "onnx": graph["onnx"],
                             "input_list": calibration["input_list"], "inputs": calibration["inputs"],
