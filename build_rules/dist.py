@@ -385,7 +385,7 @@ def _check_targets(bundle: Path, index: dict, say) -> int:
 
 
 def _check_target(binary: Path, entry: dict, chip: str, graph: str) -> int:
-    from .toolchains.ort_qnn import read_binary_target
+    from .toolchains.qnn_binary import read_binary_target
     if not binary.is_file():
         raise DistError(f"{binary}: missing (index.json lists chip {chip} and graph {graph})")
     target = read_binary_target(binary)

@@ -200,7 +200,7 @@ def open_chains(chip_dir: Path, entry: dict, tmp: Path):
 def check_shared_targets(bundle: Path, index: dict) -> int:
     """Each weight-shared context's embedded SoC against its chip; returns how many were checked."""
     from . import dist_contract as dist
-    from .toolchains.ort_qnn import read_binary_target
+    from .toolchains.qnn_binary import read_binary_target
     count = 0
     for group, entry in (index.get("shared_contexts") or {}).get("groups", {}).items():
         for chip, made in entry["chips"].items():
