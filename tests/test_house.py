@@ -162,7 +162,24 @@ def test_docs_stage_table_is_made_from_the_stage_table():
 def test_the_readme_is_an_entrance():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 300, f"README.md has {len(lines)} lines: reference belongs in docs/"
-    for link in (ROOT / "README.md").read_text().split("](")[1:]:
-        target = link.split(")")[0].split("#")[0]
-        if target and not target.startswith("http"):
-            assert (ROOT / target).exists(), f"README.md links to {target}, which does not exist"
+
+
+def test_every_link_of_the_readme_and_docs_leads_somewhere():
+    """Files and #anchors (GitHub's heading slugs) of every relative link, outside code blocks."""
+    import re
+
+    def slug(heading):
+        return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    anchors = {p: {slug(h) for h in re.findall(r"^#+ (.*)$", p.read_text(), re.M)} for p in pages}
+    broken = []
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for link in re.findall(r"\]\(([^)\s]+)\)", text):
+            if link.startswith(("http", "mailto")):
+                continue
+            file, _, anchor = link.partition("#")
+            target = (page.parent / file).resolve() if file else page
+            if not target.exists() or (anchor and target.suffix == ".md" and anchor not in anchors.get(target, ())):
+                broken.append(f"{page.relative_to(ROOT)}: {link}")
+    assert broken == []
