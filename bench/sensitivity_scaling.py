@@ -112,8 +112,8 @@ def probe_times(repo: Path, model: str, graph: str, variant: str, probes: int) -
     try:
         from build_rules import tasks
         from build_rules.project import chip_params, project, rel
-        from build_rules.stages.precision import Candidates
-        from build_rules.tuning_tasks import _tuning_chip, _tuning_graph
+        from build_rules.stages.support.precision import Candidates
+        from build_rules.tasks.tuning import _tuning_chip, _tuning_graph
         tasks.project.cache_clear()
         m = next(x for x in project().models if x.name == model)
         c = Candidates(_tuning_graph(m, m.graphs[graph], m.variants[variant]), chip_params(_tuning_chip(m)),

@@ -17,6 +17,7 @@ the budget part with the build file), onnx inside the functions that read models
 from __future__ import annotations
 
 from .config import DEFAULT_MAX_CONTEXT_MB, Chip, Graph
+from .dtypes import TYPES
 
 # binary bytes = OVERHEAD_BYTES + OVERHEAD_PER_NODE * nodes + WEIGHT_FACTOR * weight bytes, fitted to this repo's
 # binaries (bench/context_size_fit.py; the table is in docs/split.md): least squares over the four Whisper tiny.en
@@ -30,7 +31,7 @@ WEIGHT_OPS = {"Conv": (1,), "ConvTranspose": (1,), "MatMul": (0, 1), "Gemm": (0,
               "InstanceNormalization": (1,), "BatchNormalization": (1,), "GroupNormalization": (1,)}
 BIAS_OPS = {"Conv": (2,), "ConvTranspose": (2,), "Gemm": (2,), "LayerNormalization": (2,),
             "InstanceNormalization": (2,), "BatchNormalization": (2,), "GroupNormalization": (2,)}
-BYTES = {"uint8": 1.0, "int8": 1.0, "uint16": 2.0, "int4": 0.5}
+BYTES = {t.name: t.nbytes for t in TYPES if t.weight}  # dtypes.py: the quantized types
 
 
 def widths(settings: dict) -> dict:

@@ -31,7 +31,7 @@ def _copy(source, target: Path) -> int:
 
 def bundle_parts(bundle: Path, chip: str, graph: str, built: dict) -> tuple[dict, dict]:
     """Copy one chip's parts of a split graph into the bundle: (files {path: bytes}, index entry of the graph)."""
-    from . import dist
+    from . import dist_contract as dist
     files, parts = {}, []
     for part in built["parts"]:
         name = part["name"]
@@ -72,7 +72,7 @@ def chain_entry(graph: str, parts: list[dict]) -> dict:
 
 def bundle_shared(bundle: Path, shared: dict, chips: dict) -> dict:
     """Copy each chip's weight-shared contexts into <chip>/shared/: the index's `shared_contexts`."""
-    from . import dist
+    from . import dist_contract as dist
     if shared.get("error"):
         return {"error": shared["error"], "groups": {}}
     groups: dict[str, dict] = {}
@@ -114,8 +114,8 @@ def verify_chain(chip_dir: Path, graph: str, entry: dict, evaluation: Path, samp
 
     import numpy as np
 
-    from . import dist
-    from .stages.common import load_evaluation
+    from . import dist_contract as dist
+    from .samples import load_evaluation
     from .toolchains import ort_qnn
 
     if inputs is None:
@@ -173,7 +173,7 @@ def open_chains(chip_dir: Path, entry: dict, tmp: Path):
     """A split graph's parts as two functions of the whole graph's inputs (for `dist verify`'s greedy steps):
     through the bare binaries in fixed point, each cut's buffer passed on as it is, and through the chained
     _ctx.onnx models in float. Each returns every part's outputs, the cut tensors too."""
-    from . import dist
+    from . import dist_contract as dist
     from .toolchains import ort_qnn
 
     bare, floats = [], []
@@ -199,8 +199,8 @@ def open_chains(chip_dir: Path, entry: dict, tmp: Path):
 
 def check_shared_targets(bundle: Path, index: dict) -> int:
     """Each weight-shared context's embedded SoC against its chip; returns how many were checked."""
-    from . import dist
-    from .toolchains.ort_qnn import read_binary_target
+    from . import dist_contract as dist
+    from .toolchains.qnn_binary import read_binary_target
     count = 0
     for group, entry in (index.get("shared_contexts") or {}).get("groups", {}).items():
         for chip, made in entry["chips"].items():

@@ -1,8 +1,10 @@
 """`python -m build_rules init [DIR]`: a model repo of your own, from an empty folder.
 
 Writes dodo.py, chips.toml (this repo's chip table), .gitignore (out/) and models/mtcnn/ (the MTCNN example: its
-weights come from the facenet-pytorch wheel, its images from scikit-image), from the package's templates/repo/. It
-refuses a folder that has anything in it, naming what, so nothing of yours is overwritten.
+weights come from the facenet-pytorch wheel, its images from scikit-image), from the package's data, templates/repo/.
+The example lives there only: this repo's models/mtcnn is a link to templates/repo/models/mtcnn, so what init writes
+is what this repo builds. It refuses a folder that has anything in it, naming what, so nothing of yours is
+overwritten.
 """
 from __future__ import annotations
 

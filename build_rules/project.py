@@ -7,94 +7,18 @@ this module; it imports none of them. Loading must stay light (no torch, onnx, o
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import os
-import re
 from pathlib import Path
 
-from . import layout
+from . import layout, stage_table
 from .config import (Chip, ChipTable, ConfigError, Graph, Model, TomlCache, Variant, load_chips, load_models,
                      package_folder)
 from .hashing import TaskKey
 from .records import record
 from .runner import run_stage
+from .state import STATE_DIR, TOML_CACHE
+from .tool_versions import tool_version
 
-# Bump a stage's number when its output for the same inputs changes: it re-runs that stage everywhere.
-STAGE_VERSIONS = {
-    "data": 1,
-    "evaluate": 2,
-    "evaluate_float": 2,
-    "export": 2,
-    "simplify": 3,
-    "verify": 2,
-    "calibrate": 1,
-    "quantize": 4,  # 4: LayerNorm scales stay uint8 under int8/int4 weights
-    "fp16_lint": 1,
-    "aimet": 2,  # 2: qnn_preprocess_model first; state pairs share one encoding
-    "compile": 2,
-    "check": 3,
-    "package": 4,  # 4: the check's equal-chip proof and the mostly-float warning in the manifest
-    "calibration_stats": 1,
-    "report": 5,  # 5: unmeasured cells marked, not measured; equal-chip cells; model metrics beside float
-    "sensitivity": 2,
-    "tune": 3,
-    "diagnose": 1,
-    "multi_soc": 1,
-    "dist": 3,  # 3: chips.<chip>.equal_to and .warnings in the index
-    "size": 1,
-    "split": 1,
-    "shared_context": 1,
-}
-# The Python packages whose version can change each stage's output.
-STAGE_TOOLS = {
-    "data": (),
-    "evaluate": ("onnxruntime", "numpy"),
-    "evaluate_float": ("onnxruntime", "numpy"),
-    "export": ("torch", "onnxscript", "numpy"),
-    "simplify": ("onnx", "onnxsim"),
-    "verify": ("onnxruntime", "torch", "numpy"),
-    "calibrate": ("numpy",),
-    "quantize": ("onnxruntime", "onnx", "numpy"),
-    "fp16_lint": ("onnxruntime", "onnx", "numpy"),
-    "aimet": ("aimet-onnx", "onnxruntime", "onnx", "numpy", "torch"),
-    "compile": ("onnxruntime", "onnx"),
-    "check": ("onnxruntime", "numpy"),
-    "package": (),
-    "calibration_stats": ("onnxruntime", "onnx", "numpy"),
-    "report": ("onnxruntime", "numpy", "matplotlib"),
-    "sensitivity": ("onnxruntime", "onnx", "numpy", "matplotlib"),
-    "tune": ("onnxruntime", "onnx", "numpy", "aimet-onnx"),
-    "diagnose": ("onnxruntime", "onnx", "numpy", "matplotlib"),
-    "multi_soc": ("onnxruntime", "onnx"),
-    "dist": ("onnxruntime", "onnx", "numpy"),
-    "size": ("onnx", "numpy"),
-    "split": ("onnxruntime", "onnx", "numpy"),
-    "shared_context": ("onnxruntime", "onnx"),
-}
-SDK_STAGES = ("compile", "check", "evaluate", "package", "report", "sensitivity", "tune", "multi_soc", "dist",
-              "diagnose", "shared_context")
-STATE_DIR = f"{layout.OUT}/.build-state"
-
-
-@functools.cache
-def tool_version(package: str) -> str | None:
-    # importlib.metadata.version() parses the whole METADATA file with the email parser (~1.5 ms a
-    # package, on every doit load); a wheel's .dist-info folder is named <name>-<version>.dist-info, and
-    # otherwise the version is in the file's first lines (torch's METADATA is 40 KB).
-    try:
-        dist = importlib.metadata.distribution(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    folder = getattr(dist, "_path", None)
-    match = re.fullmatch(r"[^-]+-([^-]+)\.dist-info", folder.name) if folder is not None else None
-    if match:
-        return match.group(1)
-    for line in (dist.read_text("METADATA") or dist.read_text("PKG-INFO") or "").splitlines():
-        if line.startswith("Version:"):
-            return line[len("Version:"):].strip()
-        if not line:
-            break
-    return dist.version
 
 
 @record
@@ -114,7 +38,7 @@ def project() -> Project:
     _checkpoint_files.clear()
     package_folder.cache_clear()
     root = Path(".")  # doit runs in the dodo file's folder; relative paths keep messages and keys short
-    toml_cache = TomlCache(f"{STATE_DIR}/toml-cache.json")
+    toml_cache = TomlCache(TOML_CACHE)
     try:
         chips = load_chips(root / "chips.toml", toml_cache)
         models = load_models(root / "models", chips, toml_cache)
@@ -144,7 +68,7 @@ def _check_toolchain_support(models: list[Model], identity: dict) -> None:
 
 
 def _check_names(models: list[Model], chips: ChipTable) -> None:
-    taken = set(STAGE_VERSIONS) | set(chips.chips) | {"report", "convert", "model_libs", "htp_config", "tuning"}
+    taken = stage_table.TASK_NAMES | set(chips.chips)
     for model in models:
         if model.name in taken:
             raise ConfigError(f"{model.toml_path}: model folder name '{model.name}' clashes with a stage or chip "
@@ -161,28 +85,30 @@ def task_key(stage: str, params) -> TaskKey:
 
 
 def _key_dict(stage: str, params) -> dict:
-    key = {"stage": stage, "version": STAGE_VERSIONS[stage], "params": params() if callable(params) else params,
-           "tools": {t: tool_version(t) for t in STAGE_TOOLS[stage]}}
-    if stage in SDK_STAGES:
+    worker = stage_table.BY_KEY[stage]  # stage_table.py: the key's version, tools, SDK dependence
+    key = {"stage": stage, "version": worker.version, "params": params() if callable(params) else params,
+           "tools": {t: tool_version(t) for t in worker.tools}}
+    if worker.sdk:
         key["toolchain"] = project().toolchain
     return key
 
 
 def stage_task(stage: str, name: str, params: dict, file_dep: list, targets: list[str], log: str,
                 doc: str | None = None, key_stage: str | None = None) -> dict:
-    """A doit task that runs `stage` in a subprocess; params are both the stage's input and its key
-    (key_stage: the stage name the key is made for, when it differs from the module's)."""
+    """A doit task that runs `stage`'s worker (stage_table.py) in a subprocess; params are both the stage's input and
+    its key (key_stage: the key's stage name, when it differs from the stage's)."""
     params = dict(params, name=f"{stage}:{name}")
-    key = task_key(key_stage or stage, params)
+    worker = stage_table.BY_KEY[key_stage or stage]
+    key = task_key(worker.key, params)
     file_dep = [str(p) for p in file_dep]
     cache = {"cache_key": key, "file_dep": file_dep}
-    if stage in RELOCATABLE_STAGES:
+    if worker.relocatable:
         cache = {"cache_key": task_key(key_stage or stage, functools.partial(_relocatable, params, file_dep, targets)),
                  "file_dep": file_dep, "relocatable": True}
     task = {
         "name": name,
         # cache_key + file_dep: the build cache (build_rules/cache.py) restores outputs made with this key before
-        "actions": [(run_stage, [stage, params, targets, log], cache)],
+        "actions": [(run_stage, [worker.module, params, targets, log], cache)],
         "file_dep": file_dep,
         "targets": targets,
         "uptodate": [key],
@@ -207,14 +133,10 @@ def in_process_stage(stage: str, params: dict):
         return TaskFailed(str(e))
 
 
-# Stages whose outputs do not depend on where their inputs and outputs live (no path is written into them): the
-# build cache keys them by content alone, so e.g. a new variant whose pnet quantizes to the same bytes as another
-# variant's gets that variant's pnet binaries from the cache.
-RELOCATABLE_STAGES = ("simplify", "verify", "calibration_stats", "quantize", "aimet", "compile", "check")
-
-
 def _relocatable(params, file_dep: list[str], targets: list[str]):
-    """params with input paths replaced by their position in file_dep (whose contents are in the cache key),
+    """For a relocatable stage (its outputs do not depend on where its inputs and outputs live: no path is written
+    into them; e.g. a new variant whose pnet quantizes to the same bytes as another variant's gets that variant's
+    pnet binaries from the build cache): params with input paths replaced by their position in file_dep (whose contents are in the cache key),
     output paths by their file names, and without the task name."""
     deps = {path: f"@dep{i}" for i, path in enumerate(file_dep)}
     outs = set(targets)
@@ -296,7 +218,7 @@ def skipped_builds() -> list[str]:
                     notes.append(f"{model.name}/{variant.name}@{chip.name}: skipped, {chip.name} "
                                  f"({chip.dsp_arch}) has no fp16 support")
     from . import toolchains
-    return notes + toolchains.notes(project().toolchain["name"])
+    return notes + toolchains.notes(project().toolchain)
 
 
 def compile_input(model: Model, graph: Graph, variant: Variant) -> str:

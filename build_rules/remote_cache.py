@@ -38,6 +38,7 @@ from pathlib import Path
 import xxhash
 
 from . import layout
+from .state import REMOTE_CACHE_STATS
 from .config import ConfigError
 
 ENV = "BUILD_RULES_REMOTE_CACHE"
@@ -45,7 +46,7 @@ MODE_ENV = "BUILD_RULES_REMOTE_CACHE_MODE"
 TIMEOUT_ENV = "BUILD_RULES_REMOTE_CACHE_TIMEOUT"
 MODES = ("read", "readwrite")
 FORMAT = 1
-STATS = f"{layout.OUT}/.build-state/remote-cache.json"
+STATS = REMOTE_CACHE_STATS  # state.py
 # Standard retry mode, 3 attempts in all: a transient 500 or reset passes, a dead store costs seconds.
 ATTEMPTS = 3
 _CHUNK = 1 << 20

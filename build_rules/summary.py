@@ -272,7 +272,7 @@ def _duration(seconds: float) -> str:
     return format_seconds(seconds)
 
 
-BUILD_LOG = f"{layout.OUT}/.build-state/build.log"
+from .state import BUILD_LOG  # noqa: E402 (state.py: the files of out/.build-state)
 TUNING_STAGES = ("report", "sensitivity", "tune")  # they build no binary: the summary lists no results for them
 
 
@@ -337,7 +337,7 @@ def describe_pair(model, variant: str, chip: str, failed_tasks: list[str] = (), 
     manifest = Path(folder, "manifest.json")
     if not failures and not failed_tasks and not fresh_checks and manifest.is_file():
         return _describe(str(manifest))
-    from .split_tasks import units  # a split graph: its parts' binaries, summed
+    from .tasks.split import units  # a split graph: its parts' binaries, summed
     parts = []
     for graph, result in checks.items():
         try:

@@ -23,15 +23,16 @@ import shutil
 from pathlib import Path
 
 from . import layout
+from .state import OUTPUTS_PREFIX, STATE_DIR as BUILD_STATE
 
-STATE_DIR = Path(layout.OUT) / ".build-state"
+STATE_DIR = Path(BUILD_STATE)
 PROTECTED = (".cache", ".build-state", ".staging")  # out/<these>: never removed
 
 
 def own_stages() -> set[str]:
-    """The task basenames build_rules defines (task_<stage> in tasks.py; qairt's stages have the same names)."""
-    from . import tasks
-    return {name[len("task_"):] for name in tasks.__all__ if name.startswith("task_")}
+    """The task basenames build_rules defines (a row of stage_table.py with a generator, and the groups)."""
+    from . import stage_table
+    return {stage.name for stage in stage_table.STAGES if stage.generators} | {"chips", "models"}
 
 
 def written_paths(tasks: dict) -> list[str]:
@@ -84,11 +85,11 @@ def prune(tasks: dict, toolchain: dict, state_dir: Path = STATE_DIR) -> list[str
     removed paths (files, and folders ending with '/'). Costs one stat when the set of targets did not change."""
     paths = written_paths(tasks)
     flavor = _flavor(toolchain)
-    record = state_dir / f"outputs-{flavor}-{_digest(paths)}.json"
+    record = state_dir / f"{OUTPUTS_PREFIX}{flavor}-{_digest(paths)}.json"
     if record.exists():
         return []
     previous: list[str] = []
-    older = sorted(state_dir.glob(f"outputs-{flavor}-*.json"))
+    older = sorted(state_dir.glob(f"{OUTPUTS_PREFIX}{flavor}-*.json"))
     for path in older:
         try:
             previous += json.loads(path.read_text())["paths"]

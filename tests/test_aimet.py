@@ -97,7 +97,7 @@ def test_aimet_settings_errors_name_the_file_table_and_allowed_values(tmp_path, 
 
 
 def test_a_missing_aimet_onnx_fails_the_variant_naming_the_extra_and_nothing_else(tmp_path, monkeypatch, request):
-    from build_rules import aimet_tasks
+    from build_rules.tasks import aimet as aimet_tasks
     # The built repo when AIMET is here (the aimet task then made stale), else a new one.
     repo = request.getfixturevalue("rnet_copy") if AIMET else rnet_repo(tmp_path / "repo")
     set_candidates(repo, 3)

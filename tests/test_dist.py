@@ -282,7 +282,7 @@ def test_contract_of_int32_and_layout_op_inputs(tmp_path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from build_rules.stages.common import save_arrays
+    from build_rules.samples import save_arrays
     from build_rules.toolchains import ort_qnn
 
     rng = np.random.default_rng(0)

@@ -205,7 +205,7 @@ def test_failed_gate_names_metric_value_and_threshold(tinynet_repo):
 
 def test_one_bad_frame_fails_frame_cosine_but_not_whole_tensor_cosine():
     import numpy as np
-    from build_rules.stages.common import compare
+    from build_rules.samples import compare
     rng = np.random.default_rng(0)
     reference = rng.standard_normal((1, 1500, 384)).astype(np.float32)  # encoder-like: 1500 frames
     actual = reference.copy()

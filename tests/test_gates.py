@@ -12,7 +12,8 @@ import pytest
 
 from build_rules import gates
 from build_rules.errors import BuildError
-from build_rules.stages import common, report
+from build_rules import samples as common
+from build_rules.stages import report
 from conftest import TEST_MODELS, make_repo, run_doit, write_tinynet_checkpoints
 
 F1_NEAR_FLOAT = {"metric": "f1", "max_change": 0.1}

@@ -1,4 +1,4 @@
-"""The hooks table of the README, row by row: a model whose hooks record what they get (argument types, the stage
+"""The hooks table of docs/model-toml.md, row by row: a model whose hooks record what they get (argument types, the stage
 calling them, whether DATA_DIR and CHECKPOINTS are set) is built once, and each row must say exactly that.
 
 Two models: the tiny net's head graph alone with a data stage, evaluation_inputs, score and evaluate (every stage
@@ -24,7 +24,7 @@ from pathlib import Path as _Path, PurePath as _PurePath
 
 
 def _describe(value):
-    """A value's type in the README's notation: str, int, Path, ndarray, dict[K, V], list[T], onnx.ModelProto."""
+    """A value's type in the hooks table's notation: str, int, Path, ndarray, dict[K, V], list[T], onnx.ModelProto."""
     if isinstance(value, bool):
         return "bool"
     for kind, name in ((_PurePath, "Path"), (np.ndarray, "ndarray"), (str, "str"), (int, "int"), (float, "float")):
@@ -158,8 +158,8 @@ def _cells(line: str) -> list[str]:
 
 
 def hook_rows() -> list[dict]:
-    """The rows of the README's hooks table: name, argument types, stages, and where each global is set."""
-    text = (ROOT / "README.md").read_text()
+    """The rows of docs/model-toml.md's hooks table: name, argument types, stages, and where each global is set."""
+    text = (ROOT / "docs/model-toml.md").read_text()
     lines = text[text.index("| hook, with the types it gets |"):].splitlines()
     rows = []
     for line in lines[2:]:
@@ -171,8 +171,8 @@ def hook_rows() -> list[dict]:
         arguments = dict(a.split(": ", 1) for a in re.split(r", (?=\w+: )", found.group(2)))
 
         def stages(cell):
-            from build_rules.project import STAGE_VERSIONS
-            return {s for s in re.findall(r"`(\w+)`", cell) if s in STAGE_VERSIONS}
+            from build_rules.stage_table import BY_NAME
+            return {s for s in re.findall(r"`(\w+)`", cell) if s in BY_NAME}
         rows.append({"hook": found.group(1), "arguments": arguments, "stages": stages(called_by),
                      "DATA_DIR": stages(data_dir), "CHECKPOINTS": stages(checkpoints), "called_by": called_by})
     return rows
@@ -185,9 +185,11 @@ def test_the_table_has_a_row_for_every_hook_the_stages_call():
     names = [row["hook"] for row in ROWS]
     assert names == ["prepare_data", "build", "calibration_inputs", "evaluation_inputs", "score", "evaluate",
                      "transform"]
-    stage_sources = "".join(p.read_text() for p in (ROOT / "build_rules/stages").glob("*.py"))
+    # the workers, and samples.py, where they load the hooks and call build, transform and score
+    stage_sources = "".join(p.read_text() for p in [*(ROOT / "build_rules/stages").rglob("*.py"),
+                                                     ROOT / "build_rules/samples.py"])
     called = set(re.findall(r"hooks\.(\w+)\(", stage_sources))
-    assert called == set(names), "a hook the stages call is missing from the README's table, or one is extra"
+    assert called == set(names), "a hook the stages call is missing from docs/model-toml.md's table, or one is extra"
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[row["hook"] for row in ROWS])

@@ -180,7 +180,7 @@ def test_touching_an_output_without_changing_it_runs_nothing(tinynet_repo):
 def test_task_actions_pickle_for_process_workers(tinynet_repo, monkeypatch):
     """`doit -n N` without `-P thread` pickles each task's actions (with their lazy keys) to its workers."""
     import pickle
-    from build_rules import tasks
+    from build_rules.tasks import pipeline as tasks
     monkeypatch.chdir(tinynet_repo)
     tasks.project.cache_clear()
     try:

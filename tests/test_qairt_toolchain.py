@@ -159,7 +159,8 @@ def test_input_layout_key_is_validated_and_drives_the_qnn_layout(tmp_path):
 def test_mtcnn_command_lines_follow_the_sherpa_onnx_flow(tmp_path, monkeypatch):
     """The task dicts of the real example model, and the command lines its stages run, under qairt."""
     from build_rules import tasks
-    from build_rules.toolchains import qairt, qairt_tasks
+    from build_rules.tasks import qairt as qairt_tasks
+    from build_rules.toolchains import qairt
 
     sdk = make_sdk(tmp_path / "qairt" / VERSION)
     repo = make_repo(tmp_path / "repo", {"mtcnn": ROOT / "models/mtcnn"})
@@ -175,8 +176,8 @@ def test_mtcnn_command_lines_follow_the_sherpa_onnx_flow(tmp_path, monkeypatch):
     finally:
         tasks.project.cache_clear()
     S = str(sdk)
-    # an action's arguments: (stage, params, ...) for stage tasks and in-process stages, (params,) for htp_config
-    params = lambda name: found[name]["actions"][0][1][0 if name.startswith("htp_config:") else 1]
+    # an action's arguments: (stage, params, ...) for stage tasks and in-process stages (htp_config too)
+    params = lambda name: found[name]["actions"][0][1][1]
     tool = lambda name: f"{S}/bin/x86_64-linux-clang/{name}"
 
     convert = params("convert:mtcnn/pnet/w8a8")

@@ -60,7 +60,7 @@ def test_variants_with_other_activation_bits_share_one_calibration_pass(tinynet_
 
 @pytest.mark.parametrize("method", ["minmax", "entropy", "percentile"])
 def test_quantizing_from_saved_ranges_equals_calibrating_inline(tinynet_repo, tmp_path, method, monkeypatch):
-    from build_rules.stages.common import read_input_list
+    from build_rules.samples import read_input_list
     from build_rules.toolchains import ort_qnn
     monkeypatch.chdir(tinynet_repo)  # input_list.txt names the raw files relative to the repo
     base = tinynet_repo / "out/tinynet"
@@ -292,8 +292,8 @@ def test_bisect_tune_needs_no_more_16_bit_tensors_than_the_exhaustive_one_even_w
     and with a ranking blind to what matters (reversed graph order: the first convolution's output, the one tensor
     nothing else keeps at 16 bit, comes last), meets the target on the emulator with no more 16-bit tensors than the
     exhaustive search, with fewer emulator runs."""
-    from build_rules.stages import mixed_precision
-    from build_rules.tuning_tasks import _tuning_graph, _tuning_chip
+    from build_rules.stages.support import mixed_precision
+    from build_rules.tasks.tuning import _tuning_graph, _tuning_chip
     from build_rules.project import chip_params, project, rel
     toml = tinynet_repo / "models/tinynet/model.toml"
     toml.write_text(toml.read_text() + '\n[variants.w8a8]\ninherits = "w8a16"\nactivations = "uint8"\n')
@@ -324,7 +324,7 @@ def test_bisect_tune_needs_no_more_16_bit_tensors_than_the_exhaustive_one_even_w
 
 
 def graph_candidates(graph: dict, settings: dict) -> list[str]:
-    from build_rules.stages.precision import Candidates
+    from build_rules.stages.support.precision import Candidates
     return Candidates(graph, settings["chip"], settings["samples"], settings["hooks"]).candidates
 
 

@@ -77,7 +77,7 @@ def test_an_untied_state_needs_converting_and_a_plain_copy_is_caught(kvstep_dist
     step's outputs: the contract says to convert, verify's greedy steps pass that way, and fail a bundle whose index
     says to copy the buffers as they are."""
     from build_rules import config, dist
-    from build_rules.stages.common import read_input_list
+    from build_rules.samples import read_input_list
     from build_rules.toolchains import ort_qnn
 
     repo, _ = kvstep_dist

@@ -91,7 +91,7 @@ def test_greedy_decoding_with_the_caches_gives_the_tokens_of_the_model_without_c
     before) on a real held-out clip."""
     import onnxruntime as ort
 
-    from build_rules.stages.common import load_hooks
+    from build_rules.samples import load_hooks
     repo, _ = whisper_float
     hooks = load_hooks(str(MODEL / "export.py"), str(repo / "out/whisper_tiny_en/data"))
     sessions = {g: ort.InferenceSession(str(repo / f"out/whisper_tiny_en/float/{g}.sim.onnx"),

@@ -27,12 +27,15 @@ from pathlib import Path
 
 from .. import progress
 from ..errors import BuildError
+from ..aimet_techniques import BY_NAME
+from ..dtypes import TYPES
 from ..files import atomic_write_json
-from .common import read_input_list
+from ..samples import read_input_list
 
-VERSION = 2  # 2: qnn_preprocess_model first; a step graph's state pairs share one encoding (project.STAGE_VERSIONS)
-ACTIVATION_TYPES = {"uint8": "int8", "uint16": "int16"}  # AIMET's activation quantizers are asymmetric: exported
-WEIGHT_TYPES = {"int8": "int8", "int4": "int4"}         # unsigned (force_activation_as="unsigned")
+# AIMET's type per model.toml type (dtypes.py). Its activation quantizers are asymmetric: exported unsigned
+# (force_activation_as="unsigned").
+ACTIVATION_TYPES = {t.name: t.aimet for t in TYPES if t.activation}
+WEIGHT_TYPES = {t.name: t.aimet for t in TYPES if t.weight and t.signed}
 SCHEMES = {"minmax": "min_max", "percentile": "percentile"}
 
 
@@ -117,8 +120,8 @@ def quantize(params: dict) -> dict:
         # them apart anyway).
         from aimet_onnx.utils import duplicate_shared_initializers
         report["shared_initializers_copied"] = duplicate_shared_initializers(model.graph)
-        if "cle" in techniques:
-            model = _timed(report, "cle", lambda: _equalize(model))
+        for technique in [t for t in techniques if BY_NAME[t].before_quantsim]:
+            model = _timed(report, technique, lambda t=technique: _equalize(model, t))
             steps["done"] += 1
         sim = QuantizationSimModel(model, param_type=WEIGHT_TYPES[v["weights"]],
                                    activation_type=ACTIVATION_TYPES[v["activations"]],
@@ -126,7 +129,7 @@ def quantize(params: dict) -> dict:
                                    path=str(Path(tmp) / "sim"))
         _apply_overrides(sim, params, model)
         for technique in techniques:
-            if technique == "cle":
+            if BY_NAME[technique].before_quantsim:
                 continue
             settings = v.get("technique_params", {}).get(technique, {})
             _timed(report, technique, lambda t=technique, s=settings: _apply(t, s, sim, samples), settings)
@@ -164,22 +167,26 @@ def _timed(report: dict, name: str, action, settings: dict | None = None):
     return result
 
 
-def _equalize(model):
-    """Cross-layer equalization; it folds batch norms into the convolutions before it scales them."""
-    from aimet_onnx.cross_layer_equalization import equalize_model
-    equalize_model(model)
+def _function(technique: str):
+    """The aimet-onnx function of a technique (aimet_techniques.py)."""
+    import importlib
+    if technique not in BY_NAME:
+        raise BuildError(f"{technique}: not an aimet technique")
+    module, name = BY_NAME[technique].function.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _equalize(model, technique: str = "cle"):
+    """A technique that edits the float model before QuantSim is made (cross-layer equalization: it folds batch
+    norms into the convolutions before it scales them)."""
+    _function(technique)(model)
     return model
 
 
 def _apply(technique: str, settings: dict, sim, samples) -> None:
-    if technique == "seq_mse":
-        from aimet_onnx import apply_seq_mse
-        apply_seq_mse(sim, samples, num_candidates=settings["candidates"])
-    elif technique == "adaround":
-        from aimet_onnx import apply_adaround
-        apply_adaround(sim, samples, num_iterations=settings["iterations"])
-    else:
-        raise BuildError(f"{technique}: not an aimet technique")
+    """A technique that works on QuantSim's weights (seq_mse, adaround), with the variant's parameters."""
+    arguments = BY_NAME[technique].arguments if technique in BY_NAME else {}
+    _function(technique)(sim, samples, **{arguments[key]: value for key, value in settings.items()})
 
 
 def _apply_overrides(sim, params: dict, model) -> None:

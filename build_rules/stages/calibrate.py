@@ -10,9 +10,7 @@ from pathlib import Path
 from .. import progress
 from ..errors import BuildError
 from ..layout import raw_name
-from .common import check_sample, load_hooks
-
-VERSION = 1
+from ..samples import check_sample, load_hooks
 
 
 def run(params: dict) -> dict:

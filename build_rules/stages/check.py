@@ -17,9 +17,11 @@ from pathlib import Path
 from .. import gates, layout, results
 from ..errors import BuildError
 from ..files import atomic_write_json
-from .common import compare, load_evaluation, load_hooks, load_labels, score, worst
+from ..samples import compare, load_evaluation, load_hooks, load_labels, score, worst
 
-VERSION = 2  # the measurement memo's version (2: frame_cosine measured; worst output per metric in the report)
+# The version of this stage's measurement memo (results.py): a new one re-measures, a task key's version
+# (stage_table.py) does not have to.
+MEASUREMENT_VERSION = 2  # 2: frame_cosine measured; worst output per metric in the report
 
 
 def run(params: dict) -> dict:
@@ -61,11 +63,11 @@ def measurement_key(ctx_model: str | list, evaluation: str, hooks: str, data_dir
 
     from ..hashing import file_digest
     if isinstance(ctx_model, list):  # a split graph: its parts' binaries, in order (build_rules/chain.py)
-        key = {"version": VERSION, "ctx_model": [file_digest(p) for p in ctx_model],
+        key = {"version": MEASUREMENT_VERSION, "ctx_model": [file_digest(p) for p in ctx_model],
                "binary": [file_digest(str(p).replace("_ctx.onnx", ".bin")) for p in ctx_model]}
     else:
         binary = str(ctx_model).replace("_ctx.onnx", ".bin")
-        key = {"version": VERSION, "ctx_model": file_digest(ctx_model), "binary": file_digest(binary)}
+        key = {"version": MEASUREMENT_VERSION, "ctx_model": file_digest(ctx_model), "binary": file_digest(binary)}
     key.update({"evaluation": file_digest(evaluation), "hooks": hooks_digest(hooks)})
     if data_dir and Path(data_dir, "data.json").is_file():
         key["data"] = file_digest(Path(data_dir, "data.json"))

@@ -10,8 +10,6 @@ from pathlib import Path
 from ..errors import BuildError
 from ..files import atomic_write_json
 
-VERSION = 1
-
 
 def rejection(model_path: str, error) -> str:
     """The user's message for a graph QNN refused: each node with op type, QNN's reason or error code, and a fix."""

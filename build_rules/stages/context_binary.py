@@ -12,9 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import BuildError
-from .sdk_tool import onnx_nodes, run_tool, short, tail
-
-VERSION = 2
+from ..toolchains.sdk_tool import onnx_nodes, run_tool, short, tail
 
 
 def rejection_error(name: str, rejected: list[dict], onnx_path: str | None, dsp_arch: str) -> BuildError:
@@ -38,7 +36,8 @@ def rejection_error(name: str, rejected: list[dict], onnx_path: str | None, dsp_
 
 
 def run(params: dict) -> dict:
-    from ..toolchains import ort_qnn, qairt
+    from ..toolchains import qairt
+    from ..toolchains.qnn_binary import read_binary_target
     from ..toolchains.qairt_outputs import (ContractError, binary_graph_names, input_problems, read_io_contract,
                                             scan_context_binary_log)
 
@@ -78,7 +77,7 @@ def run(params: dict) -> dict:
                              "in its ONNX layout and order). Fix: use the model-lib flow for this model "
                              "(qairt_flow = \"model-lib\"), and report this SDK's behaviour")
     try:
-        target = ort_qnn.read_binary_target(binary)  # the HTP config string a context binary embeds
+        target = read_binary_target(binary)  # the HTP config string a context binary embeds
     except ValueError:
         print(f"note: {binary.name} has no readable embedded HTP config; chip and arch not verified", flush=True)
         return {"bytes": binary.stat().st_size, "target": None}

@@ -15,9 +15,7 @@ from pathlib import Path
 
 from ..errors import BuildError
 from ..files import atomic_write_json
-from .sdk_tool import check_converter_output, overrides_file, run_tool, short
-
-VERSION = 2
+from ..toolchains.sdk_tool import check_converter_output, overrides_file, run_tool, short
 
 
 def qnn_input_list(params: dict, work: Path, flow: str = "model-lib", absolute: bool = False) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import BuildError
 from ..files import atomic_write_json
 from ..hashing import file_digest
-from .common import load_hooks
+from ..samples import load_hooks
 
 
 def run(params: dict) -> dict:

@@ -9,7 +9,7 @@ evaluation samples, and the same model runs on the CPU. Per tensor, in graph ord
   precision or range problem that a 16-bit override or the export fixes.
 Each curve's first drop (the first tensor below the floor of the variant's bits that loses >= DROP_DB itself; for
 binary vs CPU, only where the binary is also farther from float than the CPU model) is named with its op and node,
-then the likely fix in words (stages/diagnosis.py): the `overrides` line to keep tensors at 16 bit, a range problem,
+then the likely fix in words (stages/support/diagnosis.py): the `overrides` line to keep tensors at 16 bit, a range problem,
 a 16-bit variant, the fp16 range problem at that op (stages/fp16_lint.py), or an HTP-only divergence to report
 upstream. Writes <graph>.diagnose.md, .png and .json.
 
@@ -32,8 +32,8 @@ import time
 from .. import progress
 from ..errors import BuildError
 from ..files import atomic_write_json, atomic_write_text
+from .support.diagnosis import CAP_DB, DROP_DB, FLOOR_DB, HTP_WORSE_DB, OWN_DROP_DB
 
-VERSION = 1
 SAMPLES = 4  # evaluation samples, evenly spaced over the set: the emulator with every tensor exposed is slow
 # More activation tensors than this: every Nth is exposed. Measured on PP-OCRv4's recogniser (340 tensors, w8a8,
 # SM8750, a busy machine): compile with 341 outputs 30.8 s, 172 outputs 27.5 s, 87 outputs 8.0 s, the plain binary
@@ -41,24 +41,14 @@ SAMPLES = 4  # evaluation samples, evenly spaced over the set: the emulator with
 MAX_TENSORS = 1000
 # HTP fuses these into the op that produces their input; exposing that input breaks the fusion (see above).
 FUSED_ACTIVATIONS = {"Relu", "PRelu", "LeakyRelu", "Clip", "Relu6"}
-# A tensor "drops" where its SQNR is below the floor of the variant's activation bits (16-bit activations: 8-bit
-# weights keep a Conv's output near 35-40 dB) and it loses at least DROP_DB itself, from the worst tensor it is
-# computed from: a curve that only declines a few dB an op has no first drop, the error builds up.
-FLOOR_DB = {8: 20.0, 16: 30.0, "fp16": 40.0}
-DROP_DB = 6.0
-AMPLIFY_SMALL = {"Log", "Div", "Reciprocal", "Pow", "Sqrt"}  # ops whose output error grows as their input nears 0
-WIDESPREAD = 0.25  # more than this share of the tensors below the floor: a variant-wide problem, not a few tensors
-CAP_DB = 100.0  # SQNR of identical tensors (inf), for curves and arithmetic
-OWN_DROP_DB = 3.0  # a tensor below the floor that loses at least this much itself (not only inherited) needs a fix
-MAX_LISTED = 24  # tensors in the suggested overrides line
 
 
 def run(params: dict) -> dict:
     import numpy as np
 
     from ..toolchains import ort_qnn
-    from .common import load_evaluation
-    from .precision import evenly_spaced
+    from ..samples import load_evaluation
+    from .support.precision import evenly_spaced
 
     started = time.perf_counter()
     inputs, _ = load_evaluation(params["evaluation"])
@@ -133,7 +123,7 @@ def run(params: dict) -> dict:
               "seconds": {"compile": round(compile_seconds, 1), "emulator": round(emulator_seconds, 1),
                           "total": round(time.perf_counter() - started, 1)}}
     lap("drops and lint")
-    from .diagnosis import clean, diagnose, markdown, plot
+    from .support.diagnosis import clean, diagnose, markdown, plot
     result["diagnosis"] = diagnose(result, params)
     atomic_write_json(params["outputs"]["json"], clean(result))
     atomic_write_text(params["outputs"]["markdown"], markdown(result, params))
@@ -374,9 +364,6 @@ def _compare(reference, actual) -> dict:
             "max_abs": float(np.max(np.abs(noise))) if noise.size else 0.0}
 
 
-HTP_WORSE_DB = 6.0  # the binary this much farther from float than the CPU QDQ model: an HTP-only loss
-
-
 def _htp_worse(row: dict) -> bool:
     """The binary is farther from the float model than the CPU QDQ model is, by HTP_WORSE_DB: the difference between
     binary and CPU makes the tensor worse. (HTP fuses ops the CPU QDQ model requantizes between, e.g. Conv + PRelu:
@@ -434,7 +421,7 @@ def exposure_check(graph: Graph, emulated: list[dict], plain: list[dict]) -> dic
 def check_measurement(params: dict) -> dict | None:
     """{"samples", "outputs"} of the check stage's measurement of this very binary over the whole evaluation set
     (its memo beside the binary; same binary, context model and evaluation file), else None. Diagnose runs a few
-    samples: the report says when they miss what check measured (build_rules/stages/diagnosis.py)."""
+    samples: the report says when they miss what check measured (build_rules/stages/support/diagnosis.py)."""
     import json
     from pathlib import Path
 

@@ -15,8 +15,6 @@ from pathlib import Path
 from .. import dist, dist_parts
 from ..errors import BuildError
 
-VERSION = 2  # 2: index.json says how many samples the contract was checked on (verify)
-
 
 def run(params: dict) -> dict:
     variant, spec = params["variant"], params["spec"]

@@ -12,9 +12,7 @@ from pathlib import Path
 
 from ..errors import BuildError
 from ..files import atomic_write_json
-from .sdk_tool import check_converter_output, overrides_file, run_tool, short
-
-VERSION = 1
+from ..toolchains.sdk_tool import check_converter_output, overrides_file, run_tool, short
 
 
 def run(params: dict) -> dict:

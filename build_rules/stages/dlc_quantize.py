@@ -13,9 +13,7 @@ from pathlib import Path
 from ..errors import BuildError
 from ..files import atomic_write_json
 from .convert import qnn_input_list
-from .sdk_tool import run_tool, short, tail
-
-VERSION = 1
+from ..toolchains.sdk_tool import run_tool, short, tail
 
 
 def run(params: dict) -> dict:

@@ -15,9 +15,11 @@ from pathlib import Path
 from .. import gates, layout, progress, results
 from ..errors import BuildError
 from ..files import atomic_write_json
-from .common import load_hooks
+from ..samples import load_hooks
 
-VERSION = 1
+# The version of this stage's measurement memo (results.py): a new one re-measures, a task key's version
+# (stage_table.py) does not have to.
+MEASUREMENT_VERSION = 1
 
 
 def _cpu_runner(path: str):
@@ -42,7 +44,7 @@ def measurement_key(params: dict) -> dict:
             binary = Path(str(path).replace("_ctx.onnx", ".bin"))
             if str(path).endswith("_ctx.onnx") and binary.is_file():
                 files[graph].append(file_digest(binary))
-    key = {"version": VERSION, "on": params["on"], "graphs": files, "hooks": hooks_digest(params["hooks"])}
+    key = {"version": MEASUREMENT_VERSION, "on": params["on"], "graphs": files, "hooks": hooks_digest(params["hooks"])}
     if params.get("data_dir") and Path(params["data_dir"], "data.json").is_file():
         key["data"] = file_digest(Path(params["data_dir"], "data.json"))
     for package in ("onnxruntime", "onnxruntime-qnn"):

@@ -12,9 +12,8 @@ import re
 from pathlib import Path
 
 from ..errors import BuildError
-from .common import build_module, load_hooks
+from ..samples import build_module, load_hooks
 
-VERSION = 2  # 2: exporter and opset per graph (default: dynamo)
 TORCHSCRIPT_OPSET = 17  # what the examples were verified with; dynamo's default comes from torch
 
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import BuildError
-from .sdk_tool import run_tool, short, tail
-
-VERSION = 1
+from ..toolchains.sdk_tool import run_tool, short, tail
 
 
 def run(params: dict) -> dict:

@@ -18,8 +18,6 @@ from pathlib import Path
 
 from ..files import atomic_write_json
 
-VERSION = 1
-
 
 def run(params: dict) -> dict:
     folder = Path(params["outputs"]["dir"])

@@ -14,7 +14,6 @@ from pathlib import Path
 from ..files import atomic_write_json
 from ..hashing import file_digest
 
-VERSION = 1
 
 ORT_QNN_RUNTIME_NOTE = (
     "onnxruntime-qnn ships x86_64 QNN libraries only. On the device use QNN runtime libraries "

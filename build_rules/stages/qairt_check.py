@@ -16,9 +16,7 @@ from pathlib import Path
 
 from ..errors import BuildError
 from ..files import atomic_write_json
-from .sdk_tool import run_tool, short, tail
-
-VERSION = 2
+from ..toolchains.sdk_tool import run_tool, short, tail
 
 
 def _to_onnx_layout(data, dims: list[int] | None, shape: tuple[int, ...]):
@@ -51,7 +49,7 @@ def run(params: dict) -> dict:
     import numpy as np
 
     from .check import judge
-    from .common import load_evaluation
+    from ..samples import load_evaluation
 
     try:
         contract = read_io_contract(params["io"])

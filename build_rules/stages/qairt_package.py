@@ -21,8 +21,6 @@ from ..files import atomic_write_json, remove_quietly
 from ..hashing import file_digest
 from .package import model_commit
 
-VERSION = 2
-
 
 def runtime_note(dsp_arch: str, runtime_dir: str) -> str:
     arch = dsp_arch.upper()

@@ -14,14 +14,13 @@ from pathlib import Path
 
 from ..errors import BuildError
 from ..files import atomic_write_json, atomic_write_text
-from .sdk_tool import run_tool, short, tail
-
-VERSION = 1
+from ..toolchains.sdk_tool import run_tool, short, tail
 
 
 def run(params: dict) -> dict:
     from .. import dist
-    from ..toolchains import ort_qnn, qairt
+    from ..toolchains import qairt
+    from ..toolchains.qnn_binary import read_binary_target
     from ..toolchains.qairt_outputs import ContractError, binary_graph_names, read_io_contract
 
     import onnx
@@ -62,7 +61,7 @@ def run(params: dict) -> dict:
     except ContractError as e:
         raise BuildError(f"{params['name']}: {e}") from None
     try:
-        target = ort_qnn.read_binary_target(binary)
+        target = read_binary_target(binary)
     except ValueError:
         target = None
     report = {"group": list(params["graphs"]), "binary": binary.name, "bytes": binary.stat().st_size,

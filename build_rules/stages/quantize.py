@@ -8,12 +8,8 @@ only the quantization. Without ranges (params["ranges"] absent) it calibrates fr
 from __future__ import annotations
 
 from ..errors import BuildError
-from .common import read_input_list
+from ..samples import read_input_list
 from .simplify import BIAS_OPS
-
-# 2: warns about graph outputs clamped by an activation; 3: an invalid QDQ model fails here; 4: LayerNorm scales stay
-# uint8 under signed weights. (Task keys take project.STAGE_VERSIONS["quantize"]; keep the two equal.)
-VERSION = 4
 
 
 def run(params: dict) -> dict:

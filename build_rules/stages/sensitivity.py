@@ -35,9 +35,9 @@ from pathlib import Path
 
 from .. import progress
 from ..files import atomic_write_json, atomic_write_text
-from .precision import Candidates, clean
+from .support.precision import Candidates, clean, delta_db
 
-VERSION = 2
+RANKING_VERSION = 2  # what a stored ranking was made by: tune reuses one only when it matches
 GAIN_THRESHOLD = 0.05  # a group (or a cost alone) matters from this share of all-16-bit's gain (and 0.1 dB) on
 CONFIRM = 4  # the CPU ranking's top tensors measured alone on the emulator
 PLOTTED = 40  # tensors in the .png (the .md lists all)
@@ -61,7 +61,7 @@ def run(params: dict) -> dict:
         rows = costs(c, tensors)
         for row in rows:
             alone = c.measure({row["tensor"]})
-            row.update(gain_db=_delta(alone["sqnr"], base["sqnr"]), gain_cosine=alone["cosine"] - base["cosine"])
+            row.update(gain_db=delta_db(alone["sqnr"], base["sqnr"]), gain_cosine=alone["cosine"] - base["cosine"])
             print(f"  {row['tensor']}: cost {row['cost_db']:.2f} dB, gain {row['gain_db']:.2f} dB", flush=True)
     else:
         rows, groups = _bisect(c, base, top, cpu_rows, params["search"]["max_measurements"])
@@ -76,7 +76,7 @@ def run(params: dict) -> dict:
         row.update(qdq.get(row["tensor"], {}))
         if row["tensor"] in weights:
             row["weight_sqnr_db"] = weights[row["tensor"]]
-    ranking = _ranked(rows, groups, method, max(0.1, GAIN_THRESHOLD * _delta(top["sqnr"], base["sqnr"])))
+    ranking = _ranked(rows, groups, method, max(0.1, GAIN_THRESHOLD * delta_db(top["sqnr"], base["sqnr"])))
     for rank, row in enumerate(ranking, 1):
         row["rank"] = rank
     result = {"graph": params["graph"]["name"], "variant": params["variant_name"], "chip": params["chip"]["name"],
@@ -95,7 +95,7 @@ def run(params: dict) -> dict:
 
 def _cpu(c: Candidates):
     """(the CPU switch model, {tensor: cpu_cost_db, cpu_gain_db}); (None, {}) when it cannot be built."""
-    from . import cpu_ranking
+    from .support import cpu_ranking
     try:
         cpu = cpu_ranking.SwitchModel(c)
         rows = cpu_ranking.costs(cpu, c.candidates)
@@ -108,7 +108,7 @@ def _cpu(c: Candidates):
 
 def _bisect(c: Candidates, base: dict, top: dict, cpu_rows: dict, budget: int) -> tuple[list[dict], list[dict]]:
     """Rows with emulator group gains (and cost / gain alone where measured), and the measured groups."""
-    from . import cpu_ranking
+    from .support import cpu_ranking
     tensors = c.candidates
     everything = set(tensors)
     all_16 = c.effective(everything)
@@ -118,14 +118,14 @@ def _bisect(c: Candidates, base: dict, top: dict, cpu_rows: dict, budget: int) -
     # at 16 bit when its neighbours are: cost 0, no run), and the CPU's top tensors' gain
     cost, gain = {t: 0.0 for t in covered}, {}
     for t in [t for t in tensors if t not in covered][:CONFIRM]:
-        cost[t] = _delta(top["sqnr"], c.measure(everything - {t})["sqnr"])
+        cost[t] = delta_db(top["sqnr"], c.measure(everything - {t})["sqnr"])
         print(f"  {t}: cost {cost[t]:.2f} dB alone", flush=True)
     ranked = [t for t in cpu_ranking.order(tensors, cpu_rows) if cpu_rows.get(t, {}).get("cpu_gain_db") is not None]
     for t in ranked[:CONFIRM]:
-        gain[t] = _delta(c.measure({t})["sqnr"], base["sqnr"])
+        gain[t] = delta_db(c.measure({t})["sqnr"], base["sqnr"])
         print(f"  {t} (CPU top {CONFIRM}): gain {gain[t]:.2f} dB alone", flush=True)
     # then groups in graph order, halving the one that gains most while the budget lasts
-    whole = _delta(top["sqnr"], base["sqnr"])
+    whole = delta_db(top["sqnr"], base["sqnr"])
     threshold = max(0.1, GAIN_THRESHOLD * whole)
     groups = [{"first": 0, "size": len(tensors), "gain_db": round(whole, 3)}]
     heap = [(-whole, 0, len(tensors))]
@@ -135,7 +135,7 @@ def _bisect(c: Candidates, base: dict, top: dict, cpu_rows: dict, budget: int) -
             continue
         middle = (lo + hi) // 2
         for a, b in ((lo, middle), (middle, hi)):
-            value = _delta(c.measure(set(tensors[a:b]))["sqnr"], base["sqnr"])
+            value = delta_db(c.measure(set(tensors[a:b]))["sqnr"], base["sqnr"])
             groups.append({"first": a, "size": b - a, "gain_db": round(value, 3)})
             if b - a == 1:
                 gain[tensors[a]] = value
@@ -193,7 +193,7 @@ def costs(c: Candidates, tensors: list[str]) -> list[dict]:
     rows = []
     for t in tensors:
         without = c.measure(set(tensors) - {t})
-        rows.append({"tensor": t, "cost_db": _delta(top["sqnr"], without["sqnr"]),
+        rows.append({"tensor": t, "cost_db": delta_db(top["sqnr"], without["sqnr"]),
                      "cost_cosine": top["cosine"] - without["cosine"]})
     return rows
 
@@ -202,7 +202,7 @@ def ranking_key(c: Candidates, hooks: str) -> dict:
     """What a ranking depends on: the tune stage reuses a sensitivity result only when this matches."""
     from ..hashing import file_digest
     from .check import hooks_digest
-    return {"version": VERSION, "variant": c.graph["variant"], "chip": c.chip, "samples": len(c.subset),
+    return {"version": RANKING_VERSION, "variant": c.graph["variant"], "chip": c.chip, "samples": len(c.subset),
             **{k: file_digest(c.graph[k]) for k in ("onnx", "ranges", "evaluation")}, "hooks": hooks_digest(hooks)}
 
 
@@ -229,17 +229,11 @@ def emulator_cost_ranking(c: Candidates) -> list[str]:
     return [r["tensor"] for r in rows]
 
 
-def _delta(a: float, b: float) -> float:
-    if math.isinf(a) and math.isinf(b):
-        return 0.0
-    return max(min(a - b, 999.0), -999.0)
-
-
 def _htp_profile(c: Candidates, tensors: list[str]) -> dict:
     """Each tensor's SQNR on the emulator (8-bit everywhere, every candidate exposed) against the float model."""
     import numpy as np
     from ..toolchains import ort_qnn
-    from .common import compare
+    from ..samples import compare
     try:
         exposed = c.quantize(set(), c.work / "profile.onnx", extra_outputs=tensors)
         emulated = c.run(exposed, c.subset)

@@ -12,9 +12,6 @@ from ..errors import BuildError
 from ..files import atomic_write_json
 from ..lean_imports import onnxsim_simplify
 
-VERSION = 3  # 2: Constant nodes -> initializers, constants folded, opset >= 13; 3: shared biases copied per node,
-#              an ONNX-only model's transform(model) hook
-
 
 # Element types a graph input or output may have on QNN HTP (int64 has its own message: export it as int32).
 IO_DTYPES = ("float32", "float16", "int32", "uint32", "int16", "uint16", "int8", "uint8", "bool")
@@ -73,7 +70,7 @@ def run(params: dict) -> dict:
         raise BuildError(f"{source}: not a valid ONNX model: {one_line(e)}") from e
     after = ""
     if params.get("hooks"):  # an ONNX-only model: the user's patch first
-        from .common import load_hooks, transformed
+        from ..samples import load_hooks, transformed
         hooks = load_hooks(params["hooks"])
         if hasattr(hooks, "transform"):
             model, after = transformed(hooks, model, params["hooks"]), f" after {params['hooks']}: transform(model)"

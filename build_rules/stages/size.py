@@ -16,8 +16,6 @@ from .. import context_size
 from ..errors import BuildError
 from ..files import atomic_write_json
 
-VERSION = 1
-
 
 def run(params: dict) -> dict:
     import onnx

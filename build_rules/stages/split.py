@@ -30,7 +30,6 @@ from .. import context_size
 from ..errors import BuildError
 from ..files import atomic_write_json
 
-VERSION = 1
 PIN_HINT = "pin this plan: copy `pin` into [graphs.{graph}] of model.toml"
 
 

@@ -23,11 +23,9 @@ from pathlib import Path
 
 from .. import layout, results
 from ..files import atomic_write_json, atomic_write_text
-from .mixed_precision import search, values
-from .precision import describe
-from . import tune_ladder
-
-VERSION = 2
+from .support.mixed_precision import search, values
+from .support.precision import describe
+from .support import tune_ladder
 
 
 def run(params: dict) -> dict:

@@ -11,10 +11,8 @@ from pathlib import Path
 from .. import gates
 from ..errors import BuildError
 from ..files import atomic_write_json
-from .common import (build_module, check_sample, compare, label_arrays, load_hooks, save_arrays, split_labels,
+from ..samples import (build_module, check_sample, compare, label_arrays, load_hooks, save_arrays, split_labels,
                      transformed, worst)
-
-VERSION = 2  # 2: frame_cosine
 
 
 def evaluation_samples(hooks, params) -> tuple[list[dict], list | None]:

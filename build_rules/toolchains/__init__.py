@@ -1,7 +1,8 @@
 """Toolchains: which one builds this repo, and its identity for task keys.
 
-- "ort-qnn": onnxruntime-qnn from PyPI (no SDK install); tasks.py writes its stage tasks.
-- "qairt": the QAIRT SDK at $QNN_SDK_ROOT; its stage tasks come from toolchains/qairt_tasks.py.
+- "ort-qnn": onnxruntime-qnn from PyPI (no SDK install).
+- "qairt": the QAIRT SDK at $QNN_SDK_ROOT.
+Each stage's generator and worker per toolchain are in stage_table.py (the qairt generators in tasks/qairt.py).
 
 Choice, first match wins: $BUILD_RULES_TOOLCHAIN (per run), `toolchain = "..."` at the top of chips.toml
 (per repo; "auto" is the default), then "qairt" when $QNN_SDK_ROOT is set, else "ort-qnn".
@@ -9,7 +10,6 @@ Light to import: only the chosen toolchain's identity() runs at doit load, from 
 """
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 
@@ -17,8 +17,6 @@ from ..config import ConfigError
 
 ENV = "BUILD_RULES_TOOLCHAIN"
 NAMES = ("ort-qnn", "qairt")
-# A toolchain with stage tasks of its own: module with STAGES = {stage: generator function or None}.
-_TASK_MODULES = {"qairt": "build_rules.toolchains.qairt_tasks"}
 
 
 def choose(repo_default: str = "auto", environ=os.environ) -> tuple[str, str]:
@@ -46,15 +44,9 @@ def identity(name: str, cache_dir: Path, qairt_flow: str = "model-lib") -> dict:
     return ort_qnn.identity(cache_dir)
 
 
-def stage_tasks(name: str, stage: str):
-    """The toolchain's own task generator for `stage`: a function, None (no such stage), or ... (tasks.py's)."""
-    module = _TASK_MODULES.get(name)
-    if module is None:
-        return ...
-    return importlib.import_module(module).STAGES.get(stage, ...)
-
-
-def notes(name: str) -> list[str]:
+def notes(ident: dict) -> list[str]:
     """Things the user should know about this toolchain's builds (shown in the build summary)."""
-    module = _TASK_MODULES.get(name)
-    return importlib.import_module(module).notes() if module else []
+    if ident["name"] != "qairt":
+        return []
+    from . import qairt
+    return qairt.notes(ident)

@@ -32,6 +32,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # only for annotations; numpy is imported lazily
     import numpy as np
 
+if __package__:  # (the compile child loads this file as a script, without its package: it needs none of this)
+    from .qnn_binary import read_binary_target  # noqa: F401 -- ort_qnn.read_binary_target, as before
+
 NAME = "ort-qnn"
 
 _DIST = "onnxruntime-qnn"  # distribution name on PyPI
@@ -140,7 +143,7 @@ def identity(cache_dir: Path | None = None) -> dict:
     Raises ModuleNotFoundError when onnxruntime-qnn is not installed.
     """
     pkg_dir = _package_dir()
-    from ..project import tool_version  # METADATA's header only: importlib.metadata.version() parses the whole file
+    from ..tool_versions import tool_version  # METADATA's header only: importlib.metadata.version() reads it all
     package_version = tool_version(_DIST)
     if package_version is None:
         raise _not_installed(f"found {pkg_dir} but no installed distribution metadata")
@@ -230,8 +233,6 @@ def _qnn_session_options(ort, provider_options: dict[str, str]):
 # --------------------------------------------------------------------------------------------------------------
 # quantize
 
-_ACTIVATION_TYPES = {"uint8": "QUInt8", "uint16": "QUInt16"}
-_WEIGHT_TYPES = {"uint8": "QUInt8", "int8": "QInt8", "uint16": "QUInt16", "int4": "QInt4"}
 _METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 
 
@@ -263,12 +264,14 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
       input. Both must be activations of the same type.
     `output` appears only when it is complete.
     """
-    act_name = _choice("activation type", activations, _ACTIVATION_TYPES)
-    wgt_name = _choice("weight type", weights, _WEIGHT_TYPES)
+    from ..dtypes import TYPES  # here, not at the top: this file also runs as the compile child's script
+    activation_types = {t.name: t.ort for t in TYPES if t.activation}
+    act_name = _choice("activation type", activations, activation_types)
+    wgt_name = _choice("weight type", weights, {t.name: t.ort for t in TYPES if t.weight})
     method_name = _choice("calibration method", method, _METHODS)
-    override_names = {t: _choice(f"override type for tensor {t!r}", v, _ACTIVATION_TYPES)
+    override_names = {t: _choice(f"override type for tensor {t!r}", v, activation_types)
                       for t, v in (overrides or {}).items()}
-    node_override_names = {n: _choice(f"override type for node {n!r}", v, _ACTIVATION_TYPES)
+    node_override_names = {n: _choice(f"override type for node {n!r}", v, activation_types)
                            for n, v in (node_overrides or {}).items()}
     calibration = list(calibration)
     if not calibration and ranges is None:
@@ -578,8 +581,8 @@ def compile_context_binary(model: Path, out_dir: Path, graph: str, *, soc_model:
             raise RuntimeError("expected an external context binary (embed_mode 0)")
         work_bin = work / attrs["ep_cache_context"].s.decode()
         target = read_binary_target(work_bin)
-        from . import qnn_graph
-        float_ops = None if fp16 else qnn_graph.float_ops(source, qnn_graph.read_dump(work / "qnn_graph"))
+        from .qnn_graph import float_ops as graph_float_ops, read_dump  # not `from . import`: an import circle
+        float_ops = None if fp16 else graph_float_ops(source, read_dump(work / "qnn_graph"))
         if target["soc_type"].startswith("UNKNOWN"):
             raise RuntimeError(f"compiling {model} gave a {target['soc_type']} binary: soc_model {soc_model} "
                                "was not applied")
@@ -744,51 +747,6 @@ def _placement(source, ctx, trace: dict):
             seen.add(name)
     partitions = max(partitions, int(trace.get("summary", {}).get("qnn_subgraphs", 0) or 0))
     return cpu_io, rejected, {n: r for n, r in reasons.items() if n in seen}, partitions
-
-
-# --------------------------------------------------------------------------------------------------------------
-# read back
-
-_CONFIG_MARKER = b"soc_type="
-_CONFIG_MAX = 64 * 1024  # the embedded config string is a few KB
-
-
-def read_binary_target(binary: Path) -> dict:
-    """Parse the config string embedded in a QNN HTP context binary.
-
-    Returns {"soc_type": "SM8750", "arch": "79", "vtcm_size": 8388608}. The file is read once, in chunks.
-    """
-    chunk_size = 1 << 20
-    overlap = len(_CONFIG_MARKER) - 1
-    buf = b""
-    with open(binary, "rb") as f:
-        while True:
-            chunk = f.read(chunk_size)
-            if not chunk:
-                break
-            buf += chunk
-            at = buf.find(_CONFIG_MARKER)
-            if at < 0:
-                buf = buf[-overlap:]  # keep only what could be the start of a marker split across chunks
-                continue
-            # Make sure the whole printable config run after the marker is in memory.
-            while len(buf) - at < _CONFIG_MAX:
-                more = f.read(chunk_size)
-                if not more:
-                    break
-                buf += more
-            run = re.match(rb"[\x20-\x7e]*", buf[at:at + _CONFIG_MAX]).group(0).decode("ascii")
-            fields: dict[str, str] = {}
-            for item in run.split(";"):
-                key, sep, value = item.partition("=")
-                if sep and key not in fields:
-                    fields[key] = value
-            if "arch" not in fields:
-                raise ValueError(f"{binary}: embedded HTP config has soc_type but no arch: {run[:200]!r}")
-            vtcm = fields.get("vtcm_size")
-            return {"soc_type": fields["soc_type"], "arch": fields["arch"],
-                    "vtcm_size": int(vtcm) if vtcm and vtcm.isdigit() else None}
-    raise ValueError(f"{binary} has no embedded HTP config (soc_type=...); not a QNN HTP context binary?")
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import QAIRT_FLOWS, ConfigError
+from ..dtypes import TYPES
 from ..errors import BuildError, did_you_mean
 from .qnn_probe import probe_build_id
 
@@ -45,13 +46,13 @@ HOST_BUILD_PROGRAMS = {"clang++": ("clang++", "clang++-9"), "make": ("make",)}
 # Android 15+ needs 16 KB page alignment of native libraries (sherpa-onnx sets this for the lib generator).
 LDFLAGS = "-Wl,-z,max-page-size=16384"
 
-_WEIGHT_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int4": 4}
+_WEIGHT_BITS = {t.name: t.bits for t in TYPES if t.weight}  # dtypes.py: the quantized types
 # Symmetric weight encodings: signed weights, and 16-bit weights, whose --restrict_quantization_steps only
 # applies with a symmetric parameter quantizer (the quantizer says "Value will be ignored" otherwise).
-_SYMMETRIC_WEIGHTS = ("int8", "int4", "uint16")
+_SYMMETRIC_WEIGHTS = tuple(t.name for t in TYPES if t.weight and t.qairt_symmetric)
 # "This argument is required for 16-bit Matmul operations" (qairt-quantizer --help); one argv entry, two hex.
 _RESTRICT_STEPS_16 = "-0x8000 0x7F7F"
-_ACT_BITS = {"uint8": 8, "uint16": 16}
+_ACT_BITS = {t.name: t.bits for t in TYPES if t.activation}
 # HTP v68/v69 have no 16-bit MatMul without per-row quantization (`expected >= 73 ... 0xc26`, audit #3).
 PER_ROW_ARCHS = ("v68", "v69")
 # model.toml calibration method -> --act_quantizer_calibration (min-max is the converter's default).
@@ -467,3 +468,22 @@ def net_run_command(sdk: Sdk, binary: str, input_list: str, output_dir: str) -> 
     """qnn-net-run on the x86 HTP backend (the emulator): float raw inputs in, float raw outputs out."""
     return [str(sdk.net_run or sdk.tool("qnn-net-run")), "--backend", str(sdk.htp_backend),
             "--retrieve_context", binary, "--input_list", input_list, "--output_dir", output_dir]
+
+
+def notes(ident: dict) -> list[str]:
+    """What the user should know about a qairt build (shown under the build summary); ident: the toolchain
+    identity (its flow, build id)."""
+    found = []
+    try:
+        sdk = find_sdk()
+    except SdkError:
+        return found
+    if ident["flow"] == "model-lib" and not ndk_build():
+        found.append("qairt: no ndk-build on PATH, so model libs were built for x86_64-linux-clang only "
+                     "(no aarch64-android lib<graph>.so); put the Android NDK on PATH to build them")
+    if sdk.net_run is None:
+        found.append(f"qairt: check did not run the binaries: no {sdk.tool('qnn-net-run')} "
+                     "(check.json and manifest.json say \"not run\")")
+    if ident.get("build_id") is None:
+        found.append(f"qairt: {ident.get('build_id_note', 'no HTP build id')}")
+    return found

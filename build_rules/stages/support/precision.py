@@ -8,15 +8,23 @@ the ones the compiled binary gives (research/ort-qnn.md §4: tune against the em
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import time
 from pathlib import Path
 
-from .. import gates
-from .check import measure, summarize
-from .common import compare, load_evaluation, load_labels
+from ... import gates
+from ..check import measure, summarize
+from ...samples import compare, load_evaluation, load_labels
 
 SIXTEEN = "uint16"
+
+
+def delta_db(a: float, b: float) -> float:
+    """a - b in dB (SQNRs), 0 when both are infinite (identical tensors), bounded to +-999."""
+    if math.isinf(a) and math.isinf(b):
+        return 0.0
+    return max(min(a - b, 999.0), -999.0)
 
 
 def evenly_spaced(count: int, wanted: int) -> list[int]:
@@ -66,7 +74,7 @@ class Candidates:
     def _candidates(self) -> list[str]:
         """Activation tensors the quantizer calibrates, except graph inputs (the binary's input format stays)
         and tensors the variant already pins."""
-        from ..toolchains import ort_qnn
+        from ...toolchains import ort_qnn
         model = ort_qnn.preprocessed_model(self.graph["onnx"])
         ranges = json.loads(Path(self.graph["ranges"]).read_text())
         calibrated = set((ranges.get("data") or ranges.get("tensors") or {}).keys()) if isinstance(ranges, dict) else set()
@@ -84,7 +92,7 @@ class Candidates:
         MixedPrecisionTensorQuantOverridesFixer gives such a node the same type on all inputs and outputs, with a
         convert on an input whose producer stays 8-bit: that input's values keep 8-bit precision)."""
         if not hasattr(self, "_neighbourhood"):
-            from ..toolchains import ort_qnn
+            from ...toolchains import ort_qnn
             model = ort_qnn.preprocessed_model(self.graph["onnx"])
             producer, consumers = {}, {}
             for node in model.graph.node:
@@ -101,12 +109,12 @@ class Candidates:
 
     def producers(self) -> dict[str, tuple[str, str]]:
         """tensor -> (node name, op type)."""
-        from ..toolchains import ort_qnn
+        from ...toolchains import ort_qnn
         model = ort_qnn.preprocessed_model(self.graph["onnx"])
         return {o: (n.name, n.op_type) for n in model.graph.node for o in n.output if o}
 
     def quantize(self, sixteen, path: Path, extra_outputs=None) -> Path:
-        from ..toolchains import ort_qnn
+        from ...toolchains import ort_qnn
         v = self.graph["variant"]
         overrides = dict(self.pinned)
         overrides.update({t: SIXTEEN for t in sixteen})
@@ -117,7 +125,7 @@ class Candidates:
         return path
 
     def run(self, model: Path, indices: list[int]) -> list[dict]:
-        from ..toolchains import ort_qnn
+        from ...toolchains import ort_qnn
         session = ort_qnn.emulator_session(model, soc_model=self.chip["soc_id"], vtcm_mb=self.chip["vtcm_mb"])
         names = [o.name for o in session.get_outputs()]
         return [dict(zip(names, session.run(names, self.inputs[i]))) for i in indices]

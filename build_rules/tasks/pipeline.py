@@ -1,59 +1,27 @@
-"""The task graph: doit task dicts from chips.toml + models/, one small generator per stage.
+"""The pipeline's task generators, in its order: float graph (data, export, simplify, verify), quantization
+(calibrate, calibration_stats, quantize, fp16_lint), compile and check (compile, check, evaluate, package), and the
+per-chip and per-model groups.
 
-dodo.py imports the task_* functions from here. The pieces every generator shares (the loaded project, task keys,
-the stage task dict) are in project.py; the tuning loop's generators in tuning_tasks.py, `doit dist`'s in
-dist_tasks.py, the qairt toolchain's in toolchains/qairt_tasks.py. Loading must stay light (no torch, onnx,
-onnxruntime, not even numpy): every heavy stage runs in its own process via runner.run_stage.
+Each stage's generator _<stage>_tasks yields its task dicts; stage_table.py names it, and tasks/__init__.py makes the
+doit creator task_<stage> from that row. The pieces every generator shares (the loaded project, task keys, the stage
+task dict) are in project.py. Loading must stay light (no torch, onnx, onnxruntime, not even numpy): every heavy
+stage runs in its own process via runner.run_stage.
 """
 from __future__ import annotations
 
-import functools
 import os
-import sys
 
-from . import aimet_tasks, collector, diagnose_tasks, dist_tasks, interrupt, layout, split_tasks, tuning_tasks
-from .config import ConfigError, Model, gate_dicts
-from .hashing import ContentChecker, use_key_digests, use_stat_cache
-from .project import (STATE_DIR, chip_params, calibration_files, checkpoint_files, model_data,
-                      hook_files, input_specs, model_graphs, project, quantized_variants, ranges_file, reference_chip,
-                      rel, source_onnx, stage_task, task_key, tool_version, variant_builds)
-from .runner import remove_stale_staging, run_stage
-
-# What dodo.py imports: every stage and group generator in pipeline order (the order of `doit list`), plus
-# the doit configuration.
-__all__ = ["doit_config", "task_data", "task_export", "task_simplify", "task_verify", "task_size", "task_split",
-           "task_calibrate", "task_calibration_stats", "task_quantize", "task_aimet", "task_fp16_lint", "task_convert",
-           "task_model_libs", "task_htp_config", "task_compile", "task_check", "task_evaluate", "task_package",
-           "task_report", "task_sensitivity", "task_tune", "task_diagnose", "task_multi_soc", "task_shared_context",
-           "task_dist", "task_chips", "task_models"]
+from .. import layout
+from ..config import Model, gate_dicts
+from ..project import (chip_params, calibration_files, checkpoint_files, model_data,
+                       hook_files, input_specs, model_graphs, project, quantized_variants, ranges_file, reference_chip,
+                       rel, source_onnx, stage_task, task_key, variant_builds)
+from ..runner import run_stage
+from ..tool_versions import tool_version
+from . import aimet as aimet_tasks, split as split_tasks
 
 
-def _toolchain_stage(stage: str):
-    """The seam between toolchains: where the selected toolchain generates `stage` itself (qairt, see
-    toolchains/qairt_tasks.py), its generator replaces the decorated one, which is the ort-qnn version.
-    A stage the toolchain does not have (quantize under qairt, convert under ort-qnn) makes no task."""
-    def decorate(default):
-        @functools.wraps(default)
-        def creator():
-            from . import toolchains
-            own = toolchains.stage_tasks(project().toolchain["name"], stage)
-            if own is ...:
-                return default()
-            return own() if own is not None else None
-        return creator
-    return decorate
-
-
-# --- stages -------------------------------------------------------------------------------------
-# Each stage is a doit creator task_<stage> (its doc is the `doit list` line) and the generator of its task
-# dicts, _<stage>_tasks. The creators are three lines on purpose: doit's loader reads every creator's source
-# on each load to sort them by line (inspect.getsourcelines tokenizes the whole function: ~0.5 ms for a
-# generator body, a tenth of a no-op build when it was 19 of them).
-
-def task_data():
-    """0 data: the model's prepare_data hook makes its real inputs (e.g. speech clips) -> data/"""
-    return _data_tasks()
-
+# --- float graph ----------------------------------------------------------------------------------
 
 def _program_stamp(name: str) -> list | None:
     """Where a program on PATH is and its file's size and mtime: an upgrade (e.g. a new espeak-ng from
@@ -83,11 +51,6 @@ def _data_tasks():
         yield task
 
 
-def task_export():
-    """1 export: checkpoint + build hook -> ONNX (static shapes, int32, batch 1)"""
-    return _export_tasks()
-
-
 def _export_tasks():
     for model, graph in model_graphs():
         if model.onnx:
@@ -100,11 +63,6 @@ def _export_tasks():
                   "trusted_checkpoints": model.trusted_checkpoints}
         yield stage_task("export", f"{model.name}/{graph.name}", params, [*hook_files(model), *checkpoints],
                           [target], layout.float_file(model.name, graph.name, ".export.log"))
-
-
-def task_simplify():
-    """2 simplify: onnxsim, then check static shapes and no int64 on graph I/O; I/O summary + op inventory"""
-    return _simplify_tasks()
 
 
 def _simplify_tasks():
@@ -122,11 +80,6 @@ def _simplify_tasks():
             params["step"] = graph.step_contract()
         yield stage_task("simplify", f"{model.name}/{graph.name}", params, file_dep, list(outputs.values()),
                           layout.float_file(model.name, graph.name, ".simplify.log"))
-
-
-def task_verify():
-    """3 verify: ONNX Runtime CPU vs PyTorch on real inputs, within the model's tolerance"""
-    return _verify_tasks()
 
 
 def _verify_tasks():
@@ -147,20 +100,7 @@ def _verify_tasks():
                           layout.float_file(model.name, graph.name, ".verify.log"))
 
 
-def task_size():
-    """3b size: a graph's estimated context binary per variant against the budget (max_context_mb), before compiling"""
-    return split_tasks.size_tasks()
-
-
-def task_split():
-    """3c split: [graphs.X] split: cut into sequential parts (plan + float parts; per quantized variant, QDQ parts)"""
-    return split_tasks.split_tasks()
-
-
-def task_calibrate():
-    """4 calibrate: real calibration inputs -> raw files + input_list.txt (QNN format, shared by variants)"""
-    return _calibrate_tasks()
-
+# --- quantization ----------------------------------------------------------------------------------
 
 def _calibrate_tasks():
     for model, graph in model_graphs():
@@ -178,11 +118,6 @@ def _calibrate_tasks():
         yield stage_task("calibrate", f"{model.name}/{graph.name}", params,
                           [*hook_files(model), *checkpoints, *data_dep],
                           targets, f"{folder}.calibrate.log")
-
-
-def task_calibration_stats():
-    """4b calibration stats: tensor ranges per float model, method and sample count (ort-qnn; shared by variants)"""
-    return _calibration_stats_tasks()
 
 
 def _calibration_stats_tasks():
@@ -207,12 +142,6 @@ def _calibration_stats_tasks():
                               f"{layout.calibration_dir(model.name, graph.name)}.{method}-{samples}.stats.log")
 
 
-def task_quantize():
-    """5 quantize: QDQ model per precision variant from the shared calibration ranges (fp16 variants skip this)"""
-    return _quantize_tasks()
-
-
-@_toolchain_stage("quantize")
 def _quantize_tasks():
     for model, graph in model_graphs():
         for variant in quantized_variants(model):
@@ -230,11 +159,6 @@ def _quantize_tasks():
                               layout.variant_file(model.name, variant.name, graph.name, ".quantize.log"))
             task["task_dep"] = split_tasks.checked_first(model, graph, variant)  # the size check fails before this
             yield task
-
-
-def task_fp16_lint():
-    """5 fp16 lint: where an fp16 variant's float model cannot be represented in fp16 (build summary warnings)"""
-    return _fp16_lint_tasks()
 
 
 def _fp16_lint_tasks():
@@ -258,47 +182,8 @@ def _fp16_lints(model: Model, chip_name: str | None = None) -> list[str]:
     return [f"fp16_lint:{model.name}/{g}/{v}" for v in sorted(built) for g in model.graphs]
 
 
-def task_aimet():
-    """5 aimet: QDQ model + encodings JSON per variant with quantizer = "aimet" (AIMET's techniques, HTP config)"""
-    return aimet_tasks.aimet_tasks()
+# --- compile and check -----------------------------------------------------------------------------
 
-
-def task_convert():
-    """5 convert (qairt): qnn-onnx-converter per graph and variant -> <graph>.cpp, .bin, _net.json"""
-    return _convert_tasks()
-
-
-@_toolchain_stage("convert")
-def _convert_tasks():
-    return None  # only qairt has this stage
-
-
-def task_model_libs():
-    """5 model libs (qairt): qnn-model-lib-generator -> model_libs/<target>/lib<graph>.so"""
-    return _model_libs_tasks()
-
-
-@_toolchain_stage("model_libs")
-def _model_libs_tasks():
-    return None  # only qairt has this stage
-
-
-def task_htp_config():
-    """6 HTP config (qairt): htp_backend_extensions.json + htp_config.json per graph and chip"""
-    return _htp_config_tasks()
-
-
-@_toolchain_stage("htp_config")
-def _htp_config_tasks():
-    return None  # only qairt has this stage
-
-
-def task_compile():
-    """6 compile: one QNN HTP context binary per graph, variant and chip"""
-    return _compile_tasks()
-
-
-@_toolchain_stage("compile")
 def _compile_tasks():
     for model in project().models:
         for variant, chip in variant_builds(model):
@@ -317,12 +202,6 @@ def _compile_tasks():
                     yield task
 
 
-def task_check():
-    """7 check: run each binary on the HTP emulator vs the float model; fail below the graph's gate"""
-    return _check_tasks()
-
-
-@_toolchain_stage("check")
 def _check_tasks():
     for model in project().models:
         for variant, chip in variant_builds(model):
@@ -364,11 +243,6 @@ def _evaluate_params(model: Model, graphs: dict, on: str, report: str) -> tuple[
     return params, [*graphs.values(), *hook_files(model), *data_dep]
 
 
-def task_evaluate():
-    """7b evaluate: the model's evaluate hook over all graphs (e.g. WER): float on CPU, each binary on the emulator"""
-    return _evaluate_tasks()
-
-
 def _evaluate_tasks():
     if project().toolchain["name"] != "ort-qnn":
         return  # the emulator runner is onnxruntime-qnn's; qairt checks per graph only
@@ -405,16 +279,10 @@ def _fp16_sibling(model: Model, variant, chip) -> dict:
 
 
 def _package(params: dict):
-    from .stages import package
+    from ..stages import package
     return package.run(params)
 
 
-def task_package():
-    """8 package: manifest.json per model, variant and chip (SDK identity, hashes, metrics)"""
-    return _package_tasks()
-
-
-@_toolchain_stage("package")
 def _package_tasks():
     for model in project().models:
         for variant, chip in variant_builds(model):
@@ -454,54 +322,7 @@ def _package_tasks():
             }
 
 
-# --- tuning: report, sensitivity, tune (not default tasks; generators in tuning_tasks.py) -------------------
-
-def task_report():
-    """9 report: variants x chips per model (size, compile time, emulator metrics) -> out/<model>/report.md + .png"""
-    return tuning_tasks.report_tasks()
-
-
-def task_sensitivity():
-    """10 sensitivity: rank each graph's activation tensors by what 8 bit costs (HTP emulator) -> table + plot"""
-    return tuning_tasks.sensitivity_tasks()
-
-
-def task_tune():
-    """11 tune: fewest 16-bit tensors meeting each graph's target -> out/<model>/tuning/<variant>.tuned.toml"""
-    return tuning_tasks.tune_tasks()
-
-
-def task_diagnose():
-    """7c diagnose: where a binary loses accuracy, tensor by tensor (emulator vs CPU QDQ vs float) -> <graph>.diagnose.md"""
-    return diagnose_tasks.diagnose_tasks()
-
-
-def task_multi_soc():
-    """12 multi_soc: [dist] multi_soc = true: one Flexible Context Binary per graph for all the variant's chips"""
-    return dist_tasks.multi_soc_tasks()
-
-
-def task_shared_context():
-    """12b shared_context: [model] share_weights: each group's graphs in one context storing shared weights once"""
-    return _shared_context_tasks()
-
-
-@_toolchain_stage("shared_context")
-def _shared_context_tasks():
-    return dist_tasks.shared_context_tasks()
-
-
-def task_dist():
-    """13 dist: a device bundle per variant (index, checksums, licences; contract checked) + reproducible .tar.gz"""
-    return dist_tasks.dist_tasks()
-
-
 # --- groups -------------------------------------------------------------------------------------
-
-def task_chips():
-    """Per-chip groups: `doit SM8750` builds every model for that chip only"""
-    return _chips_tasks()
-
 
 def _chips_tasks():
     for chip in project().chips.chips.values():
@@ -514,11 +335,6 @@ def _chips_tasks():
                           f"with {project().toolchain['name']}"}
 
 
-def task_models():
-    """Per-model groups: `doit mtcnn` builds that model for all its chips"""
-    return _models_tasks()
-
-
 def _models_tasks():
     for model in project().models:
         packages = [f"package:{model.name}/{variant.name}@{chip.name}" for variant, chip in variant_builds(model)]
@@ -526,44 +342,3 @@ def _models_tasks():
         yield {"basename": model.name, "actions": None, "task_dep": packages, "uptodate": [True],
                "doc": f"{model.description or model.name}: {len(model.graphs)} graph(s) x "
                       f"{len(model.variants)} variant(s) x {len(model.chips)} chip(s)"}
-
-
-
-# doit sorts task creators by their line number, from inspect.getsourcelines(), which tokenizes each creator's source
-# (~7 ms of every load, most of it compiling tokenize's patterns). __all__ is in pipeline order already: pointing
-# each creator's __wrapped__ (which inspect follows) at this module gives line 0 without reading any source, and
-# the stable sort keeps __all__'s order (`doit list`, and a user's own task_ functions after these).
-for _creator in __all__:
-    if _creator.startswith("task_"):
-        globals()[_creator].__wrapped__ = sys.modules[__name__]
-
-def doit_config() -> dict:
-    from .summary import SummaryReporter
-    try:
-        models = project().models
-        if os.environ.get("BUILD_RULES_REMOTE_CACHE", "").strip():  # remote_cache.ENV (its module is not light)
-            from . import remote_cache
-            remote_cache.settings()  # a malformed remote cache setting stops the build before any task runs
-    except ConfigError as e:
-        # A config mistake is the user's to fix: the message, not a traceback through doit's loader.
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(3) from None
-    os.makedirs(STATE_DIR, exist_ok=True)
-    interrupt.install()  # Ctrl-C and SIGTERM: state kept, one line, stages stopped
-    remove_stale_staging()
-    use_stat_cache(f"{STATE_DIR}/stat-cache.json")
-    use_key_digests(f"{STATE_DIR}/key-digests.json")
-    collector.pause()  # no garbage collection while doit loads and checks the tasks (collector.py)
-    return {
-        "default_tasks": [m.name for m in models],
-        "check_file_uptodate": ContentChecker,
-        # doit's own backends write once, at exit (a kill -9 forgets every finished task), and its
-        # default dbm is dbm.dumb on many Pythons: build_rules/journal.py commits per change and
-        # lets one doit at a time work on a repo.
-        "backend": "build_rules_journal",
-        "dep_file": f"{STATE_DIR}/doit.json",
-        "reporter": SummaryReporter,
-        "verbosity": 0,
-        "sort": "definition",  # `doit list` in pipeline order
-    }
-

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 
-from . import context_size, layout
-from .config import Graph, Model
-from .project import in_process_stage, project, quantized_variants, stage_task, task_key, variant_builds
+from .. import context_size, layout
+from ..config import Graph, Model
+from ..project import in_process_stage, project, quantized_variants, stage_task, task_key, variant_builds
 
 
 def parts(model: Model, graph: Graph) -> int | None:

@@ -16,28 +16,17 @@ other flow re-runs exactly these.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from .. import aimet_tasks, layout
+from .. import layout, stage_table
 from ..config import gate_dicts
 from ..project import (calibration_files, checkpoint_files, chip_params, in_process_stage, model_data, project, rel,
-                       tool_version, variant_builds)
+                       variant_builds)
 from ..hashing import TaskKey
 from ..runner import run_stage
-from . import qairt
-
-# Bump a stage's number when its output for the same inputs changes.
-STAGE_VERSIONS = {"convert": 2, "quantize": 1, "model_libs": 1, "htp_config": 1, "compile": 2, "check": 2,
-                  "package": 2, "shared_context": 1}
-# The stage module each task runs, per flow where the flows differ.
-STAGE_MODULES = {"convert": {"model-lib": "convert", "dlc": "dlc_convert"}, "quantize": "dlc_quantize",
-                 "model_libs": "model_libs", "compile": "context_binary", "check": "qairt_check",
-                 "shared_context": "qairt_shared_context"}
-STAGE_TOOLS = {"convert": ("numpy", "onnx"), "quantize": ("numpy",), "check": ("numpy", "onnxruntime")}
-
-
-
+from ..toolchains import qairt
+from ..tool_versions import tool_version
+from . import aimet as aimet_tasks
 
 def flow() -> str:
     return project().toolchain["flow"]
@@ -51,15 +40,14 @@ LOCATION_PARAMS = ("sdk", "runtime_libs")
 def _key(stage: str, params: dict) -> TaskKey:
     if stage != "htp_config":
         params = {k: v for k, v in params.items() if k not in LOCATION_PARAMS}
-    return TaskKey({"stage": f"qairt-{stage}", "version": STAGE_VERSIONS[stage], "params": params,
-                    "tools": {t: tool_version(t) for t in STAGE_TOOLS.get(stage, ())},
-                    "toolchain": project().toolchain})
+    worker = stage_table.worker(stage, "qairt", flow())  # its key's stage name, version and tools
+    return TaskKey({"stage": worker.key, "version": worker.version, "params": params,
+                    "tools": {t: tool_version(t) for t in worker.tools}, "toolchain": project().toolchain})
 
 
 def _stage_task(stage: str, name: str, params: dict, file_dep: list[str], targets: list[str], log: str) -> dict:
     params = dict(params, name=f"{stage}:{name}")
-    module = STAGE_MODULES[stage]
-    module = module[flow()] if isinstance(module, dict) else module
+    module = stage_table.worker(stage, "qairt", flow()).module
     return {"name": name, "actions": [(run_stage, [module, params, targets, log])],
             "file_dep": list(file_dep), "targets": targets, "uptodate": [_key(stage, params)], "clean": True}
 
@@ -196,15 +184,6 @@ def _model_libs_tasks():
                           layout.variant_file(m, v, g, ".model_libs.log"))
 
 
-def write_htp_config(params: dict) -> None:
-    """doit action (in-process, it only writes two small JSON files)."""
-    from ..files import atomic_write_text
-    sdk = qairt.Sdk(Path(params["sdk"]))
-    extensions, config = qairt.htp_config_files(sdk, params["graph_name"], params["chip"], params["config_abs"])
-    atomic_write_text(params["outputs"]["config"], json.dumps(config, indent=4) + "\n")
-    atomic_write_text(params["outputs"]["extensions"], json.dumps(extensions, indent=4) + "\n")
-
-
 def htp_config():
     yield _group("6 HTP config: htp_backend_extensions.json + htp_config.json per graph, variant and chip")
     sdk = qairt.find_sdk()
@@ -214,7 +193,7 @@ def htp_config():
                   "chip": chip_params(chip), "config_abs": str(Path(config).absolute()),
                   "outputs": {"extensions": extensions, "config": config}}
         yield {"name": f"{model.name}/{graph.name}/{variant.name}@{chip.name}",
-               "actions": [(write_htp_config, [params])], "file_dep": [], "targets": [extensions, config],
+               "actions": [(in_process_stage, ["htp_config", params])], "file_dep": [], "targets": [extensions, config],
                "uptodate": [_key("htp_config", params)], "clean": True}
 
 
@@ -323,29 +302,3 @@ def _shared_context_tasks():
                 yield _stage_task("shared_context", f"{m}/{name}/{v}@{c}", params,
                                   [f for files in graphs.values() for f in files.values()], list(outputs.values()),
                                   f"{folder}/{name}.log")
-
-
-# quantize is ort-qnn's (a QDQ model) under ort-qnn, qairt-quantizer's in the DLC flow, absent in the model-lib flow
-# (qnn-onnx-converter quantizes); model_libs exists in the model-lib flow only.
-STAGES = {"quantize": quantize, "convert": convert, "model_libs": model_libs, "htp_config": htp_config,
-          "compile": compile, "check": check, "package": package, "shared_context": shared_context}
-
-
-def notes() -> list[str]:
-    """Shown under the build summary."""
-    found = []
-    try:
-        current = flow()
-        sdk = qairt.find_sdk()
-    except qairt.SdkError:
-        return found
-    if current == "model-lib" and not qairt.ndk_build():
-        found.append("qairt: no ndk-build on PATH, so model libs were built for x86_64-linux-clang only "
-                     "(no aarch64-android lib<graph>.so); put the Android NDK on PATH to build them")
-    if sdk.net_run is None:
-        found.append(f"qairt: check did not run the binaries: no {sdk.tool('qnn-net-run')} "
-                     "(check.json and manifest.json say \"not run\")")
-    ident = project().toolchain
-    if ident.get("build_id") is None:
-        found.append(f"qairt: {ident.get('build_id_note', 'no HTP build id')}")
-    return found

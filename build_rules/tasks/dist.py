@@ -9,9 +9,10 @@ light, like tasks.py.
 """
 from __future__ import annotations
 
-from . import layout, split_tasks
-from .project import chip_params, compile_input, project, rel, stage_task, variant_builds
-from .runner import run_stage
+from .. import layout
+from ..project import chip_params, compile_input, project, rel, stage_task, variant_builds
+from ..runner import run_stage
+from . import split as split_tasks
 
 
 def _multi_soc_chips(model, variant):
@@ -53,7 +54,7 @@ def shared_folder(model, variant, chip) -> str:
 def shared_context_tasks():
     """[model] share_weights: per group, variant and chip one context binary holding the group's graphs."""
     if project().toolchain["name"] != "ort-qnn":
-        return  # the qairt DLC flow: toolchains/qairt_tasks.py
+        return  # the qairt DLC flow: tasks/qairt.py
     for model in project().models:
         for group in model.share_weights:
             name = "+".join(group)
@@ -94,7 +95,7 @@ def dist_tasks():
                             for u in split_tasks.units(model, graph)]}
                 runtime = {}
                 if not ort:
-                    from .toolchains import qairt
+                    from ..toolchains import qairt
                     runtime = {name: f"{layout.runtime_dir(m, vn, c)}/{name}"
                                for name in qairt.find_sdk().runtime_libs(chip.dsp_arch)}
                 manifest = layout.chip_file(m, vn, c, "manifest.json")

@@ -30,7 +30,7 @@ class SwitchModel:
         import onnx
         from onnx import helper, numpy_helper
 
-        from ..toolchains import ort_qnn
+        from ...toolchains import ort_qnn
 
         self.c = c
         self.evaluations = 0
@@ -95,8 +95,8 @@ class SwitchModel:
         quantizer adds, Candidates.effective), on the CPU, on the tuning samples."""
         import numpy as np
 
-        from .check import measure, summarize
-        from .common import compare
+        from ..check import measure, summarize
+        from ...samples import compare
 
         key = frozenset(t for t in self.c.effective(sixteen) if t in self.switches)
         if key in self._memo:
@@ -123,7 +123,7 @@ def costs(switched: SwitchModel, tensors: list[str]) -> dict[str, dict]:
     when only it is left at 8 bit). A tensor whose neighbours make it 16 bit anyway (Candidates.effective) costs 0
     without a run: in the graphs tried, all but the first tensor after an input. None: no switch (not quantized
     as one Q/DQ pair)."""
-    from .sensitivity import _delta
+    from .precision import delta_db
     c = switched.c
     everything = set(tensors)
     top, base = switched.measure(everything), switched.measure(set())
@@ -134,9 +134,9 @@ def costs(switched: SwitchModel, tensors: list[str]) -> dict[str, dict]:
             out[t] = {"cpu_cost_db": None, "cpu_gain_db": None}
             continue
         covered = c.effective(everything - {t}) == all_16
-        cost = 0.0 if covered else _delta(top["sqnr"], switched.measure(everything - {t})["sqnr"])
+        cost = 0.0 if covered else delta_db(top["sqnr"], switched.measure(everything - {t})["sqnr"])
         out[t] = {"cpu_cost_db": round(cost, 3),
-                  "cpu_gain_db": round(_delta(switched.measure({t})["sqnr"], base["sqnr"]), 3)}
+                  "cpu_gain_db": round(delta_db(switched.measure({t})["sqnr"], base["sqnr"]), 3)}
     return out
 
 

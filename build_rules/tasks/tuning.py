@@ -4,11 +4,12 @@ task_report / task_sensitivity / task_tune creators call these. Loaded with the 
 """
 from __future__ import annotations
 
-from . import aimet_tasks, layout, split_tasks
-from .config import Chip, Graph, Model, Tuning, Variant, gate_dicts
-from .hashing import OptionalFiles
-from .project import (chip_params, model_data, hook_files, model_graphs, project, ranges_file,
-                      rel, stage_task, variant_builds)
+from .. import layout
+from ..config import Chip, Graph, Model, Tuning, Variant, gate_dicts
+from ..hashing import OptionalFiles
+from ..project import (chip_params, model_data, hook_files, model_graphs, project, ranges_file,
+                       rel, stage_task, variant_builds)
+from . import aimet as aimet_tasks, split as split_tasks
 
 
 def report_tasks():

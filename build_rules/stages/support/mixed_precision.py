@@ -25,8 +25,8 @@ Two methods ([tuning] search):
 """
 from __future__ import annotations
 
-from .. import gates
-from ..errors import BuildError
+from ... import gates
+from ...errors import BuildError
 from .precision import Candidates, clean, describe, meets
 from .precision import search as search_full
 
@@ -53,7 +53,7 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
     if method not in SEARCHES:
         raise ValueError(f"unknown search {method!r}; expected one of {', '.join(SEARCHES)}")
     c = candidates or Candidates(graph, chip, samples, hooks, data_dir)
-    from .. import progress
+    from ... import progress
     progress.watch(lambda: c.evaluations, f"emulator measurements for {name}")  # a search: no total known ahead
     base = c.measure(set(), full=True)
     result = {"target": target, "search": method, "candidates": len(c.candidates), "base": clean(base),
@@ -103,12 +103,12 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
 
 def _order(c: Candidates, hooks: str, sensitivity: str | None, method: str, log):
     """(candidates, most important first; where the order came from; the CPU model if one was built)."""
-    from .sensitivity import saved_ranking
+    from ..sensitivity import saved_ranking
     saved = saved_ranking(c, hooks, sensitivity)
     if saved:
         return saved, sensitivity, None
     if method == "exhaustive":
-        from .sensitivity import emulator_cost_ranking
+        from ..sensitivity import emulator_cost_ranking
         return emulator_cost_ranking(c), "measured (cost only, on the emulator)", None
     from . import cpu_ranking
     cpu = cpu_ranking.SwitchModel(c)

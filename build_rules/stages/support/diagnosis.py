@@ -5,7 +5,18 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .diagnose import AMPLIFY_SMALL, DROP_DB, FLOOR_DB, HTP_WORSE_DB, MAX_LISTED, OWN_DROP_DB, WIDESPREAD
+
+# A tensor "drops" where its SQNR is below the floor of the variant's activation bits (16-bit activations: 8-bit
+# weights keep a Conv's output near 35-40 dB) and it loses at least DROP_DB itself, from the worst tensor it is
+# computed from: a curve that only declines a few dB an op has no first drop, the error builds up.
+FLOOR_DB = {8: 20.0, 16: 30.0, "fp16": 40.0}
+DROP_DB = 6.0
+AMPLIFY_SMALL = {"Log", "Div", "Reciprocal", "Pow", "Sqrt"}  # ops whose output error grows as their input nears 0
+WIDESPREAD = 0.25  # more than this share of the tensors below the floor: a variant-wide problem, not a few tensors
+CAP_DB = 100.0  # SQNR of identical tensors (inf), for curves and arithmetic
+OWN_DROP_DB = 3.0  # a tensor below the floor that loses at least this much itself (not only inherited) needs a fix
+MAX_LISTED = 24  # tensors in the suggested overrides line
+HTP_WORSE_DB = 6.0  # the binary this much farther from float than the CPU QDQ model: an HTP-only loss
 
 SUBSET_MISS_DB = 3.0  # an output this much worse over check's whole set than on the diagnosed samples
 
@@ -29,7 +40,7 @@ def _subset_missed(result: dict, params: dict) -> list[str]:
     """A line when an output is >= SUBSET_MISS_DB worse over check's whole evaluation set than on these samples: the
     drops below were looked for where the binary does well (a new user's GRU cell: cosine 0.99999 on 4 samples,
     0.9956 over 12)."""
-    from ..diagnose_tasks import SAMPLES_ENV
+    from ...tasks.diagnose import SAMPLES_ENV
     check = result.get("check") or {}
     worse = [(name, check["outputs"][name], here) for name, here in result["final"].items()
              if name in check.get("outputs", {}) and check["outputs"][name]["sqnr"] < here["sqnr"] - SUBSET_MISS_DB]

@@ -19,11 +19,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import gates
-from ..files import atomic_write_json, atomic_write_text
+from ... import gates
+from ...aimet_techniques import PARAMS as TECHNIQUE_PARAMS
+from ...dtypes import TYPES
+from ...files import atomic_write_json, atomic_write_text
 from .precision import Candidates, clean, meets
 
-AIMET_WEIGHTS = {"uint8": "int8", "int8": "int8", "uint16": "int8", "int4": "int4"}
+# The weight type an AIMET rung uses for a variant's weights (dtypes.py: AIMET's HTP configs take signed <= 8 bit).
+AIMET_WEIGHTS = {t.name: t.aimet_weight for t in TYPES if t.weight}
 
 
 def rungs(variant: dict) -> list[dict]:
@@ -64,7 +67,7 @@ class Ladder:
         return next(g for g in self.params["graphs"] if g["name"] == name)
 
     def quantize(self, rung: dict, graph: dict) -> Path:
-        from ..toolchains import ort_qnn
+        from ...toolchains import ort_qnn
         v = graph["variant"]
         folder = self.work / rung["name"]
         folder.mkdir(exist_ok=True)
@@ -75,10 +78,10 @@ class Ladder:
                              overrides=v.get("overrides"), node_overrides=v.get("node_overrides"),
                              ranges=graph["ranges"])
         else:
-            from . import aimet
+            from .. import aimet
             settings = dict(v, weights=rung["weights"], activations=rung["activations"], quantizer="aimet",
                             techniques=rung["techniques"], calibration_method="minmax",
-                            technique_params={"seq_mse": {"candidates": 20}})
+                            technique_params={"seq_mse": dict(TECHNIQUE_PARAMS["seq_mse"])})
             calibration = graph["calibration"]
             aimet.quantize({"name": f"{self.params['name']} {rung['name']}", "onnx": graph["onnx"],
                             "input_list": calibration["input_list"], "inputs": calibration["inputs"],
@@ -88,7 +91,7 @@ class Ladder:
         return path
 
     def size(self, path: Path, graph: str) -> int:
-        from ..toolchains import ort_qnn
+        from ...toolchains import ort_qnn
         chip = self.params["chip"]
         result = ort_qnn.compile_context_binary(path, path.parent / f"{graph}.ctx", graph, soc_model=chip["soc_id"],
                                                 vtcm_mb=chip["vtcm_mb"], fp16=False)
@@ -96,8 +99,8 @@ class Ladder:
 
     def measure(self, path: Path, graph: str, full: bool) -> dict:
         """The graph's summary metrics for a QDQ model on the emulator (as Candidates.measure does for its own)."""
-        from .check import measure, summarize
-        from .common import compare
+        from ..check import measure, summarize
+        from ...samples import compare
         c = self.candidates[graph]
         started = time.perf_counter()
         indices = list(range(len(c.inputs))) if full else c.subset

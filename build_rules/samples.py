@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BuildError
+from .errors import BuildError
 
 
 def load_hooks(path: str, data_dir: str | None = None, checkpoints: list[str] | None = None):
