@@ -101,6 +101,8 @@ def dist_tasks():
                 chips[c] = {"manifest": manifest, "graphs": built, "runtime": runtime,
                             "chip": {**chip_params(chip), "marketing_name": chip.marketing_name}}
                 deps += [manifest, *runtime.values()] + [f for files in built.values() for f in _files(files)]
+                from .device import results as device_results  # issue 29: index.json lists the device checks
+                deps += device_results.result_files(layout.chip_dir(m, vn, c), model.graphs)
                 needs.append(f"package:{m}/{vn}@{c}")
             if not chips:
                 continue

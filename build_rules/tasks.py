@@ -11,7 +11,8 @@ import functools
 import os
 import sys
 
-from . import aimet_tasks, collector, diagnose_tasks, dist_tasks, interrupt, layout, split_tasks, tuning_tasks
+from . import (aimet_tasks, collector, device_tasks, diagnose_tasks, dist_tasks, interrupt, layout, split_tasks,
+               tuning_tasks)
 from .config import ConfigError, Model, gate_dicts
 from .hashing import ContentChecker, use_key_digests, use_stat_cache
 from .project import (STATE_DIR, chip_params, calibration_files, checkpoint_files, model_data,
@@ -25,7 +26,7 @@ __all__ = ["doit_config", "task_data", "task_export", "task_simplify", "task_ver
            "task_calibrate", "task_calibration_stats", "task_quantize", "task_aimet", "task_fp16_lint", "task_convert",
            "task_model_libs", "task_htp_config", "task_compile", "task_check", "task_evaluate", "task_package",
            "task_report", "task_sensitivity", "task_tune", "task_diagnose", "task_multi_soc", "task_shared_context",
-           "task_dist", "task_chips", "task_models"]
+           "task_dist", "task_device_check", "task_profile", "task_power", "task_chips", "task_models"]
 
 
 def _toolchain_stage(stage: str):
@@ -481,6 +482,23 @@ def _shared_context_tasks():
 def task_dist():
     """13 dist: a device bundle per variant (index, checksums, licences; contract checked) + reproducible .tar.gz"""
     return dist_tasks.dist_tasks()
+
+
+# --- on the phone (issue 29; not default tasks; generators in device_tasks.py, actions in device/) -------------
+
+def task_device_check():
+    """14 device_check: [devices.<name>] in devices.toml: the binary on the phone's NPU, judged by the graph's gates"""
+    return device_tasks.device_check_tasks()
+
+
+def task_profile():
+    """14b profile: on the phone: context load, first and steady-state latency (qnn-profile-viewer), vs CPU"""
+    return device_tasks.profile_tasks()
+
+
+def task_power():
+    """14c power: on the phone: NPU then CPU loops, CPU share and battery drain (BUILD_RULES_POWER_SECONDS)"""
+    return device_tasks.power_tasks()
 
 
 # --- groups -------------------------------------------------------------------------------------

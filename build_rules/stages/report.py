@@ -64,6 +64,8 @@ def run(params: dict) -> dict:
                      "measured_by": source, "float_ops": compiled.get("float_ops")})
     report = {"model": params["model"], "toolchain": params["toolchain"], "variants": params["variants"],
               "cells": rows, "evaluate": evaluations(params.get("evaluations", {})), "quantizers": quantizers(params)}
+    from ..device import results as device_results  # issue 29: the phones' device checks beside the emulator
+    report["devices"] = device_results.report_rows(params["cells"], rows)
     atomic_write_json(params["outputs"]["json"], report)
     atomic_write_text(params["outputs"]["markdown"], markdown(report))
     plot(report, params["outputs"]["png"])
@@ -189,6 +191,8 @@ def markdown(report: dict) -> str:
             gate = "–" if not value.get("gates") or value.get("passed") is None else \
                 ("pass" if value["passed"] else f"**FAIL** ({value.get('error', '').split(': ', 1)[-1]})")
             lines.append(f"| {name} | {json.dumps(value.get('summary', value.get('metrics', value)))[:200]} | {gate} |")
+    from ..device import results as device_results  # issue 29: "On phones" table (empty without device checks)
+    lines += device_results.markdown(report)
     lines += ["", "## Variants", ""]
     for name, settings in report["variants"].items():
         lines.append(f"- **{name}**: " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in settings.items()
