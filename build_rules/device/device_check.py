@@ -33,7 +33,7 @@ def run(params: dict):
     try:
         check(params)
     except (DeviceError, BuildError) as e:
-        return TaskFailed(str(e))
+        return TaskFailed(str(e) if str(e).startswith(params["name"]) else f"{params['name']}: {e}")
     return True
 
 

@@ -32,7 +32,7 @@ def run(params: dict):
     try:
         power(params)
     except (DeviceError, BuildError) as e:
-        return TaskFailed(str(e))
+        return TaskFailed(str(e) if str(e).startswith(params["name"]) else f"{params['name']}: {e}")
     return True
 
 
@@ -100,19 +100,19 @@ def power(params: dict) -> dict:
                                                      f"nohup {REMOTE_ROOT}/runtime/qnn-net-run ", 1)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     phone.adb.shell("dumpsys battery unplug")
+    failure = None
     try:
         npu = loop(phone.adb, command, params["seconds"], params["sample_seconds"])
         cpu_lib = Path(params["cpu_model_lib"])
         cpu = {"measured": False, "reason": f"no aarch64 model library of the float graph ({cpu_lib} is missing): "
                                             "QNN's CPU backend runs model libraries, not context binaries"}
-    finally:
-        try:
-            phone.adb.shell("dumpsys battery reset")
-            print(f"{phone.adb.name}: battery state restored (dumpsys battery reset)", flush=True)
-        except DeviceError as e:
-            print(f"warning: could not restore the battery state of {phone.adb.name}: {e}; run `adb -s "
-                  f"{phone.adb.serial} shell dumpsys battery reset` when it is back", flush=True)
+    except DeviceError as e:
+        failure = e
+    finally:  # also on Ctrl-C / SIGTERM (KeyboardInterrupt passes through here)
+        restored = _restore(phone.adb)
         signal.signal(signal.SIGTERM, previous)
+    if failure is not None:
+        raise DeviceError(f"{failure}; {restored}") from None
     record = {"device": params["device"]["name"], "phone_model": phone.product, "fingerprint": phone.fingerprint,
               "chip": params["chip"]["name"], "variant": params["variant"], "graph": params["graph"],
               "seconds_per_path": params["seconds"], "npu": npu, "cpu": cpu, "hold_fixed": HOLD_FIXED}
@@ -121,6 +121,18 @@ def power(params: dict) -> dict:
           f"{npu['cpu_percent_mean'] or 0:.1f} %; CPU path: {cpu.get('reason', '')}\nhold fixed: " + "; ".join(HOLD_FIXED),
           flush=True)
     return record
+
+
+def _restore(phone) -> str:
+    try:
+        phone.shell("dumpsys battery reset")
+    except DeviceError as e:
+        text = (f"the battery state was NOT restored ({e}): run `adb -s {phone.serial} shell dumpsys battery reset` "
+                "when the phone is back")
+    else:
+        text = "the battery state was restored (dumpsys battery reset)"
+    print(f"{phone.name}: {text}", flush=True)
+    return text
 
 
 def _interrupt(signum, frame):

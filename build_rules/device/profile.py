@@ -32,7 +32,7 @@ def run(params: dict):
     try:
         profile(params)
     except (DeviceError, BuildError) as e:
-        return TaskFailed(str(e))
+        return TaskFailed(str(e) if str(e).startswith(params["name"]) else f"{params['name']}: {e}")
     return True
 
 
