@@ -193,6 +193,7 @@ def test_profile_reads_back_latencies_and_says_why_no_cpu_baseline(phone_env, mo
     for t in record["graphs"].values():
         assert t["runs"] == 6 and t["warmup"] == 3
         assert 0 < t["median_ms"] <= t["p90_ms"] and t["load_ms"] > 0 and t["first_ms"] > 0
+        assert 0 < t["accelerator_median_ms"] <= t["median_ms"]  # QNN's own rows, from the emulator's profiling
         assert t["cpu"]["measured"] is False and "QNN's CPU backend runs model libraries" in t["cpu"]["reason"]
     runs = _net_runs(phone_env.calls())
     assert len(runs) == 2 and all("--perf_profile burst --profiling_level basic --num_inferences 9" in c for c in runs)

@@ -1,8 +1,9 @@
 """profile:<model>/<variant>@<device>: per graph, qnn-net-run on the phone's NPU with QNN's profiling on
 (`--profiling_level basic`, `--perf_profile burst` by default), `--num_inferences` warm-up + N runs over the
 evaluation inputs; the profile log (<output_dir>/qnn-profiling-data_0.log) is pulled and read back on the host with
-the SDK's qnn-profile-viewer (`--input_log LOG --output profile.csv`). From the CSV's per-event rows: context load
-(Init), first inference, steady-state median and p90 (after the warm-up), and the accelerator cycles of each run.
+the SDK's qnn-profile-viewer (`--input_log LOG --output profile.csv`). From the CSV's per-event rows (timings()):
+context load, first inference, steady-state median and p90 after the warm-up, the accelerator's share, and at
+`detailed` its cycles.
 
 CPU baseline (seed step 0): QNN's CPU backend (libQnnCpu.so) runs a model library, not a context binary; the
 ort-qnn toolchain makes no aarch64 model library of the float graph, so without one the result says that it was not
@@ -42,23 +43,30 @@ def read_csv(path: Path) -> list[dict]:
 
 
 def timings(rows: list[dict], warmup: int) -> dict:
-    """Milliseconds from qnn-profile-viewer's CSV rows (Message, Time, Unit of Measurement, Timing Source)."""
-    def value(row):
+    """Milliseconds from qnn-profile-viewer's CSV rows (Message, Time, Unit of Measurement, Timing Source, Event
+    Identifier): the HTP backend's "QNN (load binary) time" (context load) and one "QNN (execute) time" per
+    inference; "Accelerator (execute) time" per run, and its cycles at `detailed`."""
+    def ms(row):
         scale = {"US": 1e-3, "MS": 1.0, "NS": 1e-6}.get(row["Unit of Measurement"].upper())
         return None if scale is None else float(row["Time"]) * scale
 
-    init = [value(r) for r in rows if r["Message"] == "Init" and r["Timing Source"] == "NETRUN"]
-    runs = [value(r) for r in rows if r["Message"] == "Execute" and r["Timing Source"] == "NETRUN"]
-    cycles = [float(r["Time"]) for r in rows if r["Unit of Measurement"].upper() == "CYCLES"
-              and "execute" in r["Message"].lower()]
-    if not init or not runs:
-        raise DeviceError("qnn-profile-viewer's CSV has no NETRUN Init/Execute rows (profiling off on the phone?)")
+    def event(name):
+        return [r for r in rows if r.get("Event Identifier") == name]
+
+    load = [ms(r) for r in event("QNN (load binary) time")]
+    runs = [ms(r) for r in event("QNN (execute) time")]
+    accelerator = [ms(r) for r in event("Accelerator (execute) time")]
+    cycles = [float(r["Time"]) for r in event("Accelerator (execute) time (cycles)")]
+    if not load or not runs:
+        raise DeviceError("qnn-profile-viewer's CSV has no 'QNN (load binary) time' / 'QNN (execute) time' rows "
+                          "(profiling off on the phone?)")
     steady = runs[warmup:] or runs
     ordered = sorted(steady)
-    return {"load_ms": init[0], "first_ms": runs[0], "median_ms": statistics.median(steady),
+    return {"load_ms": load[0], "first_ms": runs[0], "median_ms": statistics.median(steady),
             "p90_ms": ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))],
             "runs": len(steady), "warmup": len(runs) - len(steady),
-            "accelerator_cycles_median": statistics.median(cycles) if cycles else None}
+            "accelerator_median_ms": statistics.median(accelerator[warmup:] or accelerator) if accelerator else None,
+            "accelerator_cycles_median": statistics.median(cycles[warmup:] or cycles) if cycles else None}
 
 
 def profile(params: dict) -> dict:

@@ -10,8 +10,9 @@ a binary compiled for the phone's Hexagon arch. It then runs the binary on the x
 float32 raw inputs quantized with the binary's encodings, float32 outputs Result_<n>/<tensor>.raw dequantized (the
 real tool's defaults). The binary's I/O contract, which the real tool reads from the binary with libQnnSystem, is
 read from the <graph>_ctx.onnx beside the identical .bin in the host repo (phone.json host_repo): the stand-in's only
-knowledge from outside the phone. With --profiling_level it writes <output_dir>/qnn-profiling-data_0.log (a stand-in
-format: JSON lines, read by profile_viewer.py), timed on this x86 machine.
+knowledge from outside the phone. With --profiling_level it turns on QNN's own profiling in the emulator and writes
+QNN's binary profiling log as <output_dir>/qnn-profiling-data_0.log; the CSV QNN wrote with it is kept for the
+stand-in qnn-profile-viewer (profile_viewer.py). The times are the x86 emulator's, not a phone's.
 """
 from __future__ import annotations
 
@@ -129,13 +130,11 @@ def _main(argv: list[str]) -> int:
     inputs = _read_list(fs, cwd, args, contract)
     import numpy as np
     with tempfile.TemporaryDirectory(prefix="fake-net-run-") as tmp:
-        started = time.perf_counter()
         wrapper = dist._bare_binary_model(ctx, binary, contract, Path(tmp))
-        run = ort_qnn.open_context_binary(wrapper)
-        init_us = (time.perf_counter() - started) * 1e6
+        profile_csv = Path(tmp) / "profile.csv"
+        run, close = _session(wrapper, args.profiling_level, profile_csv)
         output_dir = _host(fs, cwd, args.output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
-        events = [{"event": "Init", "us": init_us}]
         count = args.num_inferences or len(inputs)
         deadline = time.monotonic() + args.duration if args.duration is not None else None
         index = 0
@@ -143,9 +142,7 @@ def _main(argv: list[str]) -> int:
             sample = inputs[index % len(inputs)]
             feed = {t["name"]: (sample[t["name"]] if args.use_native_input_files else dist.quantize(sample[t["name"]], t))
                     for t in contract["inputs"]}
-            started = time.perf_counter()
             raw = run(feed)
-            events.append({"event": "Execute", "us": (time.perf_counter() - started) * 1e6})
             keep = args.keep_num_outputs if args.keep_num_outputs is not None else len(inputs)
             if index < min(keep, len(inputs)):
                 folder = output_dir / f"Result_{index}"
@@ -156,15 +153,46 @@ def _main(argv: list[str]) -> int:
                         value = dist.dequantize(value, t).astype(np.float32)
                     np.ascontiguousarray(value).tofile(folder / f"{t['qnn_name']}.raw")
             index += 1
+        close()  # QNN writes its profile when the session ends
         if args.profiling_level:
-            with open(output_dir / "qnn-profiling-data_0.log", "w") as log:
-                log.write(json.dumps({"stand_in": "qnn-net-run", "graph": contract["qnn_graph"],
-                                      "profiling_level": args.profiling_level,
-                                      "perf_profile": args.perf_profile or "default"}) + "\n")
-                for event in events:
-                    log.write(json.dumps(event) + "\n")
+            _keep_profile(profile_csv, output_dir / "qnn-profiling-data_0.log")
     print(f"qnn-net-run (stand-in): {index} inference(s) of {binary.name} on the x86 HTP emulator")
     return 0
+
+
+def _session(model: Path, level: str | None, csv_path: Path):
+    """The binary on the HTP emulator; with a profiling level, QNN's own profiling on (basic / detailed), which
+    writes csv_path and, from QNN 2.39 (QAIRT API >= 2.29), <csv stem>_qnn.log: QNN's binary profiling log, the
+    file qnn-profile-viewer reads."""
+    from build_rules.toolchains import ort_qnn
+    ort = ort_qnn._ort()
+    options = {"backend_type": "htp"}
+    if level:
+        options.update(profiling_level="detailed" if level == "detailed" else "basic",
+                       profiling_file_path=str(csv_path))
+    session = ort.InferenceSession(str(model), sess_options=ort_qnn._qnn_session_options(ort, options))
+    session.disable_fallback()
+    names = [o.name for o in session.get_outputs()]
+    holder = [session]
+
+    def close():
+        holder.clear()  # the last reference: the session ends and QNN writes the profile
+        import gc
+        gc.collect()
+    return (lambda feed: dict(zip(names, holder[0].run(names, feed)))), close
+
+
+def _keep_profile(csv_path: Path, log: Path) -> None:
+    """The log the phone keeps is QNN's own binary log; the CSV QNN wrote beside it is filed under the log's sha256 in
+    the phone's folder, where the stand-in qnn-profile-viewer (which cannot parse the binary format) finds it."""
+    import shutil
+    binary_log = csv_path.with_name(csv_path.stem + "_qnn.log")
+    if not binary_log.is_file() or not csv_path.is_file():
+        raise Fail(f"[ ERROR ] stand-in: QNN wrote no profile ({sorted(p.name for p in csv_path.parent.iterdir())})")
+    shutil.copyfile(binary_log, log)
+    store = Path(os.environ["FAKE_PHONE_DIR"]) / "profiles"
+    store.mkdir(exist_ok=True)
+    shutil.copyfile(csv_path, store / f"{hashlib.sha256(log.read_bytes()).hexdigest()}.csv")
 
 
 def _read_list(fs: Path, cwd: str, args, contract: dict) -> list[dict]:
