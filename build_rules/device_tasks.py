@@ -51,8 +51,7 @@ def _builds_on(device):
 
 
 def device_check_tasks():
-    from .device import device_check
-    if project().toolchain["name"] != "ort-qnn":
+    if not devices() or project().toolchain["name"] != "ort-qnn":
         return  # the I/O contract is read from <graph>_ctx.onnx (docs/device.md: qairt binaries not yet)
     chips = list(project().chips.chips)
     for device in devices().values():
@@ -72,6 +71,7 @@ def device_check_tasks():
                           "chips": chips, "device": _device_params(device), "binary": binary, "ctx_model": ctx,
                           "evaluation": evaluation, "hooks": rel(model.hooks), "gates": gate_dicts(graph.gates),
                           "outputs": {"result": result}, **data_params}
+                from .device import device_check
                 yield {"name": name, "actions": [(device_check.run, [params])],
                        "file_dep": [binary, ctx, evaluation, *hook_files(model), *data_dep], "targets": [result],
                        "uptodate": [False],  # the action keys on the phone's build fingerprint, which needs adb
@@ -80,9 +80,9 @@ def device_check_tasks():
 
 
 def profile_tasks():
-    from .device import profile
-    if project().toolchain["name"] != "ort-qnn":
+    if not devices() or project().toolchain["name"] != "ort-qnn":
         return
+    from .device import profile
     runs = int(os.environ.get(PROFILE_RUNS_ENV, "20"))
     for device in devices().values():
         for model, variant, chip in _builds_on(device):
@@ -107,9 +107,9 @@ def profile_tasks():
 
 
 def power_tasks():
-    from .device import power
-    if project().toolchain["name"] != "ort-qnn":
+    if not devices() or project().toolchain["name"] != "ort-qnn":
         return
+    from .device import power
     seconds = float(os.environ.get(POWER_SECONDS_ENV, "1800"))
     for device in devices().values():
         for model, variant, chip in _builds_on(device):

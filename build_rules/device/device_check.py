@@ -14,7 +14,6 @@ older result, so no file claims what was not measured.
 from __future__ import annotations
 
 import json
-import shlex
 import tempfile
 from pathlib import Path
 
