@@ -85,6 +85,12 @@ def test_device_check_passes_with_the_emulators_numbers_and_pushes_nothing_twice
     assert _pushes(phone_env.calls()) == []  # everything already there, by sha256
     assert _net_runs(phone_env.calls()) == []  # same binary, runtime, phone build: the saved numbers, judged again
     assert json.loads((repo / RESULT).read_text())["summary"] == record["summary"]
+    set_phone(phone_env.folder, **{"ro.build.fingerprint": "samsung/pa1qxxx/pa1q:16/BP2A.250605.031/S931BXXU3BYF1:user/"
+                                                           "release-keys"})  # an OTA update: measured again
+    phone_env.clear()
+    assert run_doit(repo, CHECK).code == 0
+    assert len(_net_runs(phone_env.calls())) == 1 and _pushes(phone_env.calls()) == []
+    assert json.loads((repo / RESULT).read_text())["fingerprint"].startswith("samsung/pa1qxxx/pa1q:16/")
 
 
 def test_device_check_fails_its_gate_with_the_numbers_kept(phone_env):

@@ -38,7 +38,8 @@ def run(params: dict):
 
 def _key(params: dict, phone, identity: dict) -> dict:
     from ..stages.check import hooks_digest
-    return {"version": VERSION, "binary": sha256(params["binary"]), "runtime": identity,
+    runtime = {k: v for k, v in identity.items() if k != "root"}  # where the SDK is unpacked changes nothing
+    return {"version": VERSION, "binary": sha256(params["binary"]), "runtime": runtime,
             "fingerprint": phone.fingerprint, "evaluation": sha256(params["evaluation"]),
             "hooks": hooks_digest(params["hooks"]), "gates": params["gates"]}
 
