@@ -7,6 +7,9 @@ in devices.toml. Loading reads devices.toml only (TOML): `doit list` never calls
 A phone gets the tasks of the variants built for its chip (devices.toml soc = a chips.toml chip). A split graph
 (its parts chain on the host) has no device check yet. The tasks run in doit's process: they wait on adb, and
 power's Ctrl-C handling must restore the phone's battery state itself.
+The tasks declare no doit targets on purpose: the report and dist tasks list the result files as file_dep (a new
+result re-makes them), and doit would otherwise run the phone tasks whose targets they are before every
+`doit report` / `doit dist`. The actions write their results atomically themselves.
 """
 from __future__ import annotations
 
@@ -73,7 +76,7 @@ def device_check_tasks():
                           "outputs": {"result": result}, **data_params}
                 from .device import device_check
                 yield {"name": name, "actions": [(device_check.run, [params])],
-                       "file_dep": [binary, ctx, evaluation, *hook_files(model), *data_dep], "targets": [result],
+                       "file_dep": [binary, ctx, evaluation, *hook_files(model), *data_dep],
                        "uptodate": [False],  # the action keys on the phone's build fingerprint, which needs adb
                        "doc": f"{graph.name} of {model.name}/{variant.name} on {device.name} ({device.soc}) "
                               "vs the float model, by the graph's gates"}
@@ -102,7 +105,7 @@ def profile_tasks():
                                          for g in graphs},
                       "outputs": {"result": result}}
             yield {"name": name, "actions": [(profile.run, [params])],
-                   "file_dep": [f for g in graphs.values() for f in g.values()], "targets": [result],
+                   "file_dep": [f for g in graphs.values() for f in g.values()],
                    "uptodate": [False], "doc": f"{model.name}/{variant.name} latency on {device.name} (NPU vs CPU)"}
 
 
@@ -128,6 +131,6 @@ def power_tasks():
                       "seconds": seconds, "sample_seconds": float(os.environ.get("BUILD_RULES_POWER_SAMPLE", "2")),
                       "outputs": {"result": result}}
             yield {"name": name, "actions": [(power.run, [params])],
-                   "file_dep": [params["binary"], params["ctx_model"], params["evaluation"]], "targets": [result],
+                   "file_dep": [params["binary"], params["ctx_model"], params["evaluation"]],
                    "uptodate": [False], "doc": f"{model.name}/{variant.name} on {device.name}: battery drain and CPU "
                                                f"share over {seconds:g} s per path ({POWER_SECONDS_ENV})"}

@@ -171,8 +171,10 @@ def test_list_command_prints_the_table_to_paste(phone_env):
 def test_report_shows_the_phone_beside_the_emulator_and_dist_lists_it(phone_env):
     repo = phone_env.repo
     assert run_doit(repo, CHECK).code == 0
+    phone_env.clear()
     report = run_doit(repo, "report")
     assert report.code == 0, report.output
+    assert phone_env.calls() == []  # the report reads the result; it never runs the phone task again
     text = (repo / "out/tinynet/report.md").read_text()
     table = text.split("## On phones", 1)[1]
     row = next(line for line in table.splitlines() if line.startswith("| w8a16 | SM8750 | encoder | "))
@@ -184,6 +186,7 @@ def test_report_shows_the_phone_beside_the_emulator_and_dist_lists_it(phone_env)
     assert float(cells[3]) == pytest.approx(float(cells[8]), abs=1e-5)  # emulator beside phone
     dist = run_doit(repo, "dist:tinynet/w8a16")
     assert dist.code == 0, dist.output
+    assert phone_env.calls() == []
     index = json.loads((repo / "out/tinynet/dist/w8a16/index.json").read_text())
     entry = index["chips"]["SM8750"]["device_checks"]["encoder"]["s25"]
     assert entry["passed"] is True and entry["fingerprint"] == record["fingerprint"]
@@ -192,6 +195,7 @@ def test_report_shows_the_phone_beside_the_emulator_and_dist_lists_it(phone_env)
 
 def test_profile_reads_back_latencies_and_says_why_no_cpu_baseline(phone_env, monkeypatch):
     monkeypatch.setenv("BUILD_RULES_PROFILE_RUNS", "6")
+    monkeypatch.setenv("BUILD_RULES_PROFILING_LEVEL", "detailed")
     result = run_doit(phone_env.repo, "profile:tinynet/fp16@s25")
     assert result.code == 0, result.output
     record = json.loads((phone_env.repo / "out/tinynet/fp16/SM8750/profile.s25.json").read_text())
@@ -200,9 +204,18 @@ def test_profile_reads_back_latencies_and_says_why_no_cpu_baseline(phone_env, mo
         assert t["runs"] == 6 and t["warmup"] == 3
         assert 0 < t["median_ms"] <= t["p90_ms"] and t["load_ms"] > 0 and t["first_ms"] > 0
         assert 0 < t["accelerator_median_ms"] <= t["median_ms"]  # QNN's own rows, from the emulator's profiling
+        assert t["accelerator_cycles_median"] > 0 and t["top_ops"]  # detailed: per-op cycles
+        assert all(0 <= op["share"] <= 1 for op in t["top_ops"]) and sum(op["share"] for op in t["top_ops"]) <= 1.01
         assert t["cpu"]["measured"] is False and "QNN's CPU backend runs model libraries" in t["cpu"]["reason"]
     runs = _net_runs(phone_env.calls())
-    assert len(runs) == 2 and all("--perf_profile burst --profiling_level basic --num_inferences 9" in c for c in runs)
+    assert len(runs) == 2 and all("--perf_profile burst --profiling_level detailed --num_inferences 9" in c
+                                  for c in runs)
+    assert run_doit(phone_env.repo, "report").code == 0
+    table = (phone_env.repo / "out/tinynet/report.md").read_text().split("## Latency on phones", 1)[1]
+    row = next(line for line in table.splitlines() if line.startswith("| fp16 | SM8750 | s25 | encoder | burst |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(cells[7]) == pytest.approx(record["graphs"]["encoder"]["median_ms"], rel=1e-3)
+    assert cells[9] == "not measured"
 
 
 def _battery(folder: Path) -> dict:
@@ -223,6 +236,10 @@ def test_power_measures_drain_and_cpu_share_and_resets_the_battery(phone_env, mo
     assert _battery(phone_env.folder)["unplugged"] is False
     shells = [" ".join(c) for c in phone_env.calls() if "shell" in c]
     assert any("dumpsys battery unplug" in s for s in shells) and "dumpsys battery reset" in shells[-1]
+    assert run_doit(phone_env.repo, "report").code == 0
+    table = (phone_env.repo / "out/tinynet/report.md").read_text().split("## Power on phones", 1)[1]
+    assert f"| w8a16 | SM8750 | s25 | NPU | {npu['seconds']:.4g} | " in table
+    assert "| w8a16 | SM8750 | s25 | CPU | not measured |" in table
 
 
 def test_power_restores_the_battery_state_after_a_failure_and_on_ctrl_c(phone_env, monkeypatch):

@@ -62,7 +62,14 @@ def timings(rows: list[dict], warmup: int) -> dict:
                           "(profiling off on the phone?)")
     steady = runs[warmup:] or runs
     ordered = sorted(steady)
-    return {"load_ms": load[0], "first_ms": runs[0], "median_ms": statistics.median(steady),
+    per_op = {}  # at `detailed`: each op's cycles per run ("<op>:OpId_N (cycles)" rows of Message NODE)
+    for row in rows:
+        if row.get("Message") == "NODE" and row["Unit of Measurement"].upper() == "CYCLES":
+            per_op.setdefault(row["Event Identifier"].removesuffix(" (cycles)"), []).append(float(row["Time"]))
+    total = statistics.median(cycles[warmup:] or cycles) if cycles else None
+    ops = sorted(((statistics.median(v[warmup:] or v), op) for op, v in per_op.items()), reverse=True)
+    return {"top_ops": [{"op": op, "cycles": c, "share": c / total if total else None} for c, op in ops[:10]],
+            "load_ms": load[0], "first_ms": runs[0], "median_ms": statistics.median(steady),
             "p90_ms": ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))],
             "runs": len(steady), "warmup": len(runs) - len(steady),
             "accelerator_median_ms": statistics.median(accelerator[warmup:] or accelerator) if accelerator else None,

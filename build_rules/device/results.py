@@ -50,6 +50,65 @@ def markdown(report: dict) -> list[str]:
     return lines
 
 
+def measured_files(chip_dir: str | Path) -> list[str]:
+    """profile.<device>.json and power.<device>.json of a variant's chip folder (the report's file_dep)."""
+    return [str(p) for kind in ("profile", "power") for p in sorted(Path(chip_dir).glob(f"{kind}.*.json"))]
+
+
+def timing_rows(cells: list[dict]) -> list[dict]:
+    """Per variant, chip and phone: profile's latencies per graph and power's drain (when measured)."""
+    import json
+    found, seen = [], set()
+    for cell in cells:
+        chip_dir = Path(cell["check"]).parent
+        if chip_dir in seen:
+            continue
+        seen.add(chip_dir)
+        for path in measured_files(chip_dir):
+            kind, device = Path(path).name.split(".")[:2]
+            try:
+                data = json.loads(Path(path).read_text())
+            except (OSError, ValueError):
+                continue
+            found.append({"kind": kind, "variant": cell["variant"], "chip": cell["chip"], "device": device,
+                          **{k: data.get(k) for k in ("phone_model", "fingerprint", "perf_profile", "graphs", "npu",
+                                                       "cpu", "seconds_per_path", "hold_fixed")}})
+    return found
+
+
+def timing_markdown(report: dict) -> list[str]:
+    rows = report.get("device_timings") or []
+    lines = []
+    profiles = [r for r in rows if r["kind"] == "profile"]
+    if profiles:
+        lines += ["", "## Latency on phones (`doit profile:...`)", "",
+                  "| variant | chip | phone | graph | perf profile | load (ms) | first (ms) | median (ms) | p90 (ms) | "
+                  "CPU baseline |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in profiles:
+            for graph, t in (r.get("graphs") or {}).items():
+                cpu = t.get("cpu") or {}
+                lines.append(f"| {r['variant']} | {r['chip']} | {r['device']} | {graph} | {r.get('perf_profile')} | "
+                             f"{_fmt(t.get('load_ms'))} | {_fmt(t.get('first_ms'))} | {_fmt(t.get('median_ms'))} | "
+                             f"{_fmt(t.get('p90_ms'))} | "
+                             f"{_fmt(cpu.get('median_ms')) if cpu.get('measured') else 'not measured'} |")
+    powers = [r for r in rows if r["kind"] == "power"]
+    if powers:
+        lines += ["", "## Power on phones (`doit power:...`)", "",
+                  "| variant | chip | phone | path | seconds | %/h | mAh/h | process CPU % |", "|---|---|---|---|---|---|---|---|"]
+        for r in powers:
+            for path in ("npu", "cpu"):
+                p = r.get(path) or {}
+                if p.get("measured") is False:
+                    lines.append(f"| {r['variant']} | {r['chip']} | {r['device']} | {path.upper()} | not measured | – | "
+                                 "– | – |")
+                    continue
+                lines.append(f"| {r['variant']} | {r['chip']} | {r['device']} | {path.upper()} | {_fmt(p.get('seconds'))} "
+                             f"| {_fmt(p.get('percent_per_hour'))} | {_fmt(p.get('mah_per_hour'))} | "
+                             f"{_fmt(p.get('cpu_percent_mean'))} |")
+        lines += ["", "Held fixed for these numbers (power): " + "; ".join(powers[0].get("hold_fixed") or [])]
+    return lines
+
+
 def _fmt(value, digits=4) -> str:
     return "–" if value is None else f"{value:.{digits}g}" if isinstance(value, float) else str(value)
 

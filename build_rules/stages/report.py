@@ -66,6 +66,7 @@ def run(params: dict) -> dict:
               "cells": rows, "evaluate": evaluations(params.get("evaluations", {})), "quantizers": quantizers(params)}
     from ..device import results as device_results  # issue 29: the phones' device checks beside the emulator
     report["devices"] = device_results.report_rows(params["cells"], rows)
+    report["device_timings"] = device_results.timing_rows(params["cells"])
     atomic_write_json(params["outputs"]["json"], report)
     atomic_write_text(params["outputs"]["markdown"], markdown(report))
     plot(report, params["outputs"]["png"])
@@ -192,7 +193,7 @@ def markdown(report: dict) -> str:
                 ("pass" if value["passed"] else f"**FAIL** ({value.get('error', '').split(': ', 1)[-1]})")
             lines.append(f"| {name} | {json.dumps(value.get('summary', value.get('metrics', value)))[:200]} | {gate} |")
     from ..device import results as device_results  # issue 29: "On phones" table (empty without device checks)
-    lines += device_results.markdown(report)
+    lines += device_results.markdown(report) + device_results.timing_markdown(report)
     lines += ["", "## Variants", ""]
     for name, settings in report["variants"].items():
         lines.append(f"- **{name}**: " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in settings.items()
