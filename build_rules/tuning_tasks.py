@@ -33,8 +33,8 @@ def report_tasks():
                     file_dep += files if isinstance(files, list) else [files]
         file_dep += [layout.float_file(model.name, g, ".evaluation.npz") for g in model.graphs]
         from .device import results as device_results  # issue 29: a new device check result re-makes the report
-        file_dep += [f for v, c in variant_builds(model) for chip_dir in [layout.chip_dir(model.name, v.name, c.name)]
-                     for f in device_results.result_files(chip_dir, model.graphs) + device_results.measured_files(chip_dir)]
+        file_dep += [f for v, c in variant_builds(model)
+                     for f in device_results.report_files(layout.chip_dir(model.name, v.name, c.name), model.graphs)]
         evaluations = {f"{v.name}@{c.name}": layout.chip_file(model.name, v.name, c.name, "evaluate.json")
                        for v, c in variant_builds(model)} if model.evaluate else {}
         outputs = {"markdown": layout.report_file(model.name, ".md"), "png": layout.report_file(model.name, ".png"),

@@ -13,6 +13,11 @@ def result_files(chip_dir: str | Path, graphs) -> list[str]:
     return [str(p) for g in graphs for p in sorted(Path(chip_dir).glob(f"{g}.device.*.json"))]
 
 
+def report_files(chip_dir: str | Path, graphs) -> list[str]:
+    """Every device result the report shows, of one variant's chip folder (device checks, profile, power)."""
+    return result_files(chip_dir, graphs) + measured_files(chip_dir)
+
+
 def _brief(result: dict) -> dict:
     return {"phone_model": result.get("phone_model"), "fingerprint": result.get("fingerprint"),
             "runtime": result.get("runtime"), "binary_sha256": result.get("binary_sha256"),
