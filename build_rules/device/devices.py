@@ -59,7 +59,8 @@ def load_devices(path: Path, chips: dict) -> dict[str, Device]:
             raise DeviceError(f"{where}: unknown key(s) {sorted(extra)} (known: serial, soc, model, fingerprint)")
         for key in ("serial", "soc"):
             if not isinstance(entry.get(key), str) or not entry[key]:
-                raise DeviceError(f"{where}: {key} is missing (a string; `python -m build_rules.device list` prints it)")
+                raise DeviceError(f"{where}: {key} is missing (a string; `python -m build_rules.device list` "
+                                  "prints it)")
         if entry["soc"] not in chips:
             raise DeviceError(f"{where}: soc = {entry['soc']!r} (the phone's ro.soc.model) maps to no chip in "
                               f"chips.toml (chips: {', '.join(chips)}); add [chips.{entry['soc']}] with its soc_id and "

@@ -77,7 +77,8 @@ def loop(phone, command: str, seconds: float, every: float) -> dict:
     return {"seconds": round(after["time"] - before["time"], 2), "cpu_percent_samples": samples,
             "cpu_percent_mean": cpu, "battery_before": before, "battery_after": after,
             "percent_per_hour": (before["level"] - after["level"]) / hours if hours else None,
-            "mah_per_hour": (before["charge_counter_uah"] - after["charge_counter_uah"]) / 1000 / hours if hours else None}
+            "mah_per_hour": ((before["charge_counter_uah"] - after["charge_counter_uah"]) / 1000 / hours
+                             if hours else None)}
 
 
 def power(params: dict) -> dict:
@@ -118,7 +119,8 @@ def power(params: dict) -> dict:
               "seconds_per_path": params["seconds"], "npu": npu, "cpu": cpu, "hold_fixed": HOLD_FIXED}
     atomic_write_json(result_path, record)
     print(f"{params['name']}: NPU {npu['percent_per_hour']:.2f} %/h, {npu['mah_per_hour']:.1f} mAh/h, process CPU "
-          f"{npu['cpu_percent_mean'] or 0:.1f} %; CPU path: {cpu.get('reason', '')}\nhold fixed: " + "; ".join(HOLD_FIXED),
+          f"{npu['cpu_percent_mean'] or 0:.1f} %; CPU path: {cpu.get('reason', '')}\nhold fixed: "
+          + "; ".join(HOLD_FIXED),
           flush=True)
     return record
 

@@ -12,7 +12,6 @@ measured and why (docs/device.md), rather than a number that was not measured.
 from __future__ import annotations
 
 import csv
-import json
 import statistics
 import subprocess
 import tempfile
@@ -132,7 +131,3 @@ def profile(params: dict) -> dict:
               flush=True)
     return record
 
-
-def describe(path: str | Path) -> str:
-    data = json.loads(Path(path).read_text())
-    return "; ".join(f"{g}: median {t['median_ms']:.3f} ms, p90 {t['p90_ms']:.3f} ms" for g, t in data["graphs"].items())

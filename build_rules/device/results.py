@@ -99,17 +99,18 @@ def timing_markdown(report: dict) -> list[str]:
     powers = [r for r in rows if r["kind"] == "power"]
     if powers:
         lines += ["", "## Power on phones (`doit power:...`)", "",
-                  "| variant | chip | phone | path | seconds | %/h | mAh/h | process CPU % |", "|---|---|---|---|---|---|---|---|"]
+                  "| variant | chip | phone | path | seconds | %/h | mAh/h | process CPU % |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in powers:
             for path in ("npu", "cpu"):
                 p = r.get(path) or {}
                 if p.get("measured") is False:
-                    lines.append(f"| {r['variant']} | {r['chip']} | {r['device']} | {path.upper()} | not measured | – | "
-                                 "– | – |")
+                    lines.append(f"| {r['variant']} | {r['chip']} | {r['device']} | {path.upper()} | "
+                                 "not measured | – | – | – |")
                     continue
-                lines.append(f"| {r['variant']} | {r['chip']} | {r['device']} | {path.upper()} | {_fmt(p.get('seconds'))} "
-                             f"| {_fmt(p.get('percent_per_hour'))} | {_fmt(p.get('mah_per_hour'))} | "
-                             f"{_fmt(p.get('cpu_percent_mean'))} |")
+                lines.append(f"| {r['variant']} | {r['chip']} | {r['device']} | {path.upper()} | "
+                             f"{_fmt(p.get('seconds'))} | {_fmt(p.get('percent_per_hour'))} | "
+                             f"{_fmt(p.get('mah_per_hour'))} | {_fmt(p.get('cpu_percent_mean'))} |")
         lines += ["", "Held fixed for these numbers (power): " + "; ".join(powers[0].get("hold_fixed") or [])]
     return lines
 

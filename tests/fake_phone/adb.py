@@ -98,8 +98,8 @@ def main(argv: list[str]) -> int:
         (phone.folder / "gone").write_text("unplugged\n")
         return _err(f"adb: device '{phone.serial}' not found")
     if phone.data["state"] == "unauthorized":
-        return _err("adb: device unauthorized.\nThis adb server's $ADB_VENDOR_KEYS is not set\nTry 'adb kill-server' if "
-                    "that seems wrong.\nOtherwise check for a confirmation dialog on your device.")
+        return _err("adb: device unauthorized.\nThis adb server's $ADB_VENDOR_KEYS is not set\nTry 'adb "
+                    "kill-server' if that seems wrong.\nOtherwise check for a confirmation dialog on your device.")
     if phone.data["state"] != "device":
         return _err(f"adb: device offline")
     if command == "push":

@@ -140,7 +140,7 @@ def _main(argv: list[str]) -> int:
         index = 0
         while (index < count) if deadline is None else (time.monotonic() < deadline):
             sample = inputs[index % len(inputs)]
-            feed = {t["name"]: (sample[t["name"]] if args.use_native_input_files else dist.quantize(sample[t["name"]], t))
+            feed = {t["name"]: sample[t["name"]] if args.use_native_input_files else dist.quantize(sample[t["name"]], t)
                     for t in contract["inputs"]}
             raw = run(feed)
             keep = args.keep_num_outputs if args.keep_num_outputs is not None else len(inputs)
