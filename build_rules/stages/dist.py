@@ -85,6 +85,10 @@ def _bundle(params: dict, variant: str, spec: dict, bundle: Path) -> dict:
                        "metrics": {g: manifest["graphs"][g].get("metrics") for g in entry["graphs"]},
                        "gates": {g: manifest["graphs"][g].get("gated", []) for g in entry["graphs"]},
                        "runtime": _runtime(toolchain, arch, entry, runtime_files)}
+        from ..device import results as device_results  # issue 29: what the phones measured with these binaries
+        device_checks = device_results.bundle_entry(Path(entry["manifest"]).parent, entry["graphs"])
+        if device_checks:
+            chips[chip]["device_checks"] = device_checks
         float_ops = {g: manifest["graphs"][g]["float_ops"] for g in entry["graphs"]
                      if manifest["graphs"][g].get("float_ops") is not None}
         if float_ops:  # a quantized variant: what its binaries run in float all the same (qnn_graph.py)

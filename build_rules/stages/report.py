@@ -75,6 +75,9 @@ def run(params: dict) -> dict:
               "cells": rows, "evaluate": evaluations(params.get("evaluations", {})), "quantizers": quantizers(params),
               "float_evaluation": (results.last(params["float_evaluation"]) or {}).get("metrics")
               if params.get("float_evaluation") else None}
+    from ..device import results as device_results  # issue 29: the phones' device checks beside the emulator
+    report["devices"] = device_results.report_rows(params["cells"], rows)
+    report["device_timings"] = device_results.timing_rows(params["cells"])
     atomic_write_json(params["outputs"]["json"], report)
     atomic_write_text(params["outputs"]["markdown"], markdown(report))
     plot(report, params["outputs"]["png"])
@@ -238,6 +241,8 @@ def markdown(report: dict) -> str:
             gate = "–" if not value.get("gates") or value.get("passed") is None else \
                 ("pass" if value["passed"] else f"**FAIL** ({value.get('error', '').split(': ', 1)[-1]})")
             lines.append(f"| {name} | {_beside_float(value.get('metrics') or {}, baseline)} | {gate} |")
+    from ..device import results as device_results  # issue 29: "On phones" table (empty without device checks)
+    lines += device_results.markdown(report) + device_results.timing_markdown(report)
     lines += ["", "## Variants", ""]
     for name, settings in report["variants"].items():
         lines.append(f"- **{name}**: " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in settings.items()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from .. import layout
 from ..project import chip_params, compile_input, project, rel, stage_task, variant_builds
 from ..runner import run_stage
-from . import split as split_tasks
+from . import device as device_tasks, split as split_tasks
 
 
 def _multi_soc_chips(model, variant):
@@ -102,6 +102,9 @@ def dist_tasks():
                 chips[c] = {"manifest": manifest, "graphs": built, "runtime": runtime,
                             "chip": {**chip_params(chip), "marketing_name": chip.marketing_name}}
                 deps += [manifest, *runtime.values()] + [f for files in built.values() for f in _files(files)]
+                if device_tasks.devices():  # issue 29: index.json lists the device checks (no phone named: no look)
+                    from ..device import results as device_results
+                    deps += device_results.result_files(layout.chip_dir(m, vn, c), model.graphs)
                 needs.append(f"package:{m}/{vn}@{c}")
             if not chips:
                 continue

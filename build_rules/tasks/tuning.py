@@ -9,7 +9,7 @@ from ..config import Chip, Graph, Model, Tuning, Variant, gate_dicts
 from ..hashing import OptionalFiles
 from ..project import (chip_params, model_data, hook_files, model_graphs, project, ranges_file,
                        rel, stage_task, variant_builds)
-from . import aimet as aimet_tasks, split as split_tasks
+from . import aimet as aimet_tasks, device as device_tasks, split as split_tasks
 
 
 def report_tasks():
@@ -34,6 +34,10 @@ def report_tasks():
                     files = unit_files(suffix)
                     file_dep += files if isinstance(files, list) else [files]
         file_dep += [layout.float_file(model.name, g, ".evaluation.npz") for g in model.graphs]
+        if device_tasks.devices():  # issue 29: a new device result re-makes the report (no phone named: no look)
+            from ..device import results as device_results
+            file_dep += [f for v, c in variant_builds(model)
+                         for f in device_results.report_files(layout.chip_dir(model.name, v.name, c.name), model.graphs)]
         evaluations = {f"{v.name}@{c.name}": layout.chip_file(model.name, v.name, c.name, "evaluate.json")
                        for v, c in variant_builds(model)} if model.evaluate else {}
         outputs = {"markdown": layout.report_file(model.name, ".md"), "png": layout.report_file(model.name, ".png"),

@@ -1,0 +1,5 @@
+import sys
+
+from .devices import main
+
+sys.exit(main())

@@ -1,0 +1,141 @@
+"""power:<model>/<variant>@<device>: the model in a loop for a fixed time (BUILD_RULES_POWER_SECONDS, seed: 30-60
+min) on the NPU, then on the CPU; the loop's CPU share from /proc/<pid>/stat every 2 s (utime + stime ticks over
+wall time) and the battery's drain over the run.
+
+The battery: `dumpsys battery unplug` makes Android behave as on battery for the run, and `dumpsys battery reset`
+restores it afterwards, also on a failure or Ctrl-C (SIGINT/SIGTERM). `unplug` also freezes what `dumpsys battery`
+reports, so the drain is read from the kernel's live counters, /sys/class/power_supply/battery/charge_counter (uAh)
+and capacity (%). Many phones still charge over USB while "unplugged": hold the charger off (a USB power blocker or
+wireless adb) for numbers that mean anything; the result lists what to hold fixed.
+"""
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from ..errors import BuildError
+from ..files import atomic_write_json, remove_quietly
+from .devices import REMOTE_ROOT
+from .errors import DeviceError
+from .session import net_run, open_phone, push_runtime_and, remote_binary, remote_inputs
+
+BATTERY = "/sys/class/power_supply/battery"
+_sleep = time.sleep  # (tests interrupt the sampling loop here, as a Ctrl-C would)
+HOLD_FIXED = ["screen off (or the same brightness)", "the same network state (airplane mode or not)",
+              "USB charging physically off during the run", "the same starting temperature (let the phone cool)",
+              "repeat the run: thermal state moves the numbers"]
+
+
+def run(params: dict):
+    from doit.exceptions import TaskFailed
+    try:
+        power(params)
+    except (DeviceError, BuildError) as e:
+        return TaskFailed(str(e) if str(e).startswith(params["name"]) else f"{params['name']}: {e}")
+    return True
+
+
+def cpu_ticks(stat_line: str) -> int:
+    """utime + stime (fields 14 and 15 of /proc/<pid>/stat; the command name in parentheses may hold spaces)."""
+    fields = stat_line[stat_line.rindex(")") + 2:].split()
+    return int(fields[11]) + int(fields[12])  # fields[0] is field 3 (state)
+
+
+def battery(phone) -> dict:
+    text = phone.shell(f"cat {BATTERY}/charge_counter {BATTERY}/capacity")
+    values = text.split()
+    if len(values) < 2:
+        raise DeviceError(f"{phone.name}: {BATTERY}/charge_counter and capacity gave {text!r}")
+    return {"charge_counter_uah": int(values[0]), "level": int(values[1]), "time": time.monotonic()}
+
+
+def loop(phone, command: str, seconds: float, every: float) -> dict:
+    """Start `command` in the background on the phone, sample its CPU ticks every `every` s until it ends."""
+    started = phone.shell(f"{command} > {REMOTE_ROOT}/power.log 2>&1 & echo PID=$!")
+    pid = int(started.split("PID=")[-1].split()[0])
+    hz = int(phone.shell("getconf CLK_TCK").strip() or 100)
+    before = battery(phone)
+    samples, first, last = [], None, None
+    deadline = time.monotonic() + seconds + 30
+    while time.monotonic() < deadline:
+        code, text = phone.shell_code(f"cat /proc/{pid}/stat")
+        if code != 0 or not text.strip():
+            break  # the loop ended
+        ticks, now = cpu_ticks(text.strip()), time.monotonic()
+        if last is not None and now > last[1]:
+            samples.append(round(100.0 * (ticks - last[0]) / hz / (now - last[1]), 1))
+        first = first or (ticks, now)
+        last = (ticks, now)
+        _sleep(every)
+    else:
+        phone.shell(f"kill {pid}", check=False)
+        raise DeviceError(f"{phone.name}: the loop (pid {pid}) ran {seconds + 30:.0f} s past its {seconds:g} s")
+    after = battery(phone)
+    hours = (after["time"] - before["time"]) / 3600
+    cpu = (100.0 * (last[0] - first[0]) / hz / (last[1] - first[1])) if last and first and last[1] > first[1] else None
+    return {"seconds": round(after["time"] - before["time"], 2), "cpu_percent_samples": samples,
+            "cpu_percent_mean": cpu, "battery_before": before, "battery_after": after,
+            "percent_per_hour": (before["level"] - after["level"]) / hours if hours else None,
+            "mah_per_hour": ((before["charge_counter_uah"] - after["charge_counter_uah"]) / 1000 / hours
+                             if hours else None)}
+
+
+def power(params: dict) -> dict:
+    from .. import dist
+    from .device_check import write_inputs
+    import tempfile
+    result_path = Path(params["outputs"]["result"])
+    phone = open_phone(params)
+    remove_quietly(result_path)
+    contract = dist.contract_from_ctx(params["ctx_model"])
+    with tempfile.TemporaryDirectory(prefix="build-rules-power-") as tmp:
+        input_files, _, _ = write_inputs(params, contract, Path(tmp), remote_inputs(params))
+        binary_remote = remote_binary(params)
+        push_runtime_and(phone, {binary_remote: params["binary"], **input_files})
+    command = net_run(binary_remote, f"{remote_inputs(params)}/input_list.txt",
+                      binary_remote.replace("/bin/", "/power/", 1)[:-len(".bin")], "--perf_profile", "burst",
+                      "--duration", f"{params['seconds']:g}", "--keep_num_outputs", "1")
+    # one background command, so that $! is qnn-net-run's pid (an '&&' list in the background is a subshell)
+    command = command.replace(" && ", "; ").replace(f"{REMOTE_ROOT}/runtime/qnn-net-run ",
+                                                     f"nohup {REMOTE_ROOT}/runtime/qnn-net-run ", 1)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    phone.adb.shell("dumpsys battery unplug")
+    failure = None
+    try:
+        npu = loop(phone.adb, command, params["seconds"], params["sample_seconds"])
+        cpu_lib = Path(params["cpu_model_lib"])
+        cpu = {"measured": False, "reason": f"no aarch64 model library of the float graph ({cpu_lib} is missing): "
+                                            "QNN's CPU backend runs model libraries, not context binaries"}
+    except DeviceError as e:
+        failure = e
+    finally:  # also on Ctrl-C / SIGTERM (KeyboardInterrupt passes through here)
+        restored = _restore(phone.adb)
+        signal.signal(signal.SIGTERM, previous)
+    if failure is not None:
+        raise DeviceError(f"{failure}; {restored}") from None
+    record = {"device": params["device"]["name"], "phone_model": phone.product, "fingerprint": phone.fingerprint,
+              "chip": params["chip"]["name"], "variant": params["variant"], "graph": params["graph"],
+              "seconds_per_path": params["seconds"], "npu": npu, "cpu": cpu, "hold_fixed": HOLD_FIXED}
+    atomic_write_json(result_path, record)
+    print(f"{params['name']}: NPU {npu['percent_per_hour']:.2f} %/h, {npu['mah_per_hour']:.1f} mAh/h, process CPU "
+          f"{npu['cpu_percent_mean'] or 0:.1f} %; CPU path: {cpu.get('reason', '')}\nhold fixed: "
+          + "; ".join(HOLD_FIXED),
+          flush=True)
+    return record
+
+
+def _restore(phone) -> str:
+    try:
+        phone.shell("dumpsys battery reset")
+    except DeviceError as e:
+        text = (f"the battery state was NOT restored ({e}): run `adb -s {phone.serial} shell dumpsys battery reset` "
+                "when the phone is back")
+    else:
+        text = "the battery state was restored (dumpsys battery reset)"
+    print(f"{phone.name}: {text}", flush=True)
+    return text
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM like Ctrl-C: the finally restores the battery state

@@ -1,0 +1,133 @@
+"""profile:<model>/<variant>@<device>: per graph, qnn-net-run on the phone's NPU with QNN's profiling on
+(`--profiling_level basic`, `--perf_profile burst` by default), `--num_inferences` warm-up + N runs over the
+evaluation inputs; the profile log (<output_dir>/qnn-profiling-data_0.log) is pulled and read back on the host with
+the SDK's qnn-profile-viewer (`--input_log LOG --output profile.csv`). From the CSV's per-event rows (timings()):
+context load, first inference, steady-state median and p90 after the warm-up, the accelerator's share, and at
+`detailed` its cycles.
+
+CPU baseline (seed step 0): QNN's CPU backend (libQnnCpu.so) runs a model library, not a context binary; the
+ort-qnn toolchain makes no aarch64 model library of the float graph, so without one the result says that it was not
+measured and why (docs/device.md), rather than a number that was not measured.
+"""
+from __future__ import annotations
+
+import csv
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ..errors import BuildError
+from ..files import atomic_write_json, remove_quietly
+from .errors import DeviceError
+from .session import net_run, open_phone, push_runtime_and, remote_binary, remote_inputs, runtime_identity
+
+PERF_PROFILES = ("low_balanced", "balanced", "default", "high_performance", "sustained_high_performance", "burst",
+                 "low_power_saver", "power_saver", "high_power_saver", "extreme_power_saver", "system_settings")
+PROFILING_LEVELS = ("basic", "detailed")
+
+
+def run(params: dict):
+    from doit.exceptions import TaskFailed
+    try:
+        profile(params)
+    except (DeviceError, BuildError) as e:
+        return TaskFailed(str(e) if str(e).startswith(params["name"]) else f"{params['name']}: {e}")
+    return True
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return [{k.strip(): (v or "").strip() for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def timings(rows: list[dict], warmup: int) -> dict:
+    """Milliseconds from qnn-profile-viewer's CSV rows (Message, Time, Unit of Measurement, Timing Source, Event
+    Identifier): the HTP backend's "QNN (load binary) time" (context load) and one "QNN (execute) time" per
+    inference; "Accelerator (execute) time" per run, and its cycles at `detailed`."""
+    def ms(row):
+        scale = {"US": 1e-3, "MS": 1.0, "NS": 1e-6}.get(row["Unit of Measurement"].upper())
+        return None if scale is None else float(row["Time"]) * scale
+
+    def event(name):
+        return [r for r in rows if r.get("Event Identifier") == name]
+
+    load = [ms(r) for r in event("QNN (load binary) time")]
+    runs = [ms(r) for r in event("QNN (execute) time")]
+    accelerator = [ms(r) for r in event("Accelerator (execute) time")]
+    cycles = [float(r["Time"]) for r in event("Accelerator (execute) time (cycles)")]
+    if not load or not runs:
+        raise DeviceError("qnn-profile-viewer's CSV has no 'QNN (load binary) time' / 'QNN (execute) time' rows "
+                          "(profiling off on the phone?)")
+    steady = runs[warmup:] or runs
+    ordered = sorted(steady)
+    per_op = {}  # at `detailed`: each op's cycles per run ("<op>:OpId_N (cycles)" rows of Message NODE)
+    for row in rows:
+        if row.get("Message") == "NODE" and row["Unit of Measurement"].upper() == "CYCLES":
+            per_op.setdefault(row["Event Identifier"].removesuffix(" (cycles)"), []).append(float(row["Time"]))
+    total = statistics.median(cycles[warmup:] or cycles) if cycles else None
+    ops = sorted(((statistics.median(v[warmup:] or v), op) for op, v in per_op.items()), reverse=True)
+    return {"top_ops": [{"op": op, "cycles": c, "share": c / total if total else None} for c, op in ops[:10]],
+            "load_ms": load[0], "first_ms": runs[0], "median_ms": statistics.median(steady),
+            "p90_ms": ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))],
+            "runs": len(steady), "warmup": len(runs) - len(steady),
+            "accelerator_median_ms": statistics.median(accelerator[warmup:] or accelerator) if accelerator else None,
+            "accelerator_cycles_median": statistics.median(cycles[warmup:] or cycles) if cycles else None}
+
+
+def profile(params: dict) -> dict:
+    from .. import dist
+    from . import runtime
+    from .device_check import write_inputs
+    if params["perf_profile"] not in PERF_PROFILES:
+        raise BuildError(f"{params['name']}: perf profile {params['perf_profile']!r} is not one of "
+                         f"{', '.join(PERF_PROFILES)} (BUILD_RULES_PERF_PROFILE)")
+    if params["profiling_level"] not in PROFILING_LEVELS:
+        raise BuildError(f"{params['name']}: profiling level {params['profiling_level']!r}: basic or detailed")
+    result_path = Path(params["outputs"]["result"])
+    phone = open_phone(params)
+    viewer = runtime.profile_viewer(phone.runtime_root, params["name"])
+    remove_quietly(result_path)
+    graphs = {}
+    with tempfile.TemporaryDirectory(prefix="build-rules-profile-") as tmp:
+        tmp = Path(tmp)
+        for graph, files in params["graphs"].items():
+            where = dict(params, graph=graph)
+            contract = dist.contract_from_ctx(files["ctx_model"])
+            folder = tmp / graph
+            (folder / "inputs").mkdir(parents=True)
+            input_files, inputs, _ = write_inputs(dict(where, evaluation=files["evaluation"]), contract,
+                                                  folder / "inputs", remote_inputs(where))
+            binary_remote = remote_binary(where)
+            pushed = push_runtime_and(phone, {binary_remote: files["binary"], **input_files})
+            output_remote = binary_remote.replace("/bin/", "/profile/", 1)[:-len(".bin")]
+            phone.adb.shell(net_run(binary_remote, f"{remote_inputs(where)}/input_list.txt", output_remote,
+                                    "--perf_profile", params["perf_profile"], "--profiling_level",
+                                    params["profiling_level"], "--num_inferences",
+                                    str(params["warmup"] + params["runs"]), "--keep_num_outputs", "1"))
+            log = folder / "qnn-profiling-data_0.log"
+            phone.adb.pull(f"{output_remote}/qnn-profiling-data_0.log", log)
+            table = folder / "profile.csv"
+            done = subprocess.run([str(viewer), "--input_log", str(log), "--output", str(table)],
+                                  capture_output=True, text=True)
+            if done.returncode != 0 or not table.is_file():
+                raise DeviceError(f"{params['name']}: qnn-profile-viewer failed on {graph}'s profile (exit "
+                                  f"{done.returncode}): {(done.stderr or done.stdout).strip()[-600:]}")
+            graphs[graph] = {**timings(read_csv(table), params["warmup"]), "samples": len(inputs),
+                             "viewer_summary": done.stdout.strip().splitlines()[-12:]}
+            lib = Path(params["cpu_model_libs"][graph])
+            graphs[graph]["cpu"] = {"measured": False, "reason": (
+                f"no aarch64 model library of the float graph ({lib} is missing): QNN's CPU backend runs model "
+                "libraries, not context binaries, and the ort-qnn toolchain makes none") if not lib.is_file() else
+                "a model library's CPU run is not implemented yet (docs/device.md)"}
+    record = {"device": params["device"]["name"], "phone_model": phone.product, "fingerprint": phone.fingerprint,
+              "chip": params["chip"]["name"], "variant": params["variant"], "perf_profile": params["perf_profile"],
+              "profiling_level": params["profiling_level"], "runtime": runtime_identity(phone, pushed),
+              "graphs": graphs}
+    atomic_write_json(result_path, record)
+    for graph, t in graphs.items():
+        print(f"{params['name']} {graph}: load {t['load_ms']:.2f} ms, first {t['first_ms']:.2f} ms, median "
+              f"{t['median_ms']:.3f} ms, p90 {t['p90_ms']:.3f} ms over {t['runs']} runs ({params['perf_profile']})",
+              flush=True)
+    return record
+

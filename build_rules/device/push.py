@@ -1,0 +1,51 @@
+"""Push only what the phone lacks: one `sha256sum` over every remote path, then `adb push` of the files whose
+digest differs or that are missing (toybox's sha256sum prints '<digest>  <path>' per file it could read)."""
+from __future__ import annotations
+
+import hashlib
+import shlex
+from pathlib import Path
+
+from .adb import Adb
+
+
+def sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def remote_digests(phone: Adb, paths: list[str]) -> dict[str, str]:
+    found = {}
+    for start in range(0, len(paths), 200):  # the command line stays short
+        chunk = paths[start:start + 200]
+        _, output = phone.shell_code("sha256sum " + " ".join(shlex.quote(p) for p in chunk) + " 2>/dev/null")
+        for line in output.splitlines():
+            parts = line.split(None, 1)
+            if len(parts) == 2 and len(parts[0]) == 64:
+                found[parts[1].strip()] = parts[0]
+    return found
+
+
+def push_missing(phone: Adb, files: dict[str, str | Path]) -> dict:
+    """files: remote path -> local file. Returns {"pushed": [...], "kept": [...], "digests": {remote: sha256}}."""
+    local = {remote: sha256(path) for remote, path in files.items()}
+    there = remote_digests(phone, sorted(files))
+    pushed, kept = [], []
+    folders = sorted({remote.rsplit("/", 1)[0] for remote in files if there.get(remote) != local[remote]})
+    if folders:
+        phone.shell("mkdir -p " + " ".join(shlex.quote(f) for f in folders))
+    for remote in sorted(files):
+        if there.get(remote) == local[remote]:
+            kept.append(remote)
+            continue
+        phone.push(files[remote], remote)
+        pushed.append(remote)
+    if pushed:
+        executables = [r for r in pushed if r.endswith("/qnn-net-run")]
+        if executables:
+            phone.shell("chmod 755 " + " ".join(shlex.quote(r) for r in executables))
+    print(f"{phone.name}: pushed {len(pushed)} file(s), {len(kept)} already there (same sha256)", flush=True)
+    return {"pushed": pushed, "kept": kept, "digests": local}

@@ -1,0 +1,129 @@
+"""The device checks' results where other stages show them: `doit report` (a table beside the emulator's numbers)
+and the dist bundle's index.json (per chip, per graph, per phone). Standard library only: the report, dist and
+their task generators import this; it reads the <graph>.device.<device>.json files the device check writes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .devices import check_results
+
+
+def result_files(chip_dir: str | Path, graphs) -> list[str]:
+    """The device results present now (a task generator's file_dep: a new result re-makes the report/bundle)."""
+    return [str(p) for g in graphs for p in sorted(Path(chip_dir).glob(f"{g}.device.*.json"))]
+
+
+def report_files(chip_dir: str | Path, graphs) -> list[str]:
+    """Every device result the report shows, of one variant's chip folder (device checks, profile, power)."""
+    return result_files(chip_dir, graphs) + measured_files(chip_dir)
+
+
+def _brief(result: dict) -> dict:
+    return {"phone_model": result.get("phone_model"), "fingerprint": result.get("fingerprint"),
+            "runtime": result.get("runtime"), "binary_sha256": result.get("binary_sha256"),
+            "samples": result.get("samples"), "summary": result.get("summary"), "gated": result.get("gated"),
+            "passed": result.get("passed")}
+
+
+def report_rows(cells: list[dict], rows: list[dict]) -> list[dict]:
+    """One row per (cell, phone): the emulator's summary beside the phone's."""
+    found = []
+    for cell, row in zip(cells, rows):
+        chip_dir = Path(cell["check"]).parent
+        for device, result in check_results(chip_dir, cell["graph"]).items():
+            found.append({"variant": cell["variant"], "chip": cell["chip"], "graph": cell["graph"], "device": device,
+                          "emulator": row["summary"], **_brief(result)})
+    return found
+
+
+def markdown(report: dict) -> list[str]:
+    rows = report.get("devices") or []
+    if not rows:
+        return []
+    lines = ["", "## On phones (`doit device_check:...`)", "",
+             "| variant | chip | graph | emulator cosine | phone | phone model | build fingerprint | QNN runtime | "
+             "phone cosine | phone SQNR (dB) | gate on the phone |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        runtime = r.get("runtime") or {}
+        gate = "; ".join(f"{'pass' if g['passed'] else '**FAIL**' if g['passed'] is False else '–'} ({g['gate']})"
+                         for g in r.get("gated") or []) or "–"
+        s = r.get("summary") or {}
+        lines.append(f"| {r['variant']} | {r['chip']} | {r['graph']} | {_fmt(r['emulator'].get('cosine'), 6)} | "
+                     f"{r['device']} | {r.get('phone_model') or '–'} | {r.get('fingerprint') or '–'} | "
+                     f"{runtime.get('version') or '–'} {runtime.get('build_id') or ''} | {_fmt(s.get('cosine'), 6)} | "
+                     f"{_fmt(s.get('sqnr'))} | {gate} |")
+    return lines
+
+
+def measured_files(chip_dir: str | Path) -> list[str]:
+    """profile.<device>.json and power.<device>.json of a variant's chip folder (the report's file_dep)."""
+    return [str(p) for kind in ("profile", "power") for p in sorted(Path(chip_dir).glob(f"{kind}.*.json"))]
+
+
+def timing_rows(cells: list[dict]) -> list[dict]:
+    """Per variant, chip and phone: profile's latencies per graph and power's drain (when measured)."""
+    import json
+    found, seen = [], set()
+    for cell in cells:
+        chip_dir = Path(cell["check"]).parent
+        if chip_dir in seen:
+            continue
+        seen.add(chip_dir)
+        for path in measured_files(chip_dir):
+            kind, device = Path(path).name.split(".")[:2]
+            try:
+                data = json.loads(Path(path).read_text())
+            except (OSError, ValueError):
+                continue
+            found.append({"kind": kind, "variant": cell["variant"], "chip": cell["chip"], "device": device,
+                          **{k: data.get(k) for k in ("phone_model", "fingerprint", "perf_profile", "graphs", "npu",
+                                                       "cpu", "seconds_per_path", "hold_fixed")}})
+    return found
+
+
+def timing_markdown(report: dict) -> list[str]:
+    rows = report.get("device_timings") or []
+    lines = []
+    profiles = [r for r in rows if r["kind"] == "profile"]
+    if profiles:
+        lines += ["", "## Latency on phones (`doit profile:...`)", "",
+                  "| variant | chip | phone | graph | perf profile | load (ms) | first (ms) | median (ms) | p90 (ms) | "
+                  "CPU baseline |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in profiles:
+            for graph, t in (r.get("graphs") or {}).items():
+                cpu = t.get("cpu") or {}
+                lines.append(f"| {r['variant']} | {r['chip']} | {r['device']} | {graph} | {r.get('perf_profile')} | "
+                             f"{_fmt(t.get('load_ms'))} | {_fmt(t.get('first_ms'))} | {_fmt(t.get('median_ms'))} | "
+                             f"{_fmt(t.get('p90_ms'))} | "
+                             f"{_fmt(cpu.get('median_ms')) if cpu.get('measured') else 'not measured'} |")
+    powers = [r for r in rows if r["kind"] == "power"]
+    if powers:
+        lines += ["", "## Power on phones (`doit power:...`)", "",
+                  "| variant | chip | phone | path | seconds | %/h | mAh/h | process CPU % |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in powers:
+            for path in ("npu", "cpu"):
+                p = r.get(path) or {}
+                if p.get("measured") is False:
+                    lines.append(f"| {r['variant']} | {r['chip']} | {r['device']} | {path.upper()} | "
+                                 "not measured | – | – | – |")
+                    continue
+                lines.append(f"| {r['variant']} | {r['chip']} | {r['device']} | {path.upper()} | "
+                             f"{_fmt(p.get('seconds'))} | {_fmt(p.get('percent_per_hour'))} | "
+                             f"{_fmt(p.get('mah_per_hour'))} | {_fmt(p.get('cpu_percent_mean'))} |")
+        lines += ["", "Held fixed for these numbers (power): " + "; ".join(powers[0].get("hold_fixed") or [])]
+    return lines
+
+
+def _fmt(value, digits=4) -> str:
+    return "–" if value is None else f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
+def bundle_entry(chip_dir: str | Path, graphs) -> dict:
+    """graph -> device -> what the phone measured (index.json chips.<chip>.device_checks)."""
+    found = {}
+    for graph in graphs:
+        results = check_results(chip_dir, graph)
+        if results:
+            found[graph] = {device: _brief(result) for device, result in results.items()}
+    return found

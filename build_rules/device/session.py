@@ -1,0 +1,80 @@
+"""What every device task does first, before anything runs on the phone: the runtime (or fail saying what to set),
+the phone plugged in and ready, its SoC the chip the binaries were compiled for, and what the phone is (model,
+build fingerprint) for the result's key and record. Then the pushes and the qnn-net-run command line."""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import runtime
+from .adb import Adb
+from .devices import REMOTE_ROOT
+from .errors import DeviceError
+from .push import push_missing
+
+# ADSP_LIBRARY_PATH: the Skel's folder first, then the system's DSP library folders (QNN/SNPE docs: ';'-separated,
+# quoted, never the file itself)
+SYSTEM_DSP_PATHS = "/vendor/lib/rfsa/adsp;/vendor/dsp/cdsp;/system/lib/rfsa/adsp;/system/vendor/lib/rfsa/adsp;/dsp"
+REMOTE_RUNTIME = f"{REMOTE_ROOT}/runtime"
+
+
+@dataclass
+class Phone:
+    adb: Adb
+    soc: str
+    product: str
+    fingerprint: str
+    runtime_root: Path
+    runtime_files: dict[str, Path]
+
+
+def open_phone(params: dict, cpu: bool = False) -> Phone:
+    where = params["name"]
+    device, chip = params["device"], params["chip"]
+    root = runtime.folder(where)  # no SDK: fail here, before adb is called at all
+    files = runtime.files(root, chip["dsp_arch"], where, cpu=cpu)
+    phone = Adb(device["serial"], device["name"])
+    phone.check_ready()
+    soc = phone.getprop("ro.soc.model")
+    if soc not in params["chips"]:
+        raise DeviceError(f"{where}: phone {device['name']} ({device['serial']}) reports ro.soc.model '{soc}', which "
+                          f"maps to no chip in chips.toml (chips: {', '.join(params['chips'])}): its binaries cannot "
+                          "run there; fix devices.toml or add the chip")
+    if soc != device["soc"] or soc != chip["name"]:
+        raise DeviceError(f"{where}: phone {device['name']} ({device['serial']}) reports ro.soc.model '{soc}', but "
+                          f"devices.toml names {device['soc']} and the binary is compiled for {chip['name']} "
+                          f"({chip['dsp_arch']}): a context binary runs only on its own Hexagon arch; fix soc in "
+                          "devices.toml (`python -m build_rules.device list`)")
+    return Phone(adb=phone, soc=soc, product=phone.getprop("ro.product.model"),
+                 fingerprint=phone.getprop("ro.build.fingerprint"), runtime_root=root, runtime_files=files)
+
+
+def push_runtime_and(phone: Phone, more: dict[str, str | Path]) -> dict:
+    files = {f"{REMOTE_RUNTIME}/{name}": path for name, path in phone.runtime_files.items()}
+    files.update(more)
+    return push_missing(phone.adb, files)
+
+
+def runtime_identity(phone: Phone, pushed: dict) -> dict:
+    digests = {remote.rsplit("/", 1)[1]: d for remote, d in pushed["digests"].items()
+               if remote.startswith(REMOTE_RUNTIME + "/")}
+    return runtime.identity(phone.runtime_root, digests)
+
+
+def net_run(binary: str, input_list: str, output_dir: str, *extra: str, backend: str = "libQnnHtp.so") -> str:
+    """The remote command: qnn-net-run from the pushed runtime with LD_LIBRARY_PATH and ADSP_LIBRARY_PATH set."""
+    args = ["--backend", f"{REMOTE_RUNTIME}/{backend}", "--retrieve_context", binary, "--input_list", input_list,
+            "--output_dir", output_dir, *extra]
+    return (f"rm -rf {shlex.quote(output_dir)} && cd {REMOTE_ROOT} && "
+            f"export LD_LIBRARY_PATH={REMOTE_RUNTIME} && "
+            f"export ADSP_LIBRARY_PATH={shlex.quote(REMOTE_RUNTIME + ';' + SYSTEM_DSP_PATHS)} && "
+            f"{REMOTE_RUNTIME}/qnn-net-run " + " ".join(shlex.quote(a) for a in args))
+
+
+def remote_binary(params: dict) -> str:
+    return f"{REMOTE_ROOT}/bin/{params['model']}/{params['variant']}/{params['chip']['name']}/{params['graph']}.bin"
+
+
+def remote_inputs(params: dict) -> str:
+    return f"{REMOTE_ROOT}/inputs/{params['model']}/{params['graph']}"

@@ -1,0 +1,136 @@
+"""The device tasks' generators (issue 29; none is a default task): device_check, profile and power per phone named
+in devices.toml. Loading reads devices.toml only (TOML): `doit list` never calls adb; the actions do (device/).
+
+  device_check:<model>/<graph>/<variant>@<device>   the binary on the phone's NPU, judged by the graph's gates
+  profile:<model>/<variant>@<device>                load, first and steady-state latency, qnn-profile-viewer
+  power:<model>/<variant>@<device>                  NPU then CPU loops: CPU share and battery drain
+A phone gets the tasks of the variants built for its chip (devices.toml soc = a chips.toml chip). A split graph
+(its parts chain on the host) has no device check yet. The tasks run in doit's process: they wait on adb, and
+power's Ctrl-C handling must restore the phone's battery state itself.
+The tasks declare no doit targets on purpose: the report and dist tasks list the result files as file_dep (a new
+result re-makes them), and doit would otherwise run the phone tasks whose targets they are before every
+`doit report` / `doit dist`. The actions write their results atomically themselves.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+from .. import layout
+from ..config import ConfigError, gate_dicts
+from ..project import chip_params, hook_files, model_data, project, rel, variant_builds
+
+POWER_SECONDS_ENV = "BUILD_RULES_POWER_SECONDS"  # power's fixed task per path (seed: 30-60 min)
+PROFILE_RUNS_ENV = "BUILD_RULES_PROFILE_RUNS"
+
+
+@functools.cache
+def _devices_cached(path: str, mtime_ns: int, chips: tuple) -> dict:
+    from ..device.devices import load_devices
+    from ..device.errors import DeviceError
+    try:
+        return load_devices(Path(path), dict.fromkeys(chips))
+    except DeviceError as e:
+        raise ConfigError(str(e)) from None
+
+
+def devices() -> dict:
+    path = Path("devices.toml")
+    if not path.is_file():
+        return {}
+    return _devices_cached(str(path), path.stat().st_mtime_ns, tuple(project().chips.chips))
+
+
+def _device_params(device) -> dict:
+    return {"name": device.name, "serial": device.serial, "soc": device.soc, "model": device.model}
+
+
+def _builds_on(device):
+    for model in project().models:
+        for variant, chip in variant_builds(model):
+            if chip.name == device.soc:
+                yield model, variant, chip
+
+
+def device_check_tasks():
+    if not devices() or project().toolchain["name"] != "ort-qnn":
+        return  # the I/O contract is read from <graph>_ctx.onnx (docs/device.md: qairt binaries not yet)
+    chips = list(project().chips.chips)
+    for device in devices().values():
+        for model, variant, chip in _builds_on(device):
+            data_params, data_dep = model_data(model)
+            for graph in model.graphs.values():
+                if graph.split:
+                    continue
+                binary = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.bin")
+                ctx = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}_ctx.onnx")
+                evaluation = layout.float_file(model.name, graph.name, ".evaluation.npz")
+                from ..device.devices import check_result
+                result = check_result(model.name, variant.name, chip.name, graph.name, device.name)
+                name = f"{model.name}/{graph.name}/{variant.name}@{device.name}"
+                params = {"name": f"device_check:{name}", "model": model.name, "graph": graph.name,
+                          "variant": variant.name, "quantization": variant.settings(), "chip": chip_params(chip),
+                          "chips": chips, "device": _device_params(device), "binary": binary, "ctx_model": ctx,
+                          "evaluation": evaluation, "hooks": rel(model.hooks), "gates": gate_dicts(graph.gates),
+                          "outputs": {"result": result}, **data_params}
+                from ..device import device_check
+                yield {"name": name, "actions": [(device_check.run, [params])],
+                       "file_dep": [binary, ctx, evaluation, *hook_files(model), *data_dep],
+                       "uptodate": [False],  # the action keys on the phone's build fingerprint, which needs adb
+                       "doc": f"{graph.name} of {model.name}/{variant.name} on {device.name} ({device.soc}) "
+                              "vs the float model, by the graph's gates"}
+
+
+def profile_tasks():
+    if not devices() or project().toolchain["name"] != "ort-qnn":
+        return
+    from ..device import profile
+    runs = int(os.environ.get(PROFILE_RUNS_ENV, "20"))
+    for device in devices().values():
+        for model, variant, chip in _builds_on(device):
+            graphs = {g.name: {"binary": layout.chip_file(model.name, variant.name, chip.name, f"{g.name}.bin"),
+                               "ctx_model": layout.chip_file(model.name, variant.name, chip.name, f"{g.name}_ctx.onnx"),
+                               "evaluation": layout.float_file(model.name, g.name, ".evaluation.npz")}
+                      for g in model.graphs.values() if not g.split}
+            from ..device.devices import profile_result
+            result = profile_result(model.name, variant.name, chip.name, device.name)
+            name = f"{model.name}/{variant.name}@{device.name}"
+            params = {"name": f"profile:{name}", "model": model.name, "variant": variant.name,
+                      "chip": chip_params(chip), "chips": list(project().chips.chips), "device": _device_params(device),
+                      "graphs": graphs, "runs": runs, "warmup": 3,
+                      "perf_profile": os.environ.get("BUILD_RULES_PERF_PROFILE", "burst"),
+                      "profiling_level": os.environ.get("BUILD_RULES_PROFILING_LEVEL", "basic"),
+                      "cpu_model_libs": {g: layout.model_lib(model.name, variant.name, "aarch64-android", g)
+                                         for g in graphs},
+                      "outputs": {"result": result}}
+            yield {"name": name, "actions": [(profile.run, [params])],
+                   "file_dep": [f for g in graphs.values() for f in g.values()],
+                   "uptodate": [False], "doc": f"{model.name}/{variant.name} latency on {device.name} (NPU vs CPU)"}
+
+
+def power_tasks():
+    if not devices() or project().toolchain["name"] != "ort-qnn":
+        return
+    from ..device import power
+    seconds = float(os.environ.get(POWER_SECONDS_ENV, "1800"))
+    for device in devices().values():
+        for model, variant, chip in _builds_on(device):
+            graph = next((g for g in model.graphs.values() if not g.split), None)
+            if graph is None:
+                continue
+            from ..device.devices import power_result
+            result = power_result(model.name, variant.name, chip.name, device.name)
+            name = f"{model.name}/{variant.name}@{device.name}"
+            params = {"name": f"power:{name}", "model": model.name, "variant": variant.name, "graph": graph.name,
+                      "chip": chip_params(chip), "chips": list(project().chips.chips), "device": _device_params(device),
+                      "binary": layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.bin"),
+                      "ctx_model": layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}_ctx.onnx"),
+                      "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
+                      "cpu_model_lib": layout.model_lib(model.name, variant.name, "aarch64-android", graph.name),
+                      "seconds": seconds, "sample_seconds": float(os.environ.get("BUILD_RULES_POWER_SAMPLE", "2")),
+                      "outputs": {"result": result}}
+            yield {"name": name, "actions": [(power.run, [params])],
+                   "file_dep": [params["binary"], params["ctx_model"], params["evaluation"]],
+                   "uptodate": [False], "doc": f"{model.name}/{variant.name} on {device.name}: battery drain and CPU "
+                                               f"share over {seconds:g} s per path ({POWER_SECONDS_ENV})"}

@@ -1,0 +1,73 @@
+"""Stand-in phones for tests of the device tasks: a fake `adb` and, per phone, a folder.
+
+    make_adb(bin_dir) -> Path                      # an `adb` script; put bin_dir first on PATH
+    make_phone(phones, serial, soc=..., arch=..., host_repo=...) -> Path   # phones/<serial>/ (phone.json, fs/)
+    make_runtime(root) -> Path                     # a QAIRT-layout runtime folder (BUILD_RULES_QNN_RUNTIME)
+
+The fake adb (adb.py) answers devices [-l], -s SERIAL shell/push/pull with the real adb's output formats and exit
+codes; its shell runs a small sh (adb.py: cd, export, &&, ;, &, redirections, getprop, sha256sum, cat, mkdir,
+rm, chmod, kill, getconf, dumpsys battery) over the phone's folder fs/ (the phone's /), with /proc from the host
+(a background process's /proc/<pid>/stat is the real one) and /sys/class/power_supply/battery simulated from
+phone.json's battery (a constant drain). Set FAKE_ADB_PHONES to the phones folder and FAKE_ADB_LOG to a file
+for a JSON line per adb call. phone.json "unplug_when": a substring of an adb command line at which the phone is
+gone (it and every later call get "adb: device '<serial>' not found", exit 1).
+The runtime's bin/aarch64-android/qnn-net-run is net_run.py: it refuses to run off the phone, checks its flags and
+its environment (LD_LIBRARY_PATH, ADSP_LIBRARY_PATH, the chip's Stub/Skel) and runs the context binary on the x86
+HTP emulator (onnxruntime-qnn), so the numbers a device check judges are real HTP numerics.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+
+
+def _script(path: Path, module: str, call: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(HERE)!r})\n"
+                    f"import {module}\nsys.exit({module}.{call}(sys.argv[1:]))\n")
+    path.chmod(0o755)
+    return path
+
+
+def make_adb(bin_dir: Path) -> Path:
+    return _script(Path(bin_dir) / "adb", "adb", "main")
+
+
+def make_phone(phones: Path, serial: str, *, soc: str = "SM8750", arch: str = "v79", host_repo: Path,
+               product: str = "SM-S931B", fingerprint: str | None = None, state: str = "device",
+               charge_counter_uah: int = 3_000_000, drain_uah_per_s: float = 150.0) -> Path:
+    folder = Path(phones) / serial
+    (folder / "fs" / "data" / "local" / "tmp").mkdir(parents=True, exist_ok=True)
+    fingerprint = fingerprint or f"samsung/pa1qxxx/pa1q:15/AP3A.240905.015.A2/S931BXXU1AYA1:user/release-keys"
+    (folder / "phone.json").write_text(json.dumps({
+        "serial": serial, "state": state, "arch": arch, "host_repo": str(host_repo),
+        "props": {"ro.soc.model": soc, "ro.product.model": product, "ro.build.fingerprint": fingerprint,
+                  "ro.product.name": "pa1qxxx", "ro.product.device": "pa1q"},
+        "battery": {"level": 80, "charge_counter_uah": charge_counter_uah, "drain_uah_per_s": drain_uah_per_s,
+                    "full_uah": 3_750_000},
+        "unplug_when": None}, indent=2))
+    return folder
+
+
+def make_runtime(root: Path, version: str = "2.40.0.251030") -> Path:
+    sys.path.insert(0, str(HERE.parent))
+    from fake_qairt.make_sdk import make_sdk
+    root = make_sdk(Path(root), version)
+    _script(root / "bin" / "aarch64-android" / "qnn-net-run", "net_run", "main")
+    _script(root / "bin" / "x86_64-linux-clang" / "qnn-profile-viewer", "profile_viewer", "main")
+    (root / "lib" / "aarch64-android" / "libQnnCpu.so").write_bytes(b"stand-in libQnnCpu.so\n")
+    return root
+
+
+def set_phone(folder: Path, **changes) -> None:
+    data = json.loads((Path(folder) / "phone.json").read_text())
+    for key, value in changes.items():
+        if key in data["props"]:
+            data["props"][key] = value
+        else:
+            data[key] = value
+    (Path(folder) / "phone.json").write_text(json.dumps(data, indent=2))

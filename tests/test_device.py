@@ -1,0 +1,267 @@
+"""Device tasks (issue 29) against stand-in phones: a fake adb (each phone a folder) and a stand-in aarch64
+qnn-net-run that runs the pushed binary on the x86 HTP emulator (tests/fake_phone/). Nothing here ran on a phone."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_doit
+from fake_phone.make_phone import make_adb, make_phone, make_runtime, set_phone
+
+SERIAL = "R5CX1234ABC"
+DEVICES_TOML = f'[devices.s25]\nserial = "{SERIAL}"\nsoc = "SM8750"\nmodel = "SM-S931B"\n'
+CHECK = "device_check:tinynet/encoder/w8a16@s25"
+RESULT = "out/tinynet/w8a16/SM8750/encoder.device.s25.json"
+
+
+@pytest.fixture
+def phone_env(tinynet_repo, tmp_path, monkeypatch):
+    """The built tiny repo with devices.toml, one stand-in S25 (SM8750) plugged in and a stand-in QAIRT runtime."""
+    bin_dir = tmp_path / "adb-bin"
+    make_adb(bin_dir)
+    phones = tmp_path / "phones"
+    phone = make_phone(phones, SERIAL, host_repo=tinynet_repo)
+    runtime = make_runtime(tmp_path / "qairt" / "2.40.0.251030")
+    log = tmp_path / "adb.log"
+    log.write_text("")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_ADB_PHONES", str(phones))
+    monkeypatch.setenv("FAKE_ADB_LOG", str(log))
+    monkeypatch.setenv("BUILD_RULES_QNN_RUNTIME", str(runtime))
+    monkeypatch.delenv("QNN_SDK_ROOT", raising=False)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    (tinynet_repo / "devices.toml").write_text(DEVICES_TOML)
+
+    class Env:
+        repo, folder, phones_dir = tinynet_repo, phone, phones
+
+        @staticmethod
+        def calls() -> list[list[str]]:
+            return [json.loads(line)["argv"] for line in log.read_text().splitlines()]
+
+        @staticmethod
+        def clear() -> None:
+            log.write_text("")
+    return Env
+
+
+def _pushes(calls):
+    return [c for c in calls if "push" in c]
+
+
+def _net_runs(calls):
+    return [" ".join(c) for c in calls if "shell" in c and "--retrieve_context" in " ".join(c)]
+
+
+def test_device_check_passes_with_the_emulators_numbers_and_pushes_nothing_twice(phone_env):
+    repo = phone_env.repo
+    result = run_doit(repo, CHECK)
+    assert result.code == 0, result.output
+    record = json.loads((repo / RESULT).read_text())
+    check = json.loads((repo / "out/tinynet/w8a16/SM8750/encoder.check.json").read_text())
+    emulator = check["summary"]
+    # the same binary through the stand-in qnn-net-run on the HTP emulator: the emulator's numerics, within the
+    # float32 raw-file round trip (qnn-net-run's float outputs vs the EPContext model's DequantizeLinear)
+    assert record["summary"]["cosine"] == pytest.approx(emulator["cosine"], abs=1e-5)
+    assert 0.99 <= record["summary"]["cosine"] < 1.0
+    assert record["passed"] is True and record["gated"][0]["gate"] == "cosine >= 0.99"
+    assert record["phone_model"] == "SM-S931B" and record["chip"] == "SM8750" and record["samples"] == check["samples"]
+    assert record["fingerprint"].startswith("samsung/pa1qxxx/pa1q:15/")
+    assert record["runtime"] == {"version": "2.40.0", "build_id": "251030"}
+    assert record["quantization"]["activations"] == "uint16"
+    first = _pushes(phone_env.calls())
+    pushed = {Path(c[-1]).name for c in first}
+    assert {"libQnnHtp.so", "libQnnHtpV79Stub.so", "libQnnSystem.so", "libQnnHtpV79Skel.so", "qnn-net-run",
+            "encoder.bin", "input_list.txt"} <= pushed
+    assert not any("V73" in name or "Prepare" in name for name in pushed)  # only the phone's arch; no prepare lib
+    phone_env.clear()
+    again = run_doit(repo, CHECK)
+    assert again.code == 0, again.output
+    assert _pushes(phone_env.calls()) == []  # everything already there, by sha256
+    assert _net_runs(phone_env.calls()) == []  # same binary, runtime, phone build: the saved numbers, judged again
+    assert json.loads((repo / RESULT).read_text())["summary"] == record["summary"]
+    set_phone(phone_env.folder, **{"ro.build.fingerprint": "samsung/pa1qxxx/pa1q:16/BP2A.250605.031/S931BXXU3BYF1:user/"
+                                                           "release-keys"})  # an OTA update: measured again
+    phone_env.clear()
+    assert run_doit(repo, CHECK).code == 0
+    assert len(_net_runs(phone_env.calls())) == 1 and _pushes(phone_env.calls()) == []
+    assert json.loads((repo / RESULT).read_text())["fingerprint"].startswith("samsung/pa1qxxx/pa1q:16/")
+
+
+def test_device_check_fails_its_gate_with_the_numbers_kept(phone_env):
+    repo = phone_env.repo
+    toml = repo / "models/tinynet/model.toml"
+    toml.write_text(toml.read_text().replace('gate = { metric = "cosine", min = 0.99 }',
+                                             'gate = { metric = "cosine", min = 0.9999999 }'))
+    result = run_doit(repo, CHECK)
+    assert result.code != 0
+    record = json.loads((repo / RESULT).read_text())
+    assert record["passed"] is False and record["gated"][0]["passed"] is False
+    short = 0.9999999 - record["summary"]["cosine"]
+    assert f"{CHECK}: gate failed: cosine = " in result.output and f"(short by {short:.4g})" in result.output
+
+
+def test_a_phone_of_another_soc_is_refused_naming_both(phone_env):
+    set_phone(phone_env.folder, **{"ro.soc.model": "SM8650"})
+    result = run_doit(phone_env.repo, CHECK)
+    assert result.code != 0
+    assert ("phone s25 (R5CX1234ABC) reports ro.soc.model 'SM8650', but devices.toml names SM8750 and the binary is "
+            "compiled for SM8750 (v79)") in result.output
+    assert _pushes(phone_env.calls()) == [] and not (phone_env.repo / RESULT).exists()
+
+
+def test_a_soc_with_no_chip_is_refused_naming_both(phone_env):
+    set_phone(phone_env.folder, **{"ro.soc.model": "SM7675"})  # Snapdragon 7+ Gen 3: not in chips.toml
+    result = run_doit(phone_env.repo, CHECK)
+    assert result.code != 0
+    assert "reports ro.soc.model 'SM7675', which maps to no chip in chips.toml (chips: SM8550, SM8650" in result.output
+    assert _pushes(phone_env.calls()) == []
+    (phone_env.repo / "devices.toml").write_text(DEVICES_TOML.replace('soc = "SM8750"', 'soc = "SM7675"'))
+    listed = run_doit(phone_env.repo, "list")
+    assert listed.code != 0
+    assert "devices.toml [devices.s25]: soc = 'SM7675' (the phone's ro.soc.model) maps to no chip in chips.toml" \
+        in listed.output
+
+
+def test_without_an_sdk_the_task_fails_before_touching_the_phone(phone_env, monkeypatch):
+    monkeypatch.delenv("BUILD_RULES_QNN_RUNTIME")
+    result = run_doit(phone_env.repo, CHECK)
+    assert result.code != 0
+    assert f"{CHECK}: no QNN runtime for the phone: set QNN_SDK_ROOT to an unpacked QAIRT SDK" in result.output
+    assert "BUILD_RULES_QNN_RUNTIME" in result.output and "onnxruntime-qnn's wheel has no Android libraries" \
+        in result.output
+    assert phone_env.calls() == []  # adb never ran
+
+
+def test_a_phone_unplugged_mid_run_gives_a_clear_error_and_no_result(phone_env):
+    set_phone(phone_env.folder, unplug_when="qnn-net-run --backend")
+    result = run_doit(phone_env.repo, CHECK)
+    assert result.code != 0
+    assert "adb exit 1" in result.output and "adb: device 'R5CX1234ABC' not found" in result.output
+    assert "the phone s25 (R5CX1234ABC) is not connected any more: plug it in" in result.output
+    assert not (phone_env.repo / RESULT).exists()
+
+
+def test_doit_list_never_calls_adb_and_lists_the_device_tasks(phone_env):
+    result = run_doit(phone_env.repo, "list", "--all")
+    assert result.code == 0, result.output
+    assert CHECK in result.output and "profile:tinynet/w8a16@s25" in result.output
+    assert "device_check:tinynet/encoder/w8a16@s25" in result.output
+    assert not any("SM8550" in line for line in result.output.splitlines() if "@s25" in line)
+    assert phone_env.calls() == []
+
+
+def test_list_command_prints_the_table_to_paste(phone_env):
+    make_phone(phone_env.phones_dir, "ZY22ABCDEF", soc="SM7675", arch="v73", host_repo=phone_env.repo,
+               product="moto edge 30 pro")
+    done = subprocess.run([sys.executable, "-m", "build_rules.device", "list"], cwd=phone_env.repo,
+                          capture_output=True, text=True, env=os.environ)
+    assert done.returncode == 0, done.stderr
+    assert f'[devices.sm-s931b]\nserial = "{SERIAL}"\nsoc = "SM8750"\nmodel = "SM-S931B"\n' in done.stdout
+    assert "# ro.build.fingerprint: samsung/pa1qxxx" in done.stdout
+    assert ("ZY22ABCDEF (moto edge 30 pro): ro.soc.model 'SM7675' maps to no chip in chips.toml (chips: SM8550"
+            in done.stderr)
+
+
+def test_report_shows_the_phone_beside_the_emulator_and_dist_lists_it(phone_env):
+    repo = phone_env.repo
+    assert run_doit(repo, CHECK).code == 0
+    phone_env.clear()
+    report = run_doit(repo, "report")
+    assert report.code == 0, report.output
+    assert phone_env.calls() == []  # the report reads the result; it never runs the phone task again
+    text = (repo / "out/tinynet/report.md").read_text()
+    table = text.split("## On phones", 1)[1]
+    row = next(line for line in table.splitlines() if line.startswith("| w8a16 | SM8750 | encoder | "))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    record = json.loads((repo / RESULT).read_text())
+    assert cells[4:7] == ["s25", "SM-S931B", record["fingerprint"]]
+    assert cells[7] == "2.40.0 251030" and cells[10] == "pass (cosine >= 0.99)"
+    assert float(cells[8]) == pytest.approx(record["summary"]["cosine"], abs=1e-6)
+    assert float(cells[3]) == pytest.approx(float(cells[8]), abs=1e-5)  # emulator beside phone
+    dist = run_doit(repo, "dist:tinynet/w8a16")
+    assert dist.code == 0, dist.output
+    assert phone_env.calls() == []
+    index = json.loads((repo / "out/tinynet/dist/w8a16/index.json").read_text())
+    entry = index["chips"]["SM8750"]["device_checks"]["encoder"]["s25"]
+    assert entry["passed"] is True and entry["fingerprint"] == record["fingerprint"]
+    assert "device_checks" not in index["chips"]["SM8550"]
+
+
+def test_profile_reads_back_latencies_and_says_why_no_cpu_baseline(phone_env, monkeypatch):
+    monkeypatch.setenv("BUILD_RULES_PROFILE_RUNS", "6")
+    monkeypatch.setenv("BUILD_RULES_PROFILING_LEVEL", "detailed")
+    result = run_doit(phone_env.repo, "profile:tinynet/fp16@s25")
+    assert result.code == 0, result.output
+    record = json.loads((phone_env.repo / "out/tinynet/fp16/SM8750/profile.s25.json").read_text())
+    assert record["perf_profile"] == "burst" and set(record["graphs"]) == {"encoder", "head"}
+    for t in record["graphs"].values():
+        assert t["runs"] == 6 and t["warmup"] == 3
+        assert 0 < t["median_ms"] <= t["p90_ms"] and t["load_ms"] > 0 and t["first_ms"] > 0
+        assert 0 < t["accelerator_median_ms"] <= t["median_ms"]  # QNN's own rows, from the emulator's profiling
+        assert t["accelerator_cycles_median"] > 0 and t["top_ops"]  # detailed: per-op cycles
+        assert all(0 <= op["share"] <= 1 for op in t["top_ops"]) and sum(op["share"] for op in t["top_ops"]) <= 1.01
+        assert t["cpu"]["measured"] is False and "QNN's CPU backend runs model libraries" in t["cpu"]["reason"]
+    runs = _net_runs(phone_env.calls())
+    assert len(runs) == 2 and all("--perf_profile burst --profiling_level detailed --num_inferences 9" in c
+                                  for c in runs)
+    assert run_doit(phone_env.repo, "report").code == 0
+    table = (phone_env.repo / "out/tinynet/report.md").read_text().split("## Latency on phones", 1)[1]
+    row = next(line for line in table.splitlines() if line.startswith("| fp16 | SM8750 | s25 | encoder | burst |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(cells[7]) == pytest.approx(record["graphs"]["encoder"]["median_ms"], rel=1e-3)
+    assert cells[9] == "not measured"
+
+
+def _battery(folder: Path) -> dict:
+    return json.loads((folder / "battery.json").read_text())
+
+
+def test_power_measures_drain_and_cpu_share_and_resets_the_battery(phone_env, monkeypatch):
+    monkeypatch.setenv("BUILD_RULES_POWER_SECONDS", "4")
+    monkeypatch.setenv("BUILD_RULES_POWER_SAMPLE", "1")
+    result = run_doit(phone_env.repo, "power:tinynet/w8a16@s25")
+    assert result.code == 0, result.output
+    record = json.loads((phone_env.repo / "out/tinynet/w8a16/SM8750/power.s25.json").read_text())
+    npu = record["npu"]
+    assert npu["mah_per_hour"] == pytest.approx(150 * 3600 / 1000, rel=0.05)  # the stand-in's 150 uAh/s
+    assert npu["cpu_percent_samples"] and npu["cpu_percent_mean"] > 5  # the emulator loop is busy on the host CPU
+    assert record["cpu"]["measured"] is False
+    assert "screen off (or the same brightness)" in record["hold_fixed"]
+    assert _battery(phone_env.folder)["unplugged"] is False
+    shells = [" ".join(c) for c in phone_env.calls() if "shell" in c]
+    assert any("dumpsys battery unplug" in s for s in shells) and "dumpsys battery reset" in shells[-1]
+    assert run_doit(phone_env.repo, "report").code == 0
+    table = (phone_env.repo / "out/tinynet/report.md").read_text().split("## Power on phones", 1)[1]
+    assert f"| w8a16 | SM8750 | s25 | NPU | {npu['seconds']:.4g} | " in table
+    assert "| w8a16 | SM8750 | s25 | CPU | not measured |" in table
+
+
+def test_power_restores_the_battery_state_after_a_failure_and_on_ctrl_c(phone_env, monkeypatch):
+    monkeypatch.setenv("BUILD_RULES_POWER_SECONDS", "30")
+    set_phone(phone_env.folder, battery={"level": 80, "charge_counter_uah": 3_000_000, "drain_uah_per_s": 150,
+                                         "full_uah": 3_750_000, "sysfs": False})  # no /sys battery node: it fails
+    result = run_doit(phone_env.repo, "power:tinynet/w8a16@s25")
+    assert result.code != 0
+    assert ("power:tinynet/w8a16@s25: on s25 (R5CX1234ABC): `cat /sys/class/power_supply/battery/charge_counter"
+            in result.output)
+    assert "the battery state was restored (dumpsys battery reset)" in result.output
+    assert _battery(phone_env.folder)["unplugged"] is False
+    assert not (phone_env.repo / "out/tinynet/w8a16/SM8750/power.s25.json").exists()
+
+    set_phone(phone_env.folder, battery={"level": 80, "charge_counter_uah": 3_000_000, "drain_uah_per_s": 150,
+                                         "full_uah": 3_750_000})  # the node back: now a Ctrl-C while sampling
+    from build_rules.device import power
+
+    def interrupted(seconds):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(power, "_sleep", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_doit(phone_env.repo, "power:tinynet/w8a16@s25")
+    assert _battery(phone_env.folder)["unplugged"] is False
+    assert "dumpsys battery reset" in " ".join(phone_env.calls()[-1])
