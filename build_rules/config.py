@@ -203,6 +203,8 @@ class Variant:
     quantizer: str = "ort"  # "aimet": the aimet stage makes the QDQ model and an encodings JSON
     techniques: tuple[str, ...] = ()  # aimet techniques, in the order they are applied
     technique_params: dict[str, dict[str, int]] = factory(dict)  # e.g. {"seq_mse": {"candidates": 20}}
+    block_size: int | None = None  # LPBQ: int4 weights in blocks of this many input channels (block_quant.py)
+    weight_overrides: dict[str, str] = factory(dict)  # node -> type of its weight (per-layer weight bits)
 
     @property
     def is_aimet(self) -> bool:
@@ -235,7 +237,10 @@ class Variant:
                 # only for aimet variants: an ort variant's settings (and so its task keys) stay as they were
                 **({"quantizer": "aimet", "techniques": list(self.techniques),
                     "technique_params": {t: self.technique_params[t] for t in self.techniques
-                                         if t in self.technique_params}} if self.is_aimet else {})}
+                                         if t in self.technique_params}} if self.is_aimet else {}),
+                # only when set: other variants' task keys stay as they were
+                **({"block_size": self.block_size} if self.block_size else {}),
+                **({"weight_overrides": dict(sorted(self.weight_overrides.items()))} if self.weight_overrides else {})}
 
 
 @record
@@ -705,9 +710,10 @@ def _asked_samples(raw_variants: dict, where: str) -> int | None:
 
 
 VARIANT_KEYS = ("inherits", "precision", "activations", "weights", "per_channel", "calibration", "overrides",
-                "node_overrides", "graphs", "quantizer", "techniques", *TECHNIQUE_PARAMS)
+                "node_overrides", "graphs", "quantizer", "techniques", *TECHNIQUE_PARAMS, "block_size",
+                "weight_overrides")
 # Tables a variant adds to the ones it inherits (key by key) instead of replacing them.
-MERGED_VARIANT_TABLES = ("overrides", "node_overrides", "graphs", *TECHNIQUE_PARAMS)
+MERGED_VARIANT_TABLES = ("overrides", "node_overrides", "graphs", *TECHNIQUE_PARAMS, "weight_overrides")
 
 
 def _merged_variant(name: str, raw_variants: dict, where: str, seen: tuple = ()) -> dict:
@@ -786,7 +792,25 @@ def _variant(t: _Table, name: str, raw_variants: dict, graphs: dict[str, Graph])
                    per_channel=t.get("per_channel", bool, True), calibration_method=method,
                    calibration_samples=samples, overrides=_override_table(t, "overrides"),
                    node_overrides=_override_table(t, "node_overrides"), graph_overrides=graph_overrides,
-                   quantizer=quantizer, techniques=techniques, technique_params=technique_params)
+                   quantizer=quantizer, techniques=techniques, technique_params=technique_params,
+                   **_block_settings(t, weights))
+
+
+def _block_settings(t: _Table, weights: str) -> dict:
+    """block_size and weight_overrides of a quantized variant (LPBQ, per-layer weight bits: block_quant.py)."""
+    from . import block_quant
+    block_size = t.data.get("block_size")
+    if block_size is not None:
+        problem = block_quant.check_block_size(block_size)
+        if problem:
+            raise t.error("block_size", problem)
+        if weights not in block_quant.BLOCK_WEIGHTS:
+            raise t.error("block_size", f"blocks need weights = {' or '.join(map(repr, block_quant.BLOCK_WEIGHTS))} "
+                                        f"(LPBQ is int4 weights decompressed to 8 bit), got weights = {weights!r}")
+    table = t.table("weight_overrides", {})
+    for node in table.data:
+        table.get(node, str, choices=WEIGHT_TYPES)
+    return {"block_size": block_size, "weight_overrides": dict(table.data)}
 
 
 def _quantizer(t: _Table) -> tuple[str, tuple[str, ...], dict[str, dict[str, int]]]:

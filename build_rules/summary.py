@@ -370,6 +370,16 @@ def _result_text(result: dict | None, metrics_key: str = "summary") -> str:
     return " ".join(f"{m} {metrics[m]:.4g}" for m in shown if isinstance(metrics.get(m), (int, float)))
 
 
+def _lpbq_text(manifest_path: str, graph: str) -> str:
+    """'LPBQ 3 of 4 weights' when the graph's binary runs block-quantized weights (its compile report says)."""
+    from .block_quant import describe
+    try:
+        report = json.loads((Path(manifest_path).parent / f"{graph}.compile.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    return describe(report.get("weight_encodings"))
+
+
 def _describe(manifest_path: str) -> str:
     from .toolchains.qnn_graph import describe as describe_float_ops
     try:
@@ -390,6 +400,7 @@ def _describe(manifest_path: str) -> str:
                 values.append(value)
             gate_text = "".join(f" {v}" for v in values)  # "cosine 1 sqnr 41.2": graphs are split by commas
         float_text = describe_float_ops(info.get("float_ops"))  # a quantized variant that is partly float
+        float_text = ", ".join(t for t in (float_text, _lpbq_text(manifest_path, graph)) if t)
         pieces = f" in {len(info['parts'])} parts" if info.get("parts") else ""  # a split graph
         parts.append(f"{graph} {info['bytes'] / 1e6:.2f} MB{pieces}{gate_text}"
                      + (f" [{float_text}]" if float_text else ""))
