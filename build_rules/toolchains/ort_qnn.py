@@ -317,8 +317,11 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
                 raise ValueError(f"weight override names {node_name!r}, which is no node with a weight in "
                                  f"{float_model} (after qnn_preprocess_model)"
                                  f"{did_you_mean(node_name, [n.name for n in model.graph.node if len(n.input) > 1 and n.input[1] in initializers])}")
-            init_overrides[node.input[1]] = [{"quant_type": getattr(QuantType, _choice(
-                f"weight override type for node {node_name!r}", wtype, _WEIGHT_TYPES))}]
+            entry = {"quant_type": getattr(QuantType, _choice(f"weight override type for node {node_name!r}", wtype,
+                                                                _WEIGHT_TYPES))}
+            if per_channel:  # an override without an axis is per-tensor
+                entry["axis"] = _output_channel_axis(node, model)
+            init_overrides[node.input[1]] = [entry]
         if wgt_name in ("QInt8", "QInt4"):
             # HTP's LayerNormalization takes no signed weights (QNN error 0xc26 on every one: a transformer at int4
             # or int8 would not compile): its scale, a few hundred values, stays uint8
@@ -363,6 +366,18 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
         except BaseException:
             _unlink(Path(tmp_out))
             raise
+
+
+def _output_channel_axis(node, model) -> int:
+    """The axis of a weight (input 1) that holds the node's output channels: per-channel scales run along it."""
+    if node.op_type == "Conv":
+        return 0
+    if node.op_type == "ConvTranspose":
+        return 1
+    if node.op_type == "Gemm":
+        return 0 if any(a.name == "transB" and a.i for a in node.attribute) else 1
+    rank = next(len(i.dims) for i in model.graph.initializer if i.name == node.input[1])
+    return rank - 1  # MatMul: [..., K, N]
 
 
 def calibration_ranges(float_model: Path, output: Path, calibration: list[dict[str, "np.ndarray"]], *,

@@ -1,0 +1,149 @@
+"""LPBQ (block_quant.py, docs/block_quantization.md) on a real graph: tests/models/ffn_lpbq, a feed-forward block
+whose Linear layers have 96 (cannot be blocked by 64), 128 and 384 input channels, and a head kept at int8 by a
+weight override. Built for two chips and checked on the HTP emulator."""
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+
+from conftest import TEST_MODELS, make_repo, run_doit
+
+
+def lpbq_repo(dest: Path) -> Path:
+    import torch
+    repo = make_repo(dest, {"ffn_lpbq": TEST_MODELS / "ffn_lpbq"})
+    folder = repo / "models/ffn_lpbq"
+    torch.manual_seed(0)
+    torch.save(runpy.run_path(str(folder / "hooks.py"))["module_class"]()().state_dict(), folder / "block.pt")
+    toml = folder / "model.toml"  # w8a16 is for the benchmark only
+    text = toml.read_text()
+    start = text.index("[variants.w8a16]")
+    toml.write_text(text[:start] + text[text.index("[variants.w4a16]"):])
+    return repo
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    repo = lpbq_repo(tmp_path_factory.mktemp("lpbq"))
+    result = run_doit(repo)
+    assert result.code == 0, result.output
+    return repo, result
+
+
+def _weights(qdq: Path) -> dict[str, tuple[int, int]]:
+    """MatMul/Gemm node -> (ONNX type of its quantized weight, block_size of its DequantizeLinear or 0)."""
+    import onnx
+    model = onnx.load(str(qdq))
+    inits = {i.name: i.data_type for i in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    found = {}
+    for node in model.graph.node:
+        if node.op_type in ("MatMul", "Gemm"):
+            dq = producers[node.input[1]]
+            block = next((a.i for a in dq.attribute if a.name == "block_size"), 0)
+            found[node.name] = (inits[dq.input[0]], block)
+    return found
+
+
+def test_an_lpbq_variant_compiles_for_two_chips_runs_lpbq_on_the_htp_and_passes_its_gate(built):
+    repo, result = built
+    for chip in ("SM8750", "SM8550"):
+        check = json.loads((repo / f"out/ffn_lpbq/lpbq/{chip}/block.check.json").read_text())
+        assert [g["passed"] for g in check["gated"]] == [True] and check["summary"]["cosine"] >= 0.99, check["gated"]
+        assert check["float_ops"]["count"] == 0
+        compiled = json.loads((repo / f"out/ffn_lpbq/lpbq/{chip}/block.compile.json").read_text())
+        # QNN_QUANTIZATION_ENCODING_BLOCKWISE_EXPANSION in the QNN graph the compile built: LPBQ, not a fallback
+        assert compiled["weight_encodings"] == {"LPBQ": 2, "per-channel (bitwidth)": 1, "per-channel": 1}, compiled
+        assert compiled["ops"]["cpu_io"] == ["y_DequantizeLinear"]  # nothing but the graph output's DQ on the CPU
+        assert f"out/ffn_lpbq/lpbq/{chip}: block 0.14 MB cosine" in result.output
+    assert "[LPBQ 2 of 4 weights]" in result.output
+    # LPBQ holds better than per-channel int4 on the same weights
+    lpbq = json.loads((repo / "out/ffn_lpbq/lpbq/SM8750/block.check.json").read_text())["summary"]["cosine"]
+    per_channel = json.loads((repo / "out/ffn_lpbq/w4a16/SM8750/block.check.json").read_text())["summary"]["cosine"]
+    assert lpbq > per_channel, (lpbq, per_channel)
+
+
+def test_layers_that_cannot_be_blocked_keep_per_channel_weights_and_the_log_says_why(built):
+    import onnx
+    repo, _ = built
+    weights = _weights(repo / "out/ffn_lpbq/lpbq/block.qdq.onnx")
+    int4, int8 = onnx.TensorProto.INT4, onnx.TensorProto.INT8
+    # the blocked Gemms became MatMuls (the EP fuses LPBQ only into a MatMul); the others stay Gemms
+    assert weights == {"Gemm_1": (int4, 0), "Gemm_4_MatMul": (int4, 64), "Gemm_5_MatMul": (int4, 64),
+                       "Gemm_6": (int8, 0)}, weights
+    log = (repo / "out/ffn_lpbq/lpbq/block.quantize.log").read_text()
+    assert "LPBQ (block_size 64): 2 layer(s) blocked: Gemm_4, Gemm_5" in log
+    assert "Gemm_1: per-channel (96 input channels are not a multiple of block_size 64)" in log
+    assert "Gemm_6: per-channel (weight override to int8)" in log
+
+
+def test_a_blockwise_weight_the_htp_runs_in_float_fails_the_compile(built, tmp_path):
+    """A blockwise DequantizeLinear with float block scales (no integer-scale DequantizeLinear before it) compiles,
+    all on the HTP, but as a float FullyConnected with blockwise weights, not LPBQ: the compile stage refuses it."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from build_rules.errors import BuildError
+    from build_rules.stages.compile import _lpbq_check
+    from build_rules.toolchains import ort_qnn
+    repo, _ = built
+    model = onnx.load(str(repo / "out/ffn_lpbq/lpbq/block.qdq.onnx"))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for node in [n for n in model.graph.node if n.name.endswith("_scale_DequantizeLinear")]:
+        ints, scale = inits[node.input[0]], inits[node.input[1]]
+        model.graph.initializer.append(numpy_helper.from_array((ints * scale).astype(np.float32), node.output[0]))
+        model.graph.node.remove(node)
+    path = tmp_path / "bq.onnx"
+    onnx.save(model, str(path))
+    result = ort_qnn.compile_context_binary(path, tmp_path / "out", "bq", soc_model=69, vtcm_mb=8, fp16=False)
+    assert result["weight_encodings"] == {"blockwise (float compute)": 2, "per-channel (bitwidth)": 1,
+                                          "per-channel": 1}, result["weight_encodings"]
+    with pytest.raises(BuildError) as error:
+        _lpbq_check({"name": "compile:bq", "onnx": str(path)}, result["weight_encodings"])
+    assert "has 2 block-quantized weight(s) but the compiled QNN graph runs 0 as LPBQ" in str(error.value)
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("block_size = 48", "block_size: block size 48 is not one the HTP takes (allowed: 16, 32, 64, 128)"),
+    ("block_size = \"64\"", "block_size: block size '64' is not one the HTP takes (allowed: 16, 32, 64, 128)"),
+])
+def test_a_block_size_the_htp_does_not_take_fails_at_load_time(tmp_path, setting, message):
+    repo = make_repo(tmp_path, {"ffn_lpbq": TEST_MODELS / "ffn_lpbq"})
+    toml = repo / "models/ffn_lpbq/model.toml"
+    toml.write_text(toml.read_text().replace("block_size = 64", setting))
+    result = run_doit(repo, "list")
+    assert result.code != 0
+    assert f"models/ffn_lpbq/model.toml: [variants.lpbq] {message}" in result.output, result.output
+
+
+def test_blocks_need_int4_weights(tmp_path):
+    repo = make_repo(tmp_path, {"ffn_lpbq": TEST_MODELS / "ffn_lpbq"})
+    toml = repo / "models/ffn_lpbq/model.toml"
+    text = toml.read_text()
+    lpbq = text.index("[variants.lpbq]")
+    toml.write_text(text[:lpbq] + text[lpbq:].replace('weights = "int4"', 'weights = "int8"', 1))
+    result = run_doit(repo, "list")
+    assert result.code != 0
+    assert ("[variants.lpbq] block_size: blocks need weights = 'int4' (LPBQ is int4 weights decompressed to 8 bit), "
+            "got weights = 'int8'") in result.output, result.output
+
+
+def test_the_quantize_stage_is_cached_and_reruns_when_the_block_size_changes(built):
+    repo, _ = built
+    again = run_doit(repo)
+    assert again.code == 0 and not again.ran, again.output
+    toml = repo / "models/ffn_lpbq/model.toml"
+    toml.write_text(toml.read_text().replace("block_size = 64", "block_size = 32"))
+    changed = run_doit(repo)
+    assert changed.code == 0, changed.output
+    assert changed.ran_stage("quantize") == {"quantize:ffn_lpbq/block/lpbq"}
+    assert changed.ran_stage("compile") == {"compile:ffn_lpbq/block/lpbq@SM8750", "compile:ffn_lpbq/block/lpbq@SM8550"}
+    weights = _weights(repo / "out/ffn_lpbq/lpbq/block.qdq.onnx")
+    # 96 input channels are 3 blocks of 32: now every int4 layer is blocked
+    assert {n: b for n, (_, b) in weights.items()} == {"Gemm_1_MatMul": 32, "Gemm_4_MatMul": 32,
+                                                       "Gemm_5_MatMul": 32, "Gemm_6": 0}, weights
+    assert "[LPBQ 3 of 4 weights]" in changed.output
