@@ -55,6 +55,75 @@ def _lpbq_params(w, block: int):
     return q, ints.astype(np.uint8), per_channel.astype(np.float32)
 
 
+def _unblockable(k: int, block_size: int) -> str | None:
+    """Why a weight with k input channels cannot be blocked by block_size, or None."""
+    if k % block_size:
+        return f"{k} input channels are not a multiple of block_size {block_size}"
+    if k // block_size == _EMULATOR_CRASH_BLOCKS and block_size >= 64:
+        return (f"{k} input channels make {_EMULATOR_CRASH_BLOCKS} blocks of {block_size}, which crash the x86 HTP "
+                "emulator (onnxruntime-qnn 2.7.0)")
+    return None
+
+
+def unblockable(float_model, block_size: int) -> dict[str, str]:
+    """MatMul / Gemm nodes of a float model (onnx.ModelProto) whose constant weight cannot be blocked: node -> why.
+    The aimet stage excludes them from AIMET's grouped blockwise quantization."""
+    from onnx import helper
+    shapes = {i.name: list(i.dims) for i in float_model.graph.initializer}
+    found = {}
+    for node in float_model.graph.node:
+        if node.op_type not in BLOCKED_OPS or len(node.input) < 2 or node.input[1] not in shapes:
+            continue
+        dims = shapes[node.input[1]]
+        transposed = node.op_type == "Gemm" and any(a.name == "transB" and helper.get_attribute_value(a)
+                                                    for a in node.attribute)
+        if len(dims) != 2:
+            found[node.name] = f"its weight has {len(dims)} dimensions (2 needed)"
+            continue
+        reason = _unblockable(dims[1] if transposed else dims[0], block_size)
+        if reason:
+            found[node.name] = reason
+    return found
+
+
+def matmul_for_blocked_gemms(qdq_model: Path) -> list[str]:
+    """A QDQ model's Gemms whose weight is block-quantized (AIMET's LPBQ export) rewritten in place as MatMul + Add,
+    which onnxruntime-qnn fuses into LPBQ (a Gemm it does not). Returns the Gemms rewritten."""
+    import onnx
+    from onnx import helper
+    model = onnx.load(str(qdq_model))
+    inits = {i.name: i for i in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    consumers: dict[str, list] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    replaced, dropped, done = {}, set(), []
+    for node in model.graph.node:
+        if node.op_type != "Gemm" or len(node.input) < 2:
+            continue
+        dq = producers.get(node.input[1])
+        if dq is None or dq.op_type != "DequantizeLinear" or not any(a.name == "block_size" for a in dq.attribute):
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        readers = consumers.get(node.output[0], [])
+        if attrs.get("transA", 0) or attrs.get("transB", 0) or attrs.get("alpha", 1.0) != 1.0 \
+                or attrs.get("beta", 1.0) != 1.0 or len(readers) != 1 or readers[0].op_type != "QuantizeLinear":
+            raise ValueError(f"{qdq_model}: Gemm {node.name!r} has a block-quantized weight but is no plain "
+                             "Gemm(A, W, b) -> QuantizeLinear: it cannot become the MatMul the EP fuses into LPBQ")
+        replaced[id(node)] = _gemm_as_matmul(node, node.input[1], readers[0], inits, producers, model, dropped)
+        done.append(node.name)
+    if done:
+        nodes = [m for n in model.graph.node if id(n) not in dropped for m in replaced.get(id(n), [n])]
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        used = {i for n in model.graph.node for i in n.input}
+        for init in [i for i in model.graph.initializer if i.name not in used]:
+            model.graph.initializer.remove(init)
+        _save(model, Path(qdq_model))
+    return done
+
+
 def apply_lpbq(qdq_model: Path, float_model, block_size: int, keep: dict[str, str] | None = None) -> dict:
     """Rewrite `qdq_model` in place (atomically) to LPBQ weights; see the module doc.
     float_model: the float onnx.ModelProto the quantizer read (after qnn_preprocess_model): the weights' float values.
@@ -111,13 +180,9 @@ def apply_lpbq(qdq_model: Path, float_model, block_size: int, keep: dict[str, st
             continue
         if attrs.get("transB", 0):
             w = w.T
-        k = w.shape[0]
-        if k % block_size:
-            per_channel[name] = f"{k} input channels are not a multiple of block_size {block_size}"
-            continue
-        if k // block_size == _EMULATOR_CRASH_BLOCKS and block_size >= 64:
-            per_channel[name] = (f"{k} input channels make {_EMULATOR_CRASH_BLOCKS} blocks of {block_size}, which "
-                                 "crash the x86 HTP emulator (onnxruntime-qnn 2.7.0)")
+        reason = _unblockable(w.shape[0], block_size)
+        if reason:
+            per_channel[name] = reason
             continue
         out_q = None
         if node.op_type == "Gemm":

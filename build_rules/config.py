@@ -793,10 +793,10 @@ def _variant(t: _Table, name: str, raw_variants: dict, graphs: dict[str, Graph])
                    calibration_samples=samples, overrides=_override_table(t, "overrides"),
                    node_overrides=_override_table(t, "node_overrides"), graph_overrides=graph_overrides,
                    quantizer=quantizer, techniques=techniques, technique_params=technique_params,
-                   **_block_settings(t, weights))
+                   **_block_settings(t, weights, quantizer))
 
 
-def _block_settings(t: _Table, weights: str) -> dict:
+def _block_settings(t: _Table, weights: str, quantizer: str) -> dict:
     """block_size and weight_overrides of a quantized variant (LPBQ, per-layer weight bits: block_quant.py)."""
     from . import block_quant
     block_size = t.data.get("block_size")
@@ -809,7 +809,7 @@ def _block_settings(t: _Table, weights: str) -> dict:
                                         f"(LPBQ is int4 weights decompressed to 8 bit), got weights = {weights!r}")
     table = t.table("weight_overrides", {})
     for node in table.data:
-        table.get(node, str, choices=WEIGHT_TYPES)
+        table.get(node, str, choices=AIMET_WEIGHTS if quantizer == "aimet" else WEIGHT_TYPES)
     return {"block_size": block_size, "weight_overrides": dict(table.data)}
 
 

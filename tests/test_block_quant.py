@@ -3,13 +3,20 @@ whose Linear layers have 96 (cannot be blocked by 64), 128 and 384 input channel
 weight override. Built for two chips and checked on the HTP emulator."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import runpy
+import shutil
 from pathlib import Path
 
 import pytest
 
 from conftest import TEST_MODELS, make_repo, run_doit
+from fake_qairt.make_sdk import make_sdk
+from test_qairt_toolchain import VERSION, recorded, use_sdk
+
+AIMET = importlib.util.find_spec("aimet_onnx") is not None
+needs_aimet = pytest.mark.skipif(not AIMET, reason="aimet-onnx is not installed (pip install -e '.[aimet]')")
 
 
 def lpbq_repo(dest: Path) -> Path:
@@ -21,7 +28,10 @@ def lpbq_repo(dest: Path) -> Path:
     toml = folder / "model.toml"  # w8a16 is for the benchmark only
     text = toml.read_text()
     start = text.index("[variants.w8a16]")
-    toml.write_text(text[:start] + text[text.index("[variants.w4a16]"):])
+    text = text[:start] + text[text.index("[variants.w4a16]"):]
+    if not AIMET:  # the aimet variant needs the `aimet` extra
+        text = text[:text.index("# the same with AIMET")]
+    toml.write_text(text)
     return repo
 
 
@@ -132,6 +142,88 @@ def test_blocks_need_int4_weights(tmp_path):
             "got weights = 'int8'") in result.output, result.output
 
 
+@needs_aimet
+def test_the_aimet_quantizer_writes_lpbq_that_runs_on_the_htp(built):
+    import onnx
+    repo, result = built
+    for chip in ("SM8750", "SM8550"):
+        check = json.loads((repo / f"out/ffn_lpbq/lpbq_aimet/{chip}/block.check.json").read_text())
+        assert [g["passed"] for g in check["gated"]] == [True] and check["summary"]["cosine"] >= 0.99, check["gated"]
+        compiled = json.loads((repo / f"out/ffn_lpbq/lpbq_aimet/{chip}/block.compile.json").read_text())
+        assert compiled["weight_encodings"]["LPBQ"] == 2, compiled["weight_encodings"]
+    report = json.loads((repo / "out/ffn_lpbq/lpbq_aimet/block.aimet.json").read_text())["lpbq"]
+    assert report["blocked"] == ["Gemm_4", "Gemm_5"] and report["as_matmul"] == ["Gemm_4", "Gemm_5"]
+    assert report["per_channel"] == {"Gemm_1": "96 input channels are not a multiple of block_size 64",
+                                     "Gemm_6": "weight override to int8"}
+    weights = _weights(repo / "out/ffn_lpbq/lpbq_aimet/block.qdq.onnx")
+    int4, int8 = onnx.TensorProto.INT4, onnx.TensorProto.INT8
+    assert weights == {"Gemm_1": (int4, 0), "Gemm_4_MatMul": (int4, 64), "Gemm_5_MatMul": (int4, 64),
+                       "Gemm_6": (int8, 0)}, weights
+    # the encodings the qairt converters take: LPBQ (AIMET's 1.0.0 form) for the blocked weights
+    encodings = json.loads((repo / "out/ffn_lpbq/lpbq_aimet/block.encodings.json").read_text())
+    kinds = {e["name"]: (e["enc_type"], e["bw"], e.get("block_size")) for e in encodings["param_encodings"]
+             if e["name"].startswith("val_")}
+    assert sorted(kinds.values()) == [("LPBQ", 8, 64), ("LPBQ", 8, 64), ("PER_CHANNEL", 4, None),
+                                      ("PER_CHANNEL", 8, None)], kinds
+
+
+@needs_aimet
+@pytest.mark.parametrize("flow", ["model-lib", "dlc"])
+def test_the_qairt_converters_receive_the_block_encodings(built, tmp_path, monkeypatch, flow):
+    repo = tmp_path / "repo"
+    shutil.copytree(built[0], repo, symlinks=True)
+    sdk = make_sdk(tmp_path / "qairt" / VERSION)
+    calls = tmp_path / "calls.jsonl"
+    use_sdk(monkeypatch, sdk, calls)
+    monkeypatch.setenv("BUILD_RULES_QAIRT_FLOW", flow)
+    refused = run_doit(repo, "list")  # onnxruntime's LPBQ lives in its QDQ model: the converters never see it
+    assert refused.code != 0
+    assert ("models/ffn_lpbq/model.toml: [variants.lpbq] block_size / weight_overrides: the qairt toolchain takes "
+            'block encodings from AIMET\'s encodings only: add quantizer = "aimet"') in refused.output
+    toml = repo / "models/ffn_lpbq/model.toml"
+    text = toml.read_text()
+    toml.write_text(text[:text.index("[variants.w4a16]")]
+                    + text[text.index("[variants.lpbq]"):].replace("[variants.lpbq]\n", '[variants.lpbq]\nquantizer = "aimet"\n'))
+    result = run_doit(repo, "compile:ffn_lpbq/block/lpbq_aimet@SM8750")
+    assert result.code == 0, result.output
+    converter = recorded(calls, "qnn-onnx-converter" if flow == "model-lib" else "qairt-converter")
+    argv = converter[0]
+    assert argv[argv.index("--quantization_overrides") + 1] == "out/ffn_lpbq/lpbq_aimet/block.encodings.json"
+    log = (repo / "out/ffn_lpbq/lpbq_aimet" / ("block.convert.log" if flow == "model-lib" else "block.quantize.log"))
+    assert "(2 LPBQ, block_size 64)" in log.read_text()
+
+
+def test_the_stand_in_converter_refuses_a_malformed_lpbq_encoding(tmp_path):
+    """What the stand-in checks of an LPBQ param encoding, on the test block's own weights."""
+    import onnx
+    from onnx import helper, numpy_helper
+    import numpy as np
+    from fake_qairt import tools
+    w = numpy_helper.from_array(np.zeros((128, 384), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 128])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 384])], [w])
+    model = helper.make_model(graph)
+    good = {"name": "w", "dtype": "INT", "enc_type": "LPBQ", "bw": 8, "compressed_bw": 4, "is_sym": True,
+            "block_size": 64, "scale": [0.1] * 384, "offset": [-128] * 384, "per_block_int_scale": [16] * 768}
+
+    def read(entry):
+        path = tmp_path / "enc.json"
+        path.write_text(json.dumps({"version": "1.0.0", "activation_encodings": [], "param_encodings": [entry]}))
+        return tools._read_overrides(str(path), model)
+
+    assert read(good)["params"]["w"]["enc_type"] == "LPBQ"
+    for change, message in [({"block_size": 48}, "block_size 48 does not divide the 128 input channels"),
+                            ({"per_block_int_scale": [17] * 768}, "values must be integers in [1, 16]"),
+                            ({"per_block_int_scale": [1] * 384}, "one integer per block (768), got 384"),
+                            ({"scale": [0.1] * 128, "offset": [-128] * 128},
+                             "LPBQ with 128 per-channel scales, the tensor has 384 output channels"),
+                            ({"offset": [0] * 384}, "LPBQ offsets must all be -128")]:
+        with pytest.raises(tools.Fail) as error:
+            read({**good, **change})
+        assert message in str(error.value)
+
+
 def test_the_quantize_stage_is_cached_and_reruns_when_the_block_size_changes(built):
     repo, _ = built
     again = run_doit(repo)
@@ -141,9 +233,13 @@ def test_the_quantize_stage_is_cached_and_reruns_when_the_block_size_changes(bui
     changed = run_doit(repo)
     assert changed.code == 0, changed.output
     assert changed.ran_stage("quantize") == {"quantize:ffn_lpbq/block/lpbq"}
-    assert changed.ran_stage("compile") == {"compile:ffn_lpbq/block/lpbq@SM8750", "compile:ffn_lpbq/block/lpbq@SM8550"}
+    variants = ("lpbq", "lpbq_aimet") if AIMET else ("lpbq",)  # lpbq_aimet inherits the block size
+    assert changed.ran_stage("aimet") == ({"aimet:ffn_lpbq/block/lpbq_aimet"} if AIMET else set())
+    assert changed.ran_stage("compile") == {f"compile:ffn_lpbq/block/{v}@{chip}" for v in variants
+                                            for chip in ("SM8750", "SM8550")}
     weights = _weights(repo / "out/ffn_lpbq/lpbq/block.qdq.onnx")
     # 96 input channels are 3 blocks of 32: now every int4 layer is blocked
     assert {n: b for n, (_, b) in weights.items()} == {"Gemm_1_MatMul": 32, "Gemm_4_MatMul": 32,
                                                        "Gemm_5_MatMul": 32, "Gemm_6": 0}, weights
-    assert "[LPBQ 3 of 4 weights]" in changed.output
+    assert "out/ffn_lpbq/lpbq/SM8750: block 0.14 MB cosine" in changed.output
+    assert changed.output.count("[LPBQ 3 of 4 weights]") == 2 * len(variants)
