@@ -24,9 +24,10 @@ BLOCK_SIZES = (16, 32, 64, 128)
 BLOCK_WEIGHTS = ("int4",)  # LPBQ is int4 weights decompressed to 8 bit on the HTP
 BLOCKED_OPS = ("MatMul", "Gemm")  # Conv keeps per-channel weights (docs/block_quantization.md)
 SCALE_BITS = 4  # per-block integer scales in [1, 16]: decompressed_bw 8 - 4 weight bits (AIMET's lpbq_utils)
-# The x86 HTP emulator of onnxruntime-qnn 2.7.0 crashes (SIGSEGV) running an LPBQ MatMul whose weight has exactly 8
-# blocks of 64 or 128 per channel (measured: K=512/64, 1024/128; 4, 6, 16, 24 blocks and 8 of 16 or 32 run).
-_EMULATOR_CRASH_BLOCKS = 8
+# The x86 HTP emulator of onnxruntime-qnn 2.7.0 crashes (SIGSEGV) running an LPBQ MatMul whose weight has 7, 8 or 9
+# blocks of 64 or 128 per channel (measured: K = 448, 512, 576 at 64 and 896, 1024, 1152 at 128; 1-6, 10-12, 16 and 24
+# blocks of 64, 5 and 10 of 128, and 8 or 9 blocks of 16 or 32 run). docs/block_quantization.md
+_EMULATOR_CRASH_BLOCKS = range(7, 10)
 
 # QnnTypes.h Qnn_QuantizationEncoding_t, as the EP's JSON graph dump writes them
 ENCODINGS = {0: "per-tensor", 1: "per-channel", 2: "per-tensor (bitwidth)", 3: "per-channel (bitwidth)",
@@ -59,8 +60,8 @@ def _unblockable(k: int, block_size: int) -> str | None:
     """Why a weight with k input channels cannot be blocked by block_size, or None."""
     if k % block_size:
         return f"{k} input channels are not a multiple of block_size {block_size}"
-    if k // block_size == _EMULATOR_CRASH_BLOCKS and block_size >= 64:
-        return (f"{k} input channels make {_EMULATOR_CRASH_BLOCKS} blocks of {block_size}, which crash the x86 HTP "
+    if k // block_size in _EMULATOR_CRASH_BLOCKS and block_size >= 64:
+        return (f"{k} input channels make {k // block_size} blocks of {block_size}, which crash the x86 HTP "
                 "emulator (onnxruntime-qnn 2.7.0)")
     return None
 
@@ -107,7 +108,10 @@ def matmul_for_blocked_gemms(qdq_model: Path) -> list[str]:
             continue
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         readers = consumers.get(node.output[0], [])
-        if attrs.get("transA", 0) or attrs.get("transB", 0) or attrs.get("alpha", 1.0) != 1.0 \
+        if attrs.get("transB", 0):  # a torch Linear's [N, K] weight: the MatMul needs [K, N]
+            _transpose_blocked_weight(dq, producers, inits, model)
+            attrs["transB"] = 0
+        if attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 \
                 or attrs.get("beta", 1.0) != 1.0 or len(readers) != 1 or readers[0].op_type != "QuantizeLinear":
             raise ValueError(f"{qdq_model}: Gemm {node.name!r} has a block-quantized weight but is no plain "
                              "Gemm(A, W, b) -> QuantizeLinear: it cannot become the MatMul the EP fuses into LPBQ")
@@ -122,6 +126,34 @@ def matmul_for_blocked_gemms(qdq_model: Path) -> list[str]:
             model.graph.initializer.remove(init)
         _save(model, Path(qdq_model))
     return done
+
+
+def _transpose_blocked_weight(dq, producers: dict, inits: dict, model) -> None:
+    """Turn an LPBQ weight [N, K] (blocks along axis 1, AIMET's export of a Gemm with transB) into [K, N] (blocks
+    along axis 0): the int4 weight, its block zero points and integer block scales transposed, the axes swapped."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    scale_dq = producers.get(dq.input[1])
+    if scale_dq is None or scale_dq.op_type != "DequantizeLinear" or dq.input[0] not in inits:
+        raise ValueError(f"weight {dq.input[0]!r}: no LPBQ pattern (integer block scales -> DequantizeLinear)")
+    for name in (dq.input[0], dq.input[2] if len(dq.input) > 2 else "", scale_dq.input[0]):
+        if not name:
+            continue
+        old = inits[name]
+        values = numpy_helper.to_array(old)
+        if values.ndim != 2:
+            raise ValueError(f"{name!r}: {values.ndim} dimensions, 2 expected")
+        if old.data_type == TensorProto.INT4:  # written element by element (numpy has no int4)
+            new = helper.make_tensor(name, old.data_type, values.T.shape, values.T.astype(np.int8).flatten().tolist())
+        else:
+            new = numpy_helper.from_array(np.ascontiguousarray(values.T), name)
+        model.graph.initializer.remove(old)
+        model.graph.initializer.append(new)
+        inits[name] = new
+    for node, axis in ((dq, 0), (scale_dq, 1)):
+        for attribute in node.attribute:
+            if attribute.name == "axis":
+                attribute.i = axis
 
 
 def apply_lpbq(qdq_model: Path, float_model, block_size: int, keep: dict[str, str] | None = None) -> dict:

@@ -193,6 +193,49 @@ def test_the_qairt_converters_receive_the_block_encodings(built, tmp_path, monke
     assert "(2 LPBQ, block_size 64)" in log.read_text()
 
 
+@needs_aimet
+def test_aimets_lpbq_gemm_with_a_transposed_weight_becomes_a_matmul_with_the_same_outputs(tmp_path):
+    """A torch Linear exported as Gemm(transB=1) (R-Net's dense layers): AIMET's LPBQ weight [N, K] has its blocks
+    along axis 1; the MatMul the EP fuses needs [K, N]. The rewritten model computes what AIMET's did (CPU EP)."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from aimet_onnx.quantsim import QuantizationSimModel, set_grouped_blockwise_quantization_for_weights
+    from onnx import helper, numpy_helper
+
+    from build_rules.block_quant import matmul_for_blocked_gemms
+    from build_rules.stages.aimet import htp_config
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["h"], name="dense", transB=1),
+         helper.make_node("Relu", ["h"], ["y"], name="relu")], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 192])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 32])],
+        [numpy_helper.from_array(rng.standard_normal((32, 192)).astype(np.float32) / 14, "w"),
+         numpy_helper.from_array(rng.standard_normal(32).astype(np.float32) / 10, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    config, _ = htp_config("v79", True, tmp_path)
+    sim = QuantizationSimModel(model, param_type="int4", activation_type="int16", config_file=str(config),
+                               path=str(tmp_path))
+    set_grouped_blockwise_quantization_for_weights(sim, op_types=("Gemm",), bitwidth=4, decompressed_bw=8,
+                                                   block_size=64)
+    samples = [{"x": rng.standard_normal((1, 192)).astype(np.float32)} for _ in range(8)]
+    sim.compute_encodings(samples)
+    aimet_qdq, matmul_qdq = tmp_path / "aimet.onnx", tmp_path / "matmul.onnx"
+    onnx.save(sim.to_onnx_qdq(prequantize_constants=True, export_int32_bias=True), str(aimet_qdq))
+    onnx.save(onnx.load(str(aimet_qdq)), str(matmul_qdq))
+    assert matmul_for_blocked_gemms(matmul_qdq) == ["dense"]
+    rewritten = onnx.load(str(matmul_qdq))
+    assert "Gemm" not in {n.op_type for n in rewritten.graph.node}
+    weight = next(n for n in rewritten.graph.node if n.op_type == "DequantizeLinear"
+                  and any(a.name == "block_size" and a.i == 64 for a in n.attribute))
+    assert [i.dims for i in rewritten.graph.initializer if i.name == weight.input[0]] == [[192, 32]]
+    expected = [ort.InferenceSession(str(aimet_qdq)).run(None, x)[0] for x in samples]
+    found = [ort.InferenceSession(str(matmul_qdq)).run(None, x)[0] for x in samples]
+    step = max(float(np.abs(e).max()) for e in expected) / 2 ** 15  # the MatMul output's extra 16-bit Q/DQ
+    assert max(float(np.abs(e - f).max()) for e, f in zip(expected, found)) <= 2 * step
+
+
 def test_the_stand_in_converter_refuses_a_malformed_lpbq_encoding(tmp_path):
     """What the stand-in checks of an LPBQ param encoding, on the test block's own weights."""
     import onnx
