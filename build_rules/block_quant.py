@@ -199,9 +199,6 @@ def apply_lpbq(qdq_model: Path, float_model, block_size: int, keep: dict[str, st
                                        or attrs.get("beta", 1.0) != 1.0):
             per_channel[name] = "a Gemm with transA, alpha or beta"
             continue
-        if len(consumers.get(node.input[1], [])) != 1:
-            per_channel[name] = "its weight is shared with another node"
-            continue
         source = floats.get(dq.input[0].removesuffix("_quantized"))
         if source is None:
             per_channel[name] = "its float weight was not found"
@@ -236,7 +233,10 @@ def apply_lpbq(qdq_model: Path, float_model, block_size: int, keep: dict[str, st
                                   name=f"{base}_scale_DequantizeLinear", axis=1)
         weight = helper.make_node("DequantizeLinear", [f"{base}_q", f"{base}_scale", f"{base}_zero"],
                                   [f"{base}_weight"], name=f"{base}_DequantizeLinear", axis=0, block_size=block_size)
-        replaced[id(dq)] = [scales, weight]
+        # a weight another node reads too (Whisper's token embedding: a Gather and the logits MatMul) stays as it
+        # is for that node; this one gets its own LPBQ copy
+        shared = len(consumers.get(node.input[1], [])) > 1
+        replaced[id(dq)] = [*replaced.get(id(dq), [dq] if shared else []), scales, weight]
         if node.op_type == "MatMul":
             node.input[1] = f"{base}_weight"
         else:
