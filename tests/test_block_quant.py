@@ -236,6 +236,42 @@ def test_aimets_lpbq_gemm_with_a_transposed_weight_becomes_a_matmul_with_the_sam
     assert max(float(np.abs(e - f).max()) for e, f in zip(expected, found)) <= 2 * step
 
 
+def test_tune_tries_lpbq_weights_before_8_bit_ones(built, tmp_path):
+    """doit tune's ladder searches weight formats: per-channel int4 (AIMET SeqMSE), LPBQ int4 (onnxruntime, AIMET
+    SeqMSE), then 8 bit; each rung quantized, compiled and measured on the emulator, the first that meets chosen."""
+    repo = tmp_path / "repo"
+    shutil.copytree(built[0], repo, symlinks=True)
+    toml = repo / "models/ffn_lpbq/model.toml"
+    text = toml.read_text()
+    text = text[:text.index("[variants.lpbq]")].replace('gate = { metric = "cosine", min = 0.98 }',
+                                                          'gate = { metric = "cosine", min = 0.997 }')
+    toml.write_text(text + '\n[tuning]\nchip = "SM8750"\nsamples = 8\n')
+    result = run_doit(repo, "tune:ffn_lpbq/w4a16")
+    assert result.code == 0, result.output
+    tuned = json.loads((repo / "out/ffn_lpbq/tuning/w4a16.tuned.json").read_text())
+    rungs = {r["name"]: r for r in tuned["ladder"]["rungs"]}
+    expected = (["w4a16_aimet_seq_mse"] if AIMET else []) + ["w4a16_lpbq_ort"] + \
+        (["w4a16_lpbq_aimet_seq_mse"] if AIMET else []) + ["w8a8_ort"]
+    assert list(rungs) == expected and tuned["chosen"] == "w8a8_ort"
+    # the LPBQ rungs were built and measured: below the target (0.9949 / 0.9955 measured), 0.55-0.6 x W8A8's size
+    for name in [n for n in expected if "lpbq" in n]:
+        cosine = rungs[name]["graphs"]["block"]["subset"]["cosine"]
+        assert 0.99 < cosine < 0.997, (name, cosine)
+        assert rungs[name]["bytes"] < 0.8 * rungs["w8a8_ort"]["bytes"]
+    text = (repo / "out/ffn_lpbq/tuning/w4a16.tuned.toml").read_text()
+    assert f"w4a16_lpbq_ort: {rungs['w4a16_lpbq_ort']['bytes'] / 1e3:.1f} KB, misses a target" in text
+
+
+def test_a_tuned_lpbq_variant_keeps_its_block_size():
+    from build_rules.stages.tune_ladder import toml_lines
+    rung = {"name": "w4a16_lpbq_ort", "quantizer": "ort", "weights": "int4", "activations": "uint16",
+            "techniques": [], "block_size": 64, "bytes": 139264, "graphs": {}}
+    _, section = toml_lines({"rungs": [rung], "chosen": rung, "notes": []}, "w4a16_tuned", "w4a16",
+                            [{"variant": {"calibration_samples": 16}}])
+    assert section == ["[variants.w4a16_tuned]", 'inherits = "w4a16"', 'weights = "int4"', 'activations = "uint16"',
+                       "block_size = 64", ""]
+
+
 def test_the_stand_in_converter_refuses_a_malformed_lpbq_encoding(tmp_path):
     """What the stand-in checks of an LPBQ param encoding, on the test block's own weights."""
     import onnx
