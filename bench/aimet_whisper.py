@@ -42,7 +42,7 @@ weights = "int4"
 block_size = 64
 calibration = { method = "minmax", samples = 8 }""", "quantize", "ort min-max, LPBQ 64"),
     "w4a16_lpbq_vocab8": ("""inherits = "w4a16_lpbq"
-weight_overrides = { node_matmul_16 = "int8" }""", "quantize", "ort min-max, LPBQ 64, logits MatMul int8"),
+graphs = { decoder = { weight_overrides = { node_matmul_16 = "int8" } } }""", "quantize", "ort min-max, LPBQ 64, logits MatMul int8"),
     "w4a16_lpbq_seqmse": ("""inherits = "w4a16_lpbq"
 quantizer = "aimet"
 techniques = ["seq_mse"]

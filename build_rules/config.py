@@ -223,6 +223,9 @@ class Variant:
             settings.pop("graphs", None)
             settings["overrides"] = dict(sorted({**self.overrides, **own.get("overrides", {})}.items()))
             settings["node_overrides"] = dict(sorted({**self.node_overrides, **own.get("node_overrides", {})}.items()))
+            weight_overrides = {**self.weight_overrides, **own.get("weight_overrides", {})}
+            if weight_overrides:
+                settings["weight_overrides"] = dict(sorted(weight_overrides.items()))
         return settings
 
     def settings(self) -> dict:
@@ -773,8 +776,11 @@ def _variant(t: _Table, name: str, raw_variants: dict, graphs: dict[str, Graph])
         if graph_name not in graphs:
             raise per_graph.error(shown_key(graph_name), f"no graph {graph_name!r} (graphs: {', '.join(graphs)})")
         g = per_graph.table(graph_name)
-        g.check_keys(("overrides", "node_overrides"))
+        g.check_keys(("overrides", "node_overrides", "weight_overrides"))
         own = {k: _override_table(g, k) for k in ("overrides", "node_overrides") if k in g.data}
+        if "weight_overrides" in g.data:  # per-layer weight bits of this graph only (block_quant.py)
+            own["weight_overrides"] = _block_settings(g, t.data.get("weights"), t.data.get("quantizer", "ort"))[
+                "weight_overrides"]
         if any(own.values()):
             graph_overrides[graph_name] = own
     quantizer, techniques, technique_params = _quantizer(t)
