@@ -40,9 +40,14 @@ seq_mse = { candidates = CANDIDATES }""", "aimet", "aimet seq_mse"),
     "w4a16_lpbq": ("""activations = "uint16"
 weights = "int4"
 block_size = 64
-calibration = { method = "minmax", samples = 8 }""", "quantize", "ort min-max, LPBQ 64"),
+calibration = { method = "minmax", samples = 8 }
+# the decoder's two embedding tables (Gathers; onnxruntime quantizes them per tensor) at int8
+graphs = { decoder = { weight_overrides = { node_index_select = "int8", node_index_select_1 = "int8" } } }""",
+                   "quantize", "ort min-max, LPBQ 64, embedding tables int8"),
     "w4a16_lpbq_vocab8": ("""inherits = "w4a16_lpbq"
-graphs = { decoder = { weight_overrides = { node_matmul_16 = "int8" } } }""", "quantize", "ort min-max, LPBQ 64, logits MatMul int8"),
+graphs = { decoder = { weight_overrides = { node_index_select = "int8", node_index_select_1 = "int8",
+                                            node_matmul_16 = "int8" } } }""",
+                          "quantize", "ort min-max, LPBQ 64, embedding tables and logits MatMul int8"),
     "w4a16_lpbq_seqmse": ("""inherits = "w4a16_lpbq"
 quantizer = "aimet"
 techniques = ["seq_mse"]

@@ -35,6 +35,37 @@ ENCODINGS = {0: "per-tensor", 1: "per-channel", 2: "per-tensor (bitwidth)", 3: "
 LPBQ_ENCODING = 5
 
 
+def node_weight(node, initializers) -> str | None:
+    """The weight a weight override sets: input 1 of a MatMul / Gemm / Conv, the table (input 0) of a Gather."""
+    if node.op_type == "Gather":
+        return node.input[0] if node.input and node.input[0] in initializers else None
+    return node.input[1] if len(node.input) > 1 and node.input[1] in initializers else None
+
+
+def weight_override_entries(model, overrides: dict[str, str] | None, per_channel: bool,
+                            where) -> dict[str, tuple[str, int | None]]:
+    """weight_overrides (node -> weight type) as onnxruntime's quantizer takes them: weight initializer -> (type,
+    the per-channel axis or None). A Gather's table stays per-tensor. An unknown node raises ValueError naming it."""
+    from .errors import did_you_mean
+    initializers = {i.name: len(i.dims) for i in model.graph.initializer}
+    nodes = {n.name: n for n in model.graph.node if n.name}
+    found = {}
+    for name, wtype in (overrides or {}).items():
+        node = nodes.get(name)
+        weight = node_weight(node, initializers) if node is not None else None
+        if weight is None:
+            known = [n for n, node in nodes.items() if node_weight(node, initializers)]
+            raise ValueError(f"weight override names {name!r}, which is no node with a weight in {where} (after "
+                             f"qnn_preprocess_model){did_you_mean(name, known)}")
+        axis = None
+        if per_channel and node.op_type != "Gather":  # an override without an axis is per-tensor
+            transposed = any(a.name == "transB" and a.i for a in node.attribute)
+            axis = {"Conv": 0, "ConvTranspose": 1, "Gemm": 0 if transposed else 1}.get(
+                node.op_type, initializers[weight] - 1)  # MatMul: [..., K, N]
+        found[weight] = (wtype, axis)
+    return found
+
+
 def check_block_size(value) -> str | None:
     """None if the HTP takes `value` as a block size, else what is wrong (config.py raises it naming the key)."""
     if isinstance(value, bool) or not isinstance(value, int) or value not in BLOCK_SIZES:
@@ -204,7 +235,9 @@ def apply_lpbq(qdq_model: Path, float_model, block_size: int, keep: dict[str, st
             per_channel[name] = keep[name]
             continue
         zero = inits.get(dq.input[2]) if len(dq.input) > 2 else None
-        if zero is None or zero.data_type != TensorProto.INT4:
+        shared = len(consumers.get(node.input[1], [])) > 1
+        if not shared and (zero is None or zero.data_type != TensorProto.INT4):
+            # (a shared weight gets its own copy from the float values: another node's override set its type)
             per_channel[name] = "its weight is not int4"
             continue
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -248,7 +281,6 @@ def apply_lpbq(qdq_model: Path, float_model, block_size: int, keep: dict[str, st
                                   [f"{base}_weight"], name=f"{base}_DequantizeLinear", axis=0, block_size=block_size)
         # a weight another node reads too (Whisper's token embedding: a Gather and the logits MatMul) stays as it
         # is for that node; this one gets its own LPBQ copy
-        shared = len(consumers.get(node.input[1], [])) > 1
         replaced[id(dq)] = [*replaced.get(id(dq), [dq] if shared else []), scales, weight]
         if node.op_type == "MatMul":
             node.input[1] = f"{base}_weight"

@@ -182,8 +182,9 @@ def test_the_qairt_converters_receive_the_block_encodings(built, tmp_path, monke
             'block encodings from AIMET\'s encodings only: add quantizer = "aimet"') in refused.output
     toml = repo / "models/ffn_lpbq/model.toml"
     text = toml.read_text()
+    lpbq = text[text.index("[variants.lpbq]"):]
     toml.write_text(text[:text.index("[variants.w4a16]")]
-                    + text[text.index("[variants.lpbq]"):].replace("[variants.lpbq]\n", '[variants.lpbq]\nquantizer = "aimet"\n'))
+                    + lpbq.replace("[variants.lpbq]\n", '[variants.lpbq]\nquantizer = "aimet"\n'))
     result = run_doit(repo, "compile:ffn_lpbq/block/lpbq_aimet@SM8750")
     assert result.code == 0, result.output
     converter = recorded(calls, "qnn-onnx-converter" if flow == "model-lib" else "qairt-converter")

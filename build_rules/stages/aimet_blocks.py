@@ -12,7 +12,8 @@ def set_weight_precisions(sim, model, v: dict) -> dict:
     """Apply to a QuantizationSimModel before its encodings are computed. model: the float onnx.ModelProto the sim
     was made from. Returns {"block_size", "blocked", "per_channel": {node: why}} (the aimet report keeps it)."""
     from .. import block_quant
-    weights = {n.name: n.input[1] for n in model.graph.node if len(n.input) > 1}
+    initializers = {i.name for i in model.graph.initializer}
+    weights = {n.name: block_quant.node_weight(n, initializers) for n in model.graph.node}
     overrides = dict(v.get("weight_overrides") or {})
     for node, wtype in overrides.items():
         if node not in weights or weights[node] not in sim.qc_quantize_op_dict:

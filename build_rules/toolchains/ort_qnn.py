@@ -262,7 +262,8 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
     - tied: pairs of tensors (a step graph's state output and the input it feeds) quantized with one scale and
       zero point, from the union of their calibrated ranges, so the app can copy the fixed-point output into the
       input. Both must be activations of the same type.
-    - weight_overrides: maps a node name to the type of its weight (input 1), e.g. {"Gemm_6": "int8"}.
+    - weight_overrides: maps a node name to the type of its weight (input 1; a Gather's table), e.g.
+      {"Gemm_6": "int8"}. A Gather's table stays per-tensor.
     `output` appears only when it is complete.
     """
     act_name = _choice("activation type", activations, _ACTIVATION_TYPES)
@@ -311,17 +312,11 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
         qnn_input = Path(tmp) / "input.onnx"
         onnx.save(model, str(qnn_input))
         init_overrides = {t: [{"quant_type": getattr(QuantType, q)}] for t, q in override_names.items()}
-        for node_name, wtype in (weight_overrides or {}).items():  # per-layer weight bits (block_quant.py's doc)
-            node = next((n for n in model.graph.node if n.name == node_name), None)
-            if node is None or len(node.input) < 2 or node.input[1] not in initializers:
-                raise ValueError(f"weight override names {node_name!r}, which is no node with a weight in "
-                                 f"{float_model} (after qnn_preprocess_model)"
-                                 f"{did_you_mean(node_name, [n.name for n in model.graph.node if len(n.input) > 1 and n.input[1] in initializers])}")
-            entry = {"quant_type": getattr(QuantType, _choice(f"weight override type for node {node_name!r}", wtype,
+        from ..block_quant import weight_override_entries  # per-layer weight bits
+        for weight, (wtype, axis) in weight_override_entries(model, weight_overrides, per_channel, float_model).items():
+            entry = {"quant_type": getattr(QuantType, _choice(f"weight override type of {weight!r}", wtype,
                                                                 _WEIGHT_TYPES))}
-            if per_channel:  # an override without an axis is per-tensor
-                entry["axis"] = _output_channel_axis(node, model)
-            init_overrides[node.input[1]] = [entry]
+            init_overrides[weight] = [{**entry, "axis": axis} if axis is not None else entry]
         if wgt_name in ("QInt8", "QInt4"):
             # HTP's LayerNormalization takes no signed weights (QNN error 0xc26 on every one: a transformer at int4
             # or int8 would not compile): its scale, a few hundred values, stays uint8
@@ -366,18 +361,6 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
         except BaseException:
             _unlink(Path(tmp_out))
             raise
-
-
-def _output_channel_axis(node, model) -> int:
-    """The axis of a weight (input 1) that holds the node's output channels: per-channel scales run along it."""
-    if node.op_type == "Conv":
-        return 0
-    if node.op_type == "ConvTranspose":
-        return 1
-    if node.op_type == "Gemm":
-        return 0 if any(a.name == "transB" and a.i for a in node.attribute) else 1
-    rank = next(len(i.dims) for i in model.graph.initializer if i.name == node.input[1])
-    return rank - 1  # MatMul: [..., K, N]
 
 
 def calibration_ranges(float_model: Path, output: Path, calibration: list[dict[str, "np.ndarray"]], *,
