@@ -130,6 +130,25 @@ def test_a_block_size_the_htp_does_not_take_fails_at_load_time(tmp_path, setting
     assert f"models/ffn_lpbq/model.toml: [variants.lpbq] {message}" in result.output, result.output
 
 
+def test_weight_overrides_per_graph_reach_only_that_graphs_quantize_settings(tmp_path):
+    from build_rules.config import ConfigError, load_chips, load_model
+    from conftest import ROOT
+    repo = make_repo(tmp_path, {"ffn_lpbq": TEST_MODELS / "ffn_lpbq"})
+    (repo / "models/ffn_lpbq/block.pt").write_bytes(b"")  # loading checks that it exists, not what it holds
+    toml = repo / "models/ffn_lpbq/model.toml"
+    base = toml.read_text()
+    toml.write_text(base + '\n[variants.lpbq.graphs.block]\nweight_overrides = { Gemm_1 = "int8" }\n')
+    chips = load_chips(ROOT / "chips.toml")
+    variant = load_model(repo / "models/ffn_lpbq", chips).variants["lpbq"]
+    assert variant.settings_for("block")["weight_overrides"] == {"Gemm_1": "int8", "Gemm_6": "int8"}
+    assert variant.settings()["weight_overrides"] == {"Gemm_6": "int8"}
+    toml.write_text(base + '\n[variants.lpbq.graphs.block]\nweight_overrides = { Gemm_1 = "int3" }\n')
+    with pytest.raises(ConfigError) as error:
+        load_model(repo / "models/ffn_lpbq", chips)
+    assert ("model.toml: [variants.lpbq.graphs.block.weight_overrides] Gemm_1: expected one of 'uint8', 'int8', "
+            "'uint16', 'int4', got 'int3'") in str(error.value)
+
+
 def test_blocks_need_int4_weights(tmp_path):
     repo = make_repo(tmp_path, {"ffn_lpbq": TEST_MODELS / "ffn_lpbq"})
     toml = repo / "models/ffn_lpbq/model.toml"
