@@ -3,7 +3,8 @@
     python bench/aimet_whisper.py [--variants w4a16,w4a16_seqmse] [--candidates 10] [--keep DIR] [--emulator]
 
 In a fresh copy of the repo (models/whisper_tiny_en, SM8750, its own build cache) it adds the variants named
-(RECIPES: W4A16 and W8A8 with onnxruntime's min-max and AIMET's min-max (its HTP config alone), W4A16 with SeqMSE)
+(RECIPES: W4A16 and W8A8 with onnxruntime's min-max and AIMET's min-max (its HTP config alone), W4A16 with SeqMSE,
+W4A16 as LPBQ in blocks of 64 (docs/block_quantization.md) with onnxruntime's min-max or AIMET's SeqMSE)
 and builds, with the real doit, the float WER (evaluate:whisper_tiny_en/float) and the variants' QDQ models. Then the model's own evaluate hook (greedy decoding
 of the held-out clips, WER) runs on those QDQ models with onnxruntime on the CPU, and with --emulator also on the
 compiled binaries on the HTP emulator (evaluate:whisper_tiny_en/<variant>@SM8750; slow: tens of seconds per encoder
@@ -36,6 +37,21 @@ quantizer = "aimet"
 quantizer = "aimet"
 techniques = ["seq_mse"]
 seq_mse = { candidates = CANDIDATES }""", "aimet", "aimet seq_mse"),
+    "w4a16_lpbq": ("""activations = "uint16"
+weights = "int4"
+block_size = 64
+calibration = { method = "minmax", samples = 8 }
+# the decoder's two embedding tables (Gathers; onnxruntime quantizes them per tensor) at int8
+graphs = { decoder = { weight_overrides = { node_index_select = "int8", node_index_select_1 = "int8" } } }""",
+                   "quantize", "ort min-max, LPBQ 64, embedding tables int8"),
+    "w4a16_lpbq_vocab8": ("""inherits = "w4a16_lpbq"
+graphs = { decoder = { weight_overrides = { node_index_select = "int8", node_index_select_1 = "int8",
+                                            node_matmul_16 = "int8" } } }""",
+                          "quantize", "ort min-max, LPBQ 64, embedding tables and logits MatMul int8"),
+    "w4a16_lpbq_seqmse": ("""inherits = "w4a16_lpbq"
+quantizer = "aimet"
+techniques = ["seq_mse"]
+seq_mse = { candidates = CANDIDATES }""", "aimet", "aimet seq_mse, LPBQ 64"),
     "w8a8": ("""activations = "uint8"
 weights = "uint8"
 per_channel = true
@@ -75,7 +91,7 @@ def main() -> int:
     parser.add_argument("--emulator", action="store_true", help="also the WER of the compiled binaries (slow)")
     parser.add_argument("--keep", help="build in this folder and keep it (default: a temp folder, removed)")
     parser.add_argument("--variants", default="w4a16,w4a16_seqmse", help=f"of {', '.join(RECIPES)} (w4a16_* inherit "
-                        "w4a16: name it too)")
+                        "w4a16 and w4a16_lpbq_* w4a16_lpbq: name it too)")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in RECIPES]

@@ -290,9 +290,10 @@ def _asked_samples(raw_variants: dict, where: str) -> int | None:
 
 
 VARIANT_KEYS = ("inherits", "precision", "activations", "weights", "per_channel", "calibration", "overrides",
-                "node_overrides", "graphs", "quantizer", "techniques", *TECHNIQUE_PARAMS)
+                "node_overrides", "graphs", "quantizer", "techniques", *TECHNIQUE_PARAMS, "block_size",
+                "weight_overrides")
 # Tables a variant adds to the ones it inherits (key by key) instead of replacing them.
-MERGED_VARIANT_TABLES = ("overrides", "node_overrides", "graphs", *TECHNIQUE_PARAMS)
+MERGED_VARIANT_TABLES = ("overrides", "node_overrides", "graphs", *TECHNIQUE_PARAMS, "weight_overrides")
 
 
 def _merged_variant(name: str, raw_variants: dict, where: str, seen: tuple = ()) -> dict:
@@ -352,8 +353,11 @@ def _variant(t: _Table, name: str, raw_variants: dict, graphs: dict[str, Graph])
         if graph_name not in graphs:
             raise per_graph.error(shown_key(graph_name), f"no graph {graph_name!r} (graphs: {', '.join(graphs)})")
         g = per_graph.table(graph_name)
-        g.check_keys(("overrides", "node_overrides"))
+        g.check_keys(("overrides", "node_overrides", "weight_overrides"))
         own = {k: _override_table(g, k) for k in ("overrides", "node_overrides") if k in g.data}
+        if "weight_overrides" in g.data:  # per-layer weight bits of this graph only (block_quant.py)
+            own["weight_overrides"] = _block_settings(g, t.data.get("weights"), t.data.get("quantizer", "ort"))[
+                "weight_overrides"]
         if any(own.values()):
             graph_overrides[graph_name] = own
     quantizer, techniques, technique_params = _quantizer(t)
@@ -371,7 +375,25 @@ def _variant(t: _Table, name: str, raw_variants: dict, graphs: dict[str, Graph])
                    per_channel=t.get("per_channel", bool, True), calibration_method=method,
                    calibration_samples=samples, overrides=_override_table(t, "overrides"),
                    node_overrides=_override_table(t, "node_overrides"), graph_overrides=graph_overrides,
-                   quantizer=quantizer, techniques=techniques, technique_params=technique_params)
+                   quantizer=quantizer, techniques=techniques, technique_params=technique_params,
+                   **_block_settings(t, weights, quantizer))
+
+
+def _block_settings(t: _Table, weights: str, quantizer: str) -> dict:
+    """block_size and weight_overrides of a quantized variant (LPBQ, per-layer weight bits: block_quant.py)."""
+    from . import block_quant
+    block_size = t.data.get("block_size")
+    if block_size is not None:
+        problem = block_quant.check_block_size(block_size)
+        if problem:
+            raise t.error("block_size", problem)
+        if weights not in block_quant.BLOCK_WEIGHTS:
+            raise t.error("block_size", f"blocks need weights = {' or '.join(map(repr, block_quant.BLOCK_WEIGHTS))} "
+                                        f"(LPBQ is int4 weights decompressed to 8 bit), got weights = {weights!r}")
+    table = t.table("weight_overrides", {})
+    for node in table.data:
+        table.get(node, str, choices=AIMET_WEIGHTS if quantizer == "aimet" else WEIGHT_TYPES)
+    return {"block_size": block_size, "weight_overrides": dict(table.data)}
 
 
 def _quantizer(t: _Table) -> tuple[str, tuple[str, ...], dict[str, dict[str, int]]]:

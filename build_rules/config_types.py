@@ -158,6 +158,8 @@ class Variant:
     quantizer: str = "ort"  # "aimet": the aimet stage makes the QDQ model and an encodings JSON
     techniques: tuple[str, ...] = ()  # aimet techniques, in the order they are applied
     technique_params: dict[str, dict[str, int]] = factory(dict)  # e.g. {"seq_mse": {"candidates": 20}}
+    block_size: int | None = None  # LPBQ: int4 weights in blocks of this many input channels (block_quant.py)
+    weight_overrides: dict[str, str] = factory(dict)  # node -> type of its weight (per-layer weight bits)
 
     @property
     def is_aimet(self) -> bool:
@@ -176,6 +178,9 @@ class Variant:
             settings.pop("graphs", None)
             settings["overrides"] = dict(sorted({**self.overrides, **own.get("overrides", {})}.items()))
             settings["node_overrides"] = dict(sorted({**self.node_overrides, **own.get("node_overrides", {})}.items()))
+            weight_overrides = {**self.weight_overrides, **own.get("weight_overrides", {})}
+            if weight_overrides:
+                settings["weight_overrides"] = dict(sorted(weight_overrides.items()))
         return settings
 
     def settings(self) -> dict:
@@ -190,7 +195,10 @@ class Variant:
                 # only for aimet variants: an ort variant's settings (and so its task keys) stay as they were
                 **({"quantizer": "aimet", "techniques": list(self.techniques),
                     "technique_params": {t: self.technique_params[t] for t in self.techniques
-                                         if t in self.technique_params}} if self.is_aimet else {})}
+                                         if t in self.technique_params}} if self.is_aimet else {}),
+                # only when set: other variants' task keys stay as they were
+                **({"block_size": self.block_size} if self.block_size else {}),
+                **({"weight_overrides": dict(sorted(self.weight_overrides.items()))} if self.weight_overrides else {})}
 
 
 @record

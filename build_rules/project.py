@@ -1,7 +1,7 @@
 """The loaded project (chips.toml, models/, the toolchain) and the pieces every task generator shares: task keys,
 the stage task dict, which variant x chip pairs are built, and where a graph's inputs come from.
 
-tasks.py (the pipeline stages), tuning_tasks.py, dist_tasks.py, toolchains/qairt_tasks.py and summary.py import
+the task generators (build_rules/tasks/) and summary.py import
 this module; it imports none of them. Loading must stay light (no torch, onnx, onnxruntime, not even numpy).
 """
 from __future__ import annotations

@@ -375,17 +375,28 @@ def _result_text(result: dict | None, metrics_key: str = "summary") -> str:
     return " ".join(f"{m} {metrics[m]:.4g}" for m in shown if isinstance(metrics.get(m), (int, float)))
 
 
-def _notes(info: dict | None) -> str:
+def _lpbq_text(manifest_path: str, graph: str) -> str:
+    """'LPBQ 3 of 4 weights' when the graph's binary runs block-quantized weights (its compile report says)."""
+    from .block_quant import describe
+    try:
+        report = json.loads((Path(manifest_path).parent / f"{graph}.compile.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    return describe(report.get("weight_encodings"))
+
+
+def _notes(info: dict | None, extra: str = "") -> str:
     """What a graph's check or manifest entry adds after its numbers: the chip its metrics were measured on when its
-    outputs equal that chip's, and what its binary runs in float."""
+    outputs equal that chip's, what its binary runs in float and `extra` (its LPBQ weights)."""
     from .toolchains.qnn_graph import describe as describe_float_ops
     if not info:
         return ""
     text = ""
     if info.get("equal_to"):
         text += f" (equal to {info['equal_to']['chip']} on {info['equal_to']['samples']} samples)"
-    float_text = describe_float_ops(info.get("float_ops"))  # a quantized variant that is partly float
-    return text + (f" [{float_text}]" if float_text else "")
+    # a quantized variant that is partly float; its LPBQ weights
+    bracket = ", ".join(t for t in (describe_float_ops(info.get("float_ops")), extra) if t)
+    return text + (f" [{bracket}]" if bracket else "")
 
 
 def _describe(manifest_path: str) -> str:
@@ -407,7 +418,8 @@ def _describe(manifest_path: str) -> str:
                 values.append(value)
             gate_text = "".join(f" {v}" for v in values)  # "cosine 1 sqnr 41.2": graphs are split by commas
         pieces = f" in {len(info['parts'])} parts" if info.get("parts") else ""  # a split graph
-        parts.append(f"{graph} {info['bytes'] / 1e6:.2f} MB{pieces}{gate_text}{_notes(info)}")
+        parts.append(f"{graph} {info['bytes'] / 1e6:.2f} MB{pieces}{gate_text}"
+                     f"{_notes(info, _lpbq_text(manifest_path, graph))}")
     evaluation = manifest.get("evaluate")
     if evaluation and evaluation.get("gated"):  # the model-level metrics, e.g. WER of encoder + decoder
         parts.append("model " + " ".join(f"{m} {evaluation['metrics'].get(m, float('nan')):.4g}"

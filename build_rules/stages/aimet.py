@@ -128,6 +128,9 @@ def quantize(params: dict) -> dict:
                                    quant_scheme=SCHEMES[v["calibration_method"]], config_file=str(config),
                                    path=str(Path(tmp) / "sim"))
         _apply_overrides(sim, params, model)
+        if v.get("block_size") or v.get("weight_overrides"):  # LPBQ, per-layer weight bits: block_quant.py
+            from .support.aimet_blocks import set_weight_precisions
+            report["lpbq"] = set_weight_precisions(sim, model, v)
         for technique in techniques:
             if BY_NAME[technique].before_quantsim:
                 continue
@@ -142,6 +145,9 @@ def quantize(params: dict) -> dict:
         qdq = sim.to_onnx_qdq(prequantize_constants=True, export_int32_bias=True)
         Path(params["outputs"]["onnx"]).parent.mkdir(parents=True, exist_ok=True)
         onnx.save(qdq, params["outputs"]["onnx"])
+        if v.get("block_size"):  # AIMET writes Gemms, which onnxruntime-qnn does not fuse into LPBQ: MatMul + Add
+            from ..block_quant import matmul_for_blocked_gemms
+            report["lpbq"]["as_matmul"] = matmul_for_blocked_gemms(Path(params["outputs"]["onnx"]))
         # the same load check as onnxruntime's QDQ models get: a model the CPU EP refuses fails here, named, and
         # not minutes later in the compile with no node to blame
         from .quantize import check_quantized

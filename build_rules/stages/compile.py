@@ -55,10 +55,31 @@ def run(params: dict) -> dict:
                          f"arch={target.get('arch')}, expected {chip['name']} {chip['dsp_arch']}")
     values = {"seconds": round(result["seconds"], 3), "bytes": Path(result["binary"]).stat().st_size,
               "target": target}
+    lpbq = _lpbq_check(params, result.get("weight_encodings"))
+    if lpbq:
+        values["lpbq"] = lpbq
     if "report" in params["outputs"]:  # what `doit report` reads: size and compile time of this binary
         report = {**values, "ops": result["ops"], "chip": chip["name"]}
         if result.get("float_ops") is not None:  # quantized: the ops QNN runs in float all the same
             report["float_ops"] = result["float_ops"]
+        if lpbq:  # the summary says it (block_quant.describe)
+            report["weight_encodings"] = result["weight_encodings"]
         atomic_write_json(params["outputs"]["report"], report)
     return values
 
+
+
+def _lpbq_check(params: dict, encodings: dict | None) -> dict | None:
+    """A QDQ model with block-quantized weights must compile to as many LPBQ weights on the HTP: fewer means the EP
+    fell back (per-channel, blockwise in float, or the CPU) and the binary is not what the variant asks for."""
+    import onnx
+    from ..block_quant import LPBQ_ENCODING, ENCODINGS, blocked_weights
+    expected = blocked_weights(onnx.load(params["onnx"], load_external_data=False))
+    if not expected:
+        return None
+    found = (encodings or {}).get(ENCODINGS[LPBQ_ENCODING], 0)
+    if found < expected:
+        raise BuildError(f"{params['name']}: {params['onnx']} has {expected} block-quantized weight(s) but the "
+                         f"compiled QNN graph runs {found} as LPBQ (its weights: {encodings}): onnxruntime-qnn did not "
+                         "fuse the LPBQ pattern; see docs/block_quantization.md")
+    return {"weights": found, "of": sum((encodings or {}).values())}

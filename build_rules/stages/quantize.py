@@ -28,21 +28,40 @@ def run(params: dict) -> dict:
         ort_qnn.quantize(params["onnx"], params["outputs"]["onnx"], samples, activations=v["activations"],
                          weights=v["weights"], per_channel=v["per_channel"], method=v["calibration_method"],
                          overrides=v["overrides"], node_overrides=v.get("node_overrides"),
-                         ranges=params.get("ranges"), tied=[tuple(pair) for pair in params.get("tied") or []])
+                         ranges=params.get("ranges"), tied=[tuple(pair) for pair in params.get("tied") or []],
+                         weight_overrides=v.get("weight_overrides"))
     except ValueError as e:  # e.g. an override naming a tensor the model does not have
         where = ""
         if "override" in str(e):  # name the key to fix: quantize:<model>/<graph>/<variant>
             model, _, variant = params["name"].split(":", 1)[1].split("/")
             where = f" (fix overrides / node_overrides of [variants.{variant}] in models/{model}/model.toml)"
         raise BuildError(f"{params['name']}: {e}{where}") from e
-    check_quantized(params["outputs"]["onnx"], params["onnx"], params["name"], params["final_outputs"]["onnx"])
     values = {"calibration": "reused" if params.get("ranges") else "ran"}
+    if v.get("block_size"):  # LPBQ: block_quant.py
+        values["lpbq"] = lpbq(params, v)
+    check_quantized(params["outputs"]["onnx"], params["onnx"], params["name"], params["final_outputs"]["onnx"])
     warnings = [f"{params['name']}: {w}" for w in narrowed_outputs(params["outputs"]["onnx"], params.get("ranges"))]
     for warning in warnings:
         print(f"warning: {warning}", flush=True)
     if warnings:
         values["warnings"] = warnings  # the build summary repeats them
     return values
+
+
+def lpbq(params: dict, v: dict) -> dict:
+    """Block-quantize the weights of the QDQ model just written (block_quant.apply_lpbq) and say which layers kept
+    per-channel weights, and why."""
+    from .. import block_quant
+    from ..toolchains import ort_qnn
+    keep = {node: f"weight override to {wtype}" for node, wtype in (v.get("weight_overrides") or {}).items()
+            if wtype not in block_quant.BLOCK_WEIGHTS}
+    result = block_quant.apply_lpbq(params["outputs"]["onnx"], ort_qnn.preprocessed_model(params["onnx"]),
+                                    v["block_size"], keep)
+    print(f"LPBQ (block_size {v['block_size']}): {len(result['blocked'])} layer(s) blocked: "
+          f"{', '.join(result['blocked']) or 'none'}", flush=True)
+    for node, why in result["per_channel"].items():
+        print(f"  {node}: per-channel ({why})", flush=True)
+    return result
 
 
 def narrowed_outputs(qdq_model: str, ranges: str | None) -> list[str]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import layout, stage_table
-from ..config import gate_dicts
+from ..config import ConfigError, gate_dicts
 from ..project import (calibration_files, checkpoint_files, chip_params, in_process_stage, model_data, project, rel,
                        variant_builds)
 from ..hashing import TaskKey
@@ -133,6 +133,11 @@ def convert():
         if variant.is_aimet:  # AIMET's encodings (overrides applied in them) for the float model they belong to
             sim, encodings = aimet_tasks.float_file(m, v, g), aimet_tasks.encodings_file(m, v, g)
             file_dep = [sim, encodings, *file_dep[1:]]
+        elif settings.get("block_size") or settings.get("weight_overrides"):
+            # onnxruntime's quantizer (block_quant.py) writes the blocks into a QDQ model the converters never see
+            raise ConfigError(f"{model.toml_path}: [variants.{v}] block_size / weight_overrides: the qairt "
+                              "toolchain takes block encodings from AIMET's encodings only: add quantizer = \"aimet\" "
+                              "to the variant, or build it with the ort-qnn toolchain (docs/block_quantization.md)")
         elif settings.get("overrides") or settings.get("node_overrides"):
             outputs["overrides"] = layout.variant_file(m, v, g, ".quantization_overrides.json")
         params = {"sdk": str(sdk.root), "onnx": sim, "graph": g, "inputs": _inputs(graph),

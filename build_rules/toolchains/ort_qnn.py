@@ -245,7 +245,8 @@ def _choice(kind: str, value: str, table: dict[str, str]) -> str:
 def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.ndarray"]], *, activations: str,
              weights: str, per_channel: bool, method: str = "minmax", overrides: dict[str, str] | None = None,
              node_overrides: dict[str, str] | None = None, ranges: Path | None = None,
-             extra_outputs: list[str] | None = None, tied: list[tuple[str, str]] | None = None) -> None:
+             extra_outputs: list[str] | None = None, tied: list[tuple[str, str]] | None = None,
+             weight_overrides: dict[str, str] | None = None) -> None:
     """Write a QDQ model for QNN HTP, using onnxruntime.quantization's QNN recipe.
 
     The recipe is qnn_preprocess_model, then get_qnn_qdq_config, then quantize.
@@ -262,6 +263,8 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
     - tied: pairs of tensors (a step graph's state output and the input it feeds) quantized with one scale and
       zero point, from the union of their calibrated ranges, so the app can copy the fixed-point output into the
       input. Both must be activations of the same type.
+    - weight_overrides: maps a node name to the type of its weight (input 1; a Gather's table), e.g.
+      {"Gemm_6": "int8"}. A Gather's table stays per-tensor.
     `output` appears only when it is complete.
     """
     from ..dtypes import TYPES  # here, not at the top: this file also runs as the compile child's script
@@ -312,6 +315,11 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
         qnn_input = Path(tmp) / "input.onnx"
         onnx.save(model, str(qnn_input))
         init_overrides = {t: [{"quant_type": getattr(QuantType, q)}] for t, q in override_names.items()}
+        from ..block_quant import weight_override_entries  # per-layer weight bits
+        for weight, (wtype, axis) in weight_override_entries(model, weight_overrides, per_channel, float_model).items():
+            entry = {"quant_type": getattr(QuantType, _choice(f"weight override type of {weight!r}", wtype,
+                                                                _WEIGHT_TYPES))}
+            init_overrides[weight] = [{**entry, "axis": axis} if axis is not None else entry]
         if wgt_name in ("QInt8", "QInt4"):
             # HTP's LayerNormalization takes no signed weights (QNN error 0xc26 on every one: a transformer at int4
             # or int8 would not compile): its scale, a few hundred values, stays uint8
@@ -517,8 +525,9 @@ def compile_context_binary(model: Path, out_dir: Path, graph: str, *, soc_model:
     happens even when the compile fails.
     Raises UnsupportedOpsError when any node except graph-input QuantizeLinear or graph-output DequantizeLinear would
     run on the CPU.
-    Returns {"binary", "ctx_model", "seconds", "target", "ops": {"qnn": n, "cpu_io": [names]}, "float_ops"}: the
-    last is what a quantized model runs in float (qnn_graph.float_ops), None for fp16.
+    Returns {"binary", "ctx_model", "seconds", "target", "ops": {"qnn": n, "cpu_io": [names]}, "float_ops",
+    "weight_encodings"}: float_ops is what a quantized model runs in float (qnn_graph.float_ops), None for fp16;
+    weight_encodings counts its weights by QNN quantization encoding (block_quant.compiled_weights).
     """
     model, out_dir = Path(model), Path(out_dir)
     if not _GRAPH_NAME.match(graph or ""):
@@ -582,7 +591,10 @@ def compile_context_binary(model: Path, out_dir: Path, graph: str, *, soc_model:
         work_bin = work / attrs["ep_cache_context"].s.decode()
         target = read_binary_target(work_bin)
         from .qnn_graph import float_ops as graph_float_ops, read_dump  # not `from . import`: an import circle
-        float_ops = None if fp16 else graph_float_ops(source, read_dump(work / "qnn_graph"))
+        dump = None if fp16 else read_dump(work / "qnn_graph")
+        float_ops = None if fp16 else graph_float_ops(source, dump)
+        from ..block_quant import compiled_weights  # which weights the HTP runs as LPBQ (block_quant.py)
+        weights = compiled_weights(dump)
         if target["soc_type"].startswith("UNKNOWN"):
             raise RuntimeError(f"compiling {model} gave a {target['soc_type']} binary: soc_model {soc_model} "
                                "was not applied")
@@ -602,7 +614,8 @@ def compile_context_binary(model: Path, out_dir: Path, graph: str, *, soc_model:
 
     source_nodes = len(source.graph.node)
     return {"binary": bin_path, "ctx_model": ctx_path, "seconds": seconds, "target": target,
-            "ops": {"qnn": source_nodes - len(cpu_io), "cpu_io": cpu_io}, "float_ops": float_ops}
+            "ops": {"qnn": source_nodes - len(cpu_io), "cpu_io": cpu_io}, "float_ops": float_ops,
+            "weight_encodings": weights}
 
 
 class _CompileFailed(Exception):

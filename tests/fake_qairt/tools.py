@@ -338,6 +338,7 @@ def _read_overrides(path: str, model) -> dict:
     # slope, there too); param encodings name weights
     activations = {n for node in model.graph.node for n in node.output} | {i.name for i in model.graph.input} | \
         set(initializers)
+    axes = _weight_axes(model)
     found = {}
     for kind, known in (("activation_encodings", activations), ("param_encodings", initializers)):
         section = data.get(kind, [] if version == "1.0.0" else {})
@@ -354,12 +355,69 @@ def _read_overrides(path: str, model) -> dict:
             if name not in known:
                 raise Fail(f"ERROR - quantization overrides {path}: {kind} names {name!r}, which is not a "
                            f"{'tensor' if kind == 'activation_encodings' else 'parameter'} of the model")
-            result[name] = _override_entry(path, name, entry, version, initializers.get(name))
+            result[name] = _override_entry(path, name, entry, version, initializers.get(name), axes.get(name))
         found["activations" if kind == "activation_encodings" else "params"] = result
     return found
 
 
-def _override_entry(path: str, name: str, entry, version: str, dims) -> dict:
+def _weight_axes(model) -> dict:
+    """weight name -> (output channels, input channels) from the op that reads it: where per-channel scales and
+    blocks run (Conv [O, I, kh, kw]; ConvTranspose [I, O, ...]; Gemm [K, N] or [N, K] with transB; MatMul [K, N])."""
+    dims = {i.name: list(i.dims) for i in model.graph.initializer}
+    axes = {}
+    for node in model.graph.node:
+        if len(node.input) < 2 or node.input[1] not in dims or len(dims[node.input[1]]) < 2:
+            continue
+        d = dims[node.input[1]]
+        trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+        if node.op_type == "Conv":
+            axes[node.input[1]] = (d[0], d[1])
+        elif node.op_type == "ConvTranspose":
+            axes[node.input[1]] = (d[1], d[0])
+        elif node.op_type == "Gemm":
+            axes[node.input[1]] = (d[0], d[1]) if trans_b else (d[1], d[0])
+        elif node.op_type == "MatMul":
+            axes[node.input[1]] = (d[-1], d[-2])
+    return axes
+
+
+def _block_checks(where: str, entry: dict, axes) -> None:
+    """A PER_BLOCK or LPBQ param encoding (AIMET's 1.0.0 form, as the QAIRT converters take it): blocks along the
+    input channels; LPBQ has one float scale and offset per output channel, per-block integer scales of
+    bw - compressed_bw bits (int4 decompressed to 8 bit: 4-bit scales in [1, 16]) and the symmetric offset."""
+    block = entry.get("block_size")
+    if not isinstance(block, int) or isinstance(block, bool) or block <= 0:
+        raise Fail(f"{where}: {entry['enc_type']} needs a positive integer 'block_size', got {block!r}")
+    if axes is None:
+        raise Fail(f"{where}: {entry['enc_type']} on a tensor that is no Conv/Gemm/MatMul weight")
+    out_channels, in_channels = axes
+    if in_channels % block:
+        raise Fail(f"{where}: block_size {block} does not divide the {in_channels} input channels")
+    blocks = out_channels * (in_channels // block)
+    if entry["enc_type"] == "PER_BLOCK":
+        if len(entry["scale"]) != blocks:
+            raise Fail(f"{where}: PER_BLOCK with {len(entry['scale'])} scales, the tensor has {blocks} blocks")
+        return
+    compressed, bw = entry.get("compressed_bw"), entry["bw"]
+    if not isinstance(compressed, int) or not 0 < compressed < bw:
+        raise Fail(f"{where}: LPBQ needs an integer 'compressed_bw' below bw {bw}, got {compressed!r}")
+    if not entry["is_sym"]:
+        raise Fail(f"{where}: LPBQ is symmetric ('is_sym': true)")
+    if len(entry["scale"]) != out_channels:
+        raise Fail(f"{where}: LPBQ with {len(entry['scale'])} per-channel scales, the tensor has {out_channels} "
+                   "output channels")
+    if any(o != -(2 ** (bw - 1)) for o in entry["offset"]):
+        raise Fail(f"{where}: LPBQ offsets must all be {-(2 ** (bw - 1))} (symmetric {bw}-bit)")
+    ints = entry.get("per_block_int_scale")
+    top = 2 ** (bw - compressed)
+    if not isinstance(ints, list) or len(ints) != blocks:
+        raise Fail(f"{where}: LPBQ needs 'per_block_int_scale' with one integer per block ({blocks}), got "
+                   f"{len(ints) if isinstance(ints, list) else ints!r}")
+    if any(not isinstance(i, int) or not 1 <= i <= top for i in ints):
+        raise Fail(f"{where}: per_block_int_scale values must be integers in [1, {top}]")
+
+
+def _override_entry(path: str, name: str, entry, version: str, dims, axes=None) -> dict:
     where = f"ERROR - quantization overrides {path}: {name}"
     if version == "1.0.0":
         required = {"name": str, "bw": int, "dtype": str, "enc_type": str, "is_sym": bool}
@@ -373,10 +431,12 @@ def _override_entry(path: str, name: str, entry, version: str, dims) -> dict:
         if entry["dtype"] == "INT":
             if not (isinstance(scale, list) and isinstance(offset, list) and len(scale) == len(offset) and scale):
                 raise Fail(f"{where}: an INT encoding needs equal-length scale and offset lists")
-            channels = 1 if entry["enc_type"] == "PER_TENSOR" else (dims[0] if dims else None)
+            channels = 1 if entry["enc_type"] == "PER_TENSOR" else (axes[0] if axes else dims[0] if dims else None)
             if entry["enc_type"] in ("PER_TENSOR", "PER_CHANNEL") and channels is not None and len(scale) != channels:
                 raise Fail(f"{where}: {entry['enc_type']} with {len(scale)} scales, the tensor has {channels} "
                            "channel(s)")
+            if entry["enc_type"] in ("PER_BLOCK", "LPBQ"):
+                _block_checks(where, entry, axes)
     else:
         if not (isinstance(entry, list) and entry and all(isinstance(e, dict) for e in entry)):
             raise Fail(f"{where}: expected a list of encodings")
@@ -385,7 +445,15 @@ def _override_entry(path: str, name: str, entry, version: str, dims) -> dict:
         offset = [e["offset"] for e in entry if "offset" in e] or None
     if bw not in (4, 8, 16, 32):
         raise Fail(f"{where}: bitwidth {bw!r} (4, 8, 16 or 32)")
-    return {"bw": bw, "scale": scale, "offset": offset}
+    blocks = {"block_size": entry["block_size"], "enc_type": entry["enc_type"]} \
+        if version == "1.0.0" and entry.get("enc_type") in ("PER_BLOCK", "LPBQ") else {}
+    return {"bw": bw, "scale": scale, "offset": offset, **blocks}
+
+
+def _lpbq_note(meta: dict) -> str:
+    found = meta.get("overridden", {})
+    return (f" ({found['lpbq']} LPBQ, block_size {', '.join(map(str, found['block_sizes']))})"
+            if found.get("lpbq") else "")
 
 
 def _apply_overrides(meta: dict, overrides: dict | None) -> int:
@@ -399,6 +467,10 @@ def _apply_overrides(meta: dict, overrides: dict | None) -> int:
             t["data_type"] = UFIXED_16 if entry["bw"] == 16 else UFIXED_8
             t["quant"] = {"scale": float(entry["scale"][0]), "offset": int(entry["offset"][0])}
     meta["overridden"] = {"activations": len(overrides["activations"]), "params": len(overrides["params"])}
+    blocked = [e for e in overrides["params"].values() if e.get("enc_type") == "LPBQ"]
+    if blocked:  # the real converter's log says nothing of it: the tests read it from the stand-in's output
+        meta["overridden"]["lpbq"] = len(blocked)
+        meta["overridden"]["block_sizes"] = sorted({e["block_size"] for e in blocked})
     return len(overrides["activations"]) + len(overrides["params"])
 
 
@@ -458,7 +530,8 @@ def main_converter(argv: list[str], sdk: Path) -> int:
         _quantize_io(meta, samples, act_bits)
         if _apply_overrides(meta, overrides):
             _log("INFO", 305, f"Applied quantization overrides from {args.quantization_overrides}: "
-                              f"{meta['overridden']['activations']} activation(s), {meta['overridden']['params']} param(s)")
+                              f"{meta['overridden']['activations']} activation(s), {meta['overridden']['params']} param(s)"
+                              + _lpbq_note(meta))
         meta.update(act_bitwidth=act_bits, per_row=args.use_per_row_quantization)
     elif args.float_bitwidth == 16:
         _log("INFO", 302, "Converting float tensors to fp16")
@@ -783,7 +856,8 @@ def main_qairt_quantizer(argv: list[str], sdk: Path) -> int:
     _quantize_io(meta, samples, act_bits)
     if not args.ignore_quantization_overrides and _apply_overrides(meta, meta.get("overrides")):
         _log("INFO", 305, f"Applied quantization overrides carried by {args.input_dlc}: "
-                          f"{meta['overridden']['activations']} activation(s), {meta['overridden']['params']} param(s)")
+                          f"{meta['overridden']['activations']} activation(s), {meta['overridden']['params']} param(s)"
+                              + _lpbq_note(meta))
     meta.update(act_bitwidth=act_bits, per_row=args.use_per_row_quantization,
                 quantizer_command="qairt-quantizer " + " ".join(argv))
     output = Path(args.output_dlc or str(Path(args.input_dlc).with_suffix("")) + "_quantized.dlc")

@@ -2,7 +2,8 @@
 quantizers, techniques and bit widths, and keep the smallest binary that meets every graph's target.
 
 Rungs, from a variant's own weights / per-channel / calibration:
-  W4A16 aimet seq_mse | W8A8 ort | W8A8 aimet | W8A8 aimet seq_mse      (aimet rungs need aimet-onnx)
+  W4A16 aimet seq_mse | W4A16 LPBQ 64 ort | W4A16 LPBQ 64 aimet seq_mse | W8A8 ort | W8A8 aimet | W8A8 aimet seq_mse
+  (aimet rungs need aimet-onnx)
 They run only when the variant misses a target. A rung is quantized (onnxruntime from the shared ranges, AIMET
 from the shared calibration files), compiled for the tuning chip (its size: the context binaries' bytes) and run on
 the HTP emulator graph by graph, the graphs that missed first; the first rung that meets every target on the
@@ -35,6 +36,11 @@ def rungs(variant: dict) -> list[dict]:
     eight = AIMET_WEIGHTS[weights]
     found = [{"name": "w4a16_aimet_seq_mse", "quantizer": "aimet", "weights": "int4", "activations": "uint16",
               "techniques": ["seq_mse"]},
+             # LPBQ (block_quant.py): int4 weights in blocks of 64, a little larger than per-channel int4
+             {"name": "w4a16_lpbq_ort", "quantizer": "ort", "weights": "int4", "activations": "uint16",
+              "techniques": [], "block_size": 64},
+             {"name": "w4a16_lpbq_aimet_seq_mse", "quantizer": "aimet", "weights": "int4", "activations": "uint16",
+              "techniques": ["seq_mse"], "block_size": 64},
              {"name": "w8a8_ort", "quantizer": "ort", "weights": weights if weights != "int4" else "uint8",
               "activations": "uint8", "techniques": []},
              {"name": "w8a8_aimet", "quantizer": "aimet", "weights": eight, "activations": "uint8", "techniques": []},
@@ -76,12 +82,15 @@ class Ladder:
             ort_qnn.quantize(graph["onnx"], path, [], activations=rung["activations"], weights=rung["weights"],
                              per_channel=v["per_channel"], method=v["calibration_method"],
                              overrides=v.get("overrides"), node_overrides=v.get("node_overrides"),
-                             ranges=graph["ranges"])
+                             ranges=graph["ranges"], weight_overrides=v.get("weight_overrides"))
+            if rung.get("block_size"):
+                from .quantize import lpbq
+                lpbq({"outputs": {"onnx": str(path)}, "onnx": graph["onnx"]}, dict(v, block_size=rung["block_size"]))
         else:
             from .. import aimet
             settings = dict(v, weights=rung["weights"], activations=rung["activations"], quantizer="aimet",
                             techniques=rung["techniques"], calibration_method="minmax",
-                            technique_params={"seq_mse": dict(TECHNIQUE_PARAMS["seq_mse"])})
+                            technique_params={"seq_mse": dict(TECHNIQUE_PARAMS["seq_mse"])}, block_size=rung.get("block_size"))
             calibration = graph["calibration"]
             aimet.quantize({"name": f"{self.params['name']} {rung['name']}", "onnx": graph["onnx"],
                             "input_list": calibration["input_list"], "inputs": calibration["inputs"],
@@ -197,7 +206,7 @@ def search(params: dict) -> dict:
 
 def _same_as_variant(rung: dict, variant: dict) -> bool:
     return rung["quantizer"] == "ort" and rung["weights"] == variant["weights"] and \
-        rung["activations"] == variant["activations"]
+        rung["activations"] == variant["activations"] and rung.get("block_size") == variant.get("block_size")
 
 
 def _values(rung: dict, params: dict) -> str:
@@ -253,6 +262,8 @@ def toml_lines(found: dict, name: str, base: str, graphs: list[dict]) -> tuple[l
         return lines, []
     section = [f"[variants.{name}]", f"inherits = {json.dumps(base)}", f"weights = {json.dumps(rung['weights'])}",
                f"activations = {json.dumps(rung['activations'])}"]
+    if rung.get("block_size"):
+        section.append(f"block_size = {rung['block_size']}")
     if rung["quantizer"] == "aimet":
         section += ['quantizer = "aimet"', f"techniques = {json.dumps(rung['techniques'])}",
                     f'calibration = {{ method = "minmax", samples = {graphs[0]["variant"]["calibration_samples"]} }}']
