@@ -346,7 +346,8 @@ def describe_pair(model, variant: str, chip: str, failed_tasks: list[str] = (), 
             size = f"{size / 1e6:.2f} MB"
         except OSError:
             size = "no binary"
-        parts.append(f"{graph} {size} {_result_text(result)}{_notes(result)}")
+        failed = result is not None and result["passed"] is False  # its gate's message says whose numbers they are
+        parts.append(f"{graph} {size} {_result_text(result)}{'' if failed else _notes(result)}")
     if evaluation:
         parts.append(f"model {_result_text(evaluation, 'metrics')}")
     pair = f"{variant}@{chip}"

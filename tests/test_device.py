@@ -205,7 +205,9 @@ def test_profile_reads_back_latencies_and_says_why_no_cpu_baseline(phone_env, mo
         assert 0 < t["median_ms"] <= t["p90_ms"] and t["load_ms"] > 0 and t["first_ms"] > 0
         assert 0 < t["accelerator_median_ms"] <= t["median_ms"]  # QNN's own rows, from the emulator's profiling
         assert t["accelerator_cycles_median"] > 0 and t["top_ops"]  # detailed: per-op cycles
-        assert all(0 <= op["share"] <= 1 for op in t["top_ops"]) and sum(op["share"] for op in t["top_ops"]) <= 1.01
+        # each share is the op's median over the runs against the median total (the emulator's counts move run to
+        # run by several percent), so together they can pass 1 by a little, not by much
+        assert all(0 <= op["share"] <= 1 for op in t["top_ops"]) and sum(op["share"] for op in t["top_ops"]) <= 1.05
         assert t["cpu"]["measured"] is False and "QNN's CPU backend runs model libraries" in t["cpu"]["reason"]
     runs = _net_runs(phone_env.calls())
     assert len(runs) == 2 and all("--perf_profile burst --profiling_level detailed --num_inferences 9" in c

@@ -194,7 +194,8 @@ def test_the_report_shows_each_gate_with_its_verdict():
     summary = {"cosine": 0.99, "sqnr": 30.0, "max_abs": 0.1, "f1": 0.5}
     row = {"variant": "w8a8", "chip": "SM8750", "graph": "det", "bytes": 2000, "compile_seconds": 1.0,
            "summary": summary, "float_score": {"f1": 0.77}, "gates": gated,
-           "gated": gates.results(gated, summary, {"f1": 0.77}), "passed": False, "float_ops": {"count": 0}}
+           "gated": gates.results(gated, summary, {"f1": 0.77}), "passed": False, "float_ops": {"count": 0},
+           "measured_by": "check"}
     text = report.markdown({"model": "m", "toolchain": {"name": "ort-qnn"}, "cells": [row], "quantizers": {"w8a8": "ort"},
                             "variants": {"w8a8": {"weights": "uint8", "activations": "uint8"}}})
     assert ("| variant | quantizer | weights/activations | chip | size (MB) | compile (s) | det cosine / f1 | gates |"

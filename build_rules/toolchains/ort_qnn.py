@@ -318,7 +318,7 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
         from ..block_quant import weight_override_entries  # per-layer weight bits
         for weight, (wtype, axis) in weight_override_entries(model, weight_overrides, per_channel, float_model).items():
             entry = {"quant_type": getattr(QuantType, _choice(f"weight override type of {weight!r}", wtype,
-                                                                _WEIGHT_TYPES))}
+                                                                {t.name: t.ort for t in TYPES if t.weight}))}
             init_overrides[weight] = [{**entry, "axis": axis} if axis is not None else entry]
         if wgt_name in ("QInt8", "QInt4"):
             # HTP's LayerNormalization takes no signed weights (QNN error 0xc26 on every one: a transformer at int4
