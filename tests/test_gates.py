@@ -201,4 +201,4 @@ def test_the_report_shows_each_gate_with_its_verdict():
     assert ("| variant | quantizer | weights/activations | chip | size (MB) | compile (s) | det cosine / f1 | gates |"
             in text)
     assert "| w8a8 | ort | uint8/uint8 | SM8750 | 0.002 | 1.00 | 0.99 / 0.5 | FAIL: det |" in text
-    assert ("| pass (cosine >= 0.98); **FAIL** (f1 within 0.1 of float) | none |") in text
+    assert ("| pass (cosine >= 0.98); **FAIL** (f1 within 0.1 of float) | check | none |") in text

@@ -67,7 +67,8 @@ def test_a_failed_check_keeps_its_numbers_and_is_not_measured_again(tinynet_repo
     head = {(c["variant"], c["chip"]): c for c in cells if c["graph"] == "head"}
     for (variant, chip), cell in head.items():
         kept = results.last(str(tinynet_repo / f"out/tinynet/{variant}/{chip}/head.check.json"))
-        assert cell["passed"] is False and cell["measured_by"] == "memo"
+        assert cell["passed"] is False
+        assert cell["measured_by"] == ("memo" if chip == "SM8750" else "equal to SM8750 on 3 samples")
         assert cell["summary"]["sqnr"] == kept["summary"]["sqnr"]
 
     # The gate relaxed: the checks pass from the same measurement, and no failure is left behind.

@@ -30,8 +30,8 @@ def _cell_metrics(cell: dict, hooks: str, data_dir) -> tuple[dict | None, str]:
     from ..hashing import file_digest
     key = measurement_key(cell["ctx_model"], cell["evaluation"], hooks, data_dir)
     check = results.last(cell["check"]) or {}  # its report, or a failed one's from the memo
-    if check.get("inputs") == key and "equal_to" not in check:
-        return {k: v for k, v in check.items() if k in MEASURED}, "check"
+    if check.get("inputs") == key and "equal_to" not in check:  # (a failed check's report is in its memo)
+        return {k: v for k, v in check.items() if k in MEASURED}, "memo" if check["passed"] is False else "check"
     proof = check.get("equal_to")
     if proof and check.get("inputs", {}).get("evaluation") == key["evaluation"] \
             and proof["binary"] == (key["binary"] if isinstance(key["binary"], list) else file_digest(
