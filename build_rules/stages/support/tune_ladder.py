@@ -84,7 +84,7 @@ class Ladder:
                              overrides=v.get("overrides"), node_overrides=v.get("node_overrides"),
                              ranges=graph["ranges"], weight_overrides=v.get("weight_overrides"))
             if rung.get("block_size"):
-                from .quantize import lpbq
+                from ..quantize import lpbq
                 lpbq({"outputs": {"onnx": str(path)}, "onnx": graph["onnx"]}, dict(v, block_size=rung["block_size"]))
         else:
             from .. import aimet
