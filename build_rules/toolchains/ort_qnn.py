@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # only for annotations; numpy is imported lazily
 
 if __package__:  # (the compile child loads this file as a script, without its package: it needs none of this)
     from .qnn_binary import read_binary_target  # noqa: F401 -- ort_qnn.read_binary_target, as before
+    # the float model after qnn_preprocess_model, and its tensors (ort_preprocess.py); ort_qnn.<name> as before
+    from .ort_preprocess import _expose, _preprocessed, _tensor_names, preprocessed_model  # noqa: F401
 
 NAME = "ort-qnn"
 
@@ -437,49 +439,6 @@ def _qnn_config(model_path: str, reader, method_name: str, **kwargs):
     return get_qnn_qdq_config(model_path, reader, calibrate_method=getattr(CalibrationMethod, method_name), **kwargs)
 
 
-def _preprocessed(float_model: Path, tmp: Path):
-    """(model after qnn_preprocess_model with its metadata back, (activation names, initializer names) before)."""
-    import onnx
-
-    from ..lean_imports import onnxruntime_tools_without_torch
-    onnxruntime_tools_without_torch()
-    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
-
-    model = onnx.load(str(float_model))
-    # qnn_preprocess_model crashes on models that carry metadata_props (onnxsim writes some; see
-    # research/models-and-data.md fact 3). So strip them for preprocessing and put them back before quantizing.
-    props = [(p.key, p.value) for p in model.metadata_props]
-    del model.metadata_props[:]
-    original_tensors = _tensor_names(model)
-    # Pass a path, not the proto: qnn_preprocess_model saves its input with save_as_external_data, which
-    # rewrites the given proto in place to point at a temp folder that is gone afterwards.
-    stripped_path, pre_path = tmp / "stripped.onnx", tmp / "preprocessed.onnx"
-    onnx.save(model, str(stripped_path))
-    if qnn_preprocess_model(str(stripped_path), pre_path):
-        model = onnx.load(str(pre_path))
-    if props:
-        kept = {p.key: p.value for p in model.metadata_props}
-        onnx.helper.set_model_props(model, {**dict(props), **kept})
-    return model, original_tensors
-
-
-def _expose(model, tensors: list[str]) -> None:
-    """Add activation tensors as graph outputs (type left to shape inference)."""
-    import onnx
-    have = {o.name for o in model.graph.output}
-    elem = {v.name: v.type.tensor_type.elem_type for v in list(model.graph.value_info) + list(model.graph.output)}
-    for name in tensors:
-        if name not in have:
-            model.graph.output.append(onnx.helper.make_tensor_value_info(name, elem.get(name, onnx.TensorProto.FLOAT),
-                                                                         None))
-
-
-def preprocessed_model(float_model: Path):
-    """The float model as quantize() sees it (after qnn_preprocess_model): tensor names for overrides."""
-    with tempfile.TemporaryDirectory(prefix="ort-qnn-pre-") as tmp:
-        return _preprocessed(Path(float_model), Path(tmp))[0]
-
-
 def emulator_session(model: bytes | Path, *, soc_model: int, vtcm_mb: int = 8, fp16: bool = False):
     """An onnxruntime session that runs a float or QDQ model on the x86 HTP emulator, compiled in-process for one SoC.
 
@@ -497,15 +456,6 @@ def emulator_session(model: bytes | Path, *, soc_model: int, vtcm_mb: int = 8, f
     if session.get_providers()[0] != _EP:
         raise RuntimeError(f"the model did not load on {_EP}: providers {session.get_providers()}")
     return session
-
-
-def _tensor_names(model) -> tuple[set[str], set[str]]:
-    """(activation tensor names, initializer names) of a model's main graph."""
-    initializers = {i.name for i in model.graph.initializer}
-    values = {i.name for i in model.graph.input} | {o.name for o in model.graph.output}
-    for node in model.graph.node:
-        values.update(n for n in node.output if n)
-    return values - initializers, initializers
 
 
 # --------------------------------------------------------------------------------------------------------------
