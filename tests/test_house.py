@@ -184,3 +184,13 @@ def test_every_link_of_the_readme_and_docs_leads_somewhere():
             if not target.exists() or (anchor and target.suffix == ".md" and anchor not in anchors.get(target, ())):
                 broken.append(f"{page.relative_to(ROOT)}: {link}")
     assert broken == []
+
+
+def test_pyproject_lists_every_package_a_wheel_needs():
+    """setuptools installs the packages pyproject names: one left out (build_rules.device was) works in an editable
+    checkout and breaks an installed tool."""
+    import tomllib
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "build_rules").rglob("__init__.py")
+             if "templates" not in p.parts}
+    assert found == listed
