@@ -137,12 +137,7 @@ def matmul_for_blocked_gemms(qdq_model: Path) -> list[str]:
     import onnx
     from onnx import helper
     model = onnx.load(str(qdq_model))
-    inits = {i.name: i for i in model.graph.initializer}
-    producers = {o: n for n in model.graph.node for o in n.output}
-    consumers: dict[str, list] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    inits, producers, consumers = _graph_index(model)
     replaced, dropped, done = {}, set(), []
     for node in model.graph.node:
         if node.op_type != "Gemm" or len(node.input) < 2:
@@ -214,12 +209,7 @@ def apply_lpbq(qdq_model: Path, float_model, block_size: int, keep: dict[str, st
     if opset < 21:
         raise ValueError(f"{qdq_model}: opset {opset}; DequantizeLinear's block_size needs opset 21")
     floats = {i.name: i for i in float_model.graph.initializer}
-    inits = {i.name: i for i in model.graph.initializer}
-    producers = {o: n for n in model.graph.node for o in n.output}
-    consumers: dict[str, list] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    inits, producers, consumers = _graph_index(model)
     keep = dict(keep or {})
     blocked, per_channel = [], {}
     replaced: dict[int, list] = {}  # id(node) -> nodes in its place
@@ -393,3 +383,13 @@ def describe(info: dict | None) -> str:
     if not info or not info.get("LPBQ"):
         return ""
     return f"LPBQ {info['LPBQ']} of {sum(info.values())} weights"
+
+
+def _graph_index(model) -> tuple[dict, dict, dict[str, list]]:
+    """(initializers by name, the node making each tensor, the nodes reading each tensor) of a model's main graph."""
+    consumers: dict[str, list] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    return ({i.name: i for i in model.graph.initializer}, {o: n for n in model.graph.node for o in n.output},
+            consumers)
