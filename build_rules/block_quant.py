@@ -157,13 +157,8 @@ def matmul_for_blocked_gemms(qdq_model: Path) -> list[str]:
         replaced[id(node)] = _gemm_as_matmul(node, node.input[1], readers[0], inits, producers, model, dropped)
         done.append(node.name)
     if done:
-        nodes = [m for n in model.graph.node if id(n) not in dropped for m in replaced.get(id(n), [n])]
-        del model.graph.node[:]
-        model.graph.node.extend(nodes)
-        used = {i for n in model.graph.node for i in n.input}
-        for init in [i for i in model.graph.initializer if i.name not in used]:
-            model.graph.initializer.remove(init)
-        _save(model, Path(qdq_model))
+        _save_with_nodes(model, [m for n in model.graph.node if id(n) not in dropped for m in replaced.get(id(n), [n])],
+                         Path(qdq_model))
     return done
 
 
@@ -282,12 +277,7 @@ def apply_lpbq(qdq_model: Path, float_model, block_size: int, keep: dict[str, st
         if id(node) in dropped:
             continue
         nodes.extend(replaced.get(id(node), [node]))
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    used = {i for n in model.graph.node for i in n.input}
-    for init in [i for i in model.graph.initializer if i.name not in used]:
-        model.graph.initializer.remove(init)
-    _save(model, Path(qdq_model))
+    _save_with_nodes(model, nodes, Path(qdq_model))
     return {"block_size": block_size, "blocked": blocked, "per_channel": per_channel}
 
 
@@ -393,3 +383,13 @@ def _graph_index(model) -> tuple[dict, dict, dict[str, list]]:
             consumers.setdefault(name, []).append(node)
     return ({i.name: i for i in model.graph.initializer}, {o: n for n in model.graph.node for o in n.output},
             consumers)
+
+
+def _save_with_nodes(model, nodes: list, path: Path) -> None:
+    """The model with `nodes` as its graph's nodes and the initializers no node reads any more dropped, saved."""
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    used = {i for n in model.graph.node for i in n.input}
+    for init in [i for i in model.graph.initializer if i.name not in used]:
+        model.graph.initializer.remove(init)
+    _save(model, path)
