@@ -20,6 +20,8 @@ from .dtypes import ACTIVATION_TYPES, AIMET_WEIGHT_TYPES, WEIGHT_TYPES
 from .config_types import (BOUND_KEYS, Cache, CheckPolicy, Chip, ChipTable, Dist, ExportSettings, Graph,  # noqa: F401
                            Greedy, Model, Split, TensorSpec, Threshold, Tuning, Variant, gate_dicts)
 from .errors import BuildError, ConfigError  # noqa: F401
+from .quant_spec import (AIMET_CALIBRATION, CALIBRATION_METHODS, GRAPH_OVERRIDE_KEYS, QUANTIZERS,  # noqa: F401
+                         QuantSpec)
 from .toml_table import (BARE_KEY, SAFE_NAME, TYPE_NAMES, TomlCache, _Table, package_folder, read_toml,  # noqa: F401
                          resolve_file, shown_key)
 
@@ -28,16 +30,13 @@ from .toml_table import (BARE_KEY, SAFE_NAME, TYPE_NAMES, TomlCache, _Table, pac
 MAX_CALIBRATION_SAMPLES = 10_000  # one file per sample and input; calibration saturates long before this
 MAX_INPUT_ELEMENTS = 1 << 28  # per graph input: 1 GiB of float32 (Whisper's mel input is 240,000)
 TENSOR_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "bool")
-CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 # Who quantizes a variant: onnxruntime.quantization's min-max recipe ("ort"), or Qualcomm's AIMET ("aimet", the
-# aimet-onnx package of the `aimet` extra) with its HTP QuantSim config and the techniques below.
-QUANTIZERS = ("ort", "aimet")
+# aimet-onnx package of the `aimet` extra) with its HTP QuantSim config and the techniques below (quant_spec.py).
 # aimet only, applied in the order given (cle first: it edits the model); aimet_techniques.py: the table
 TECHNIQUES = TECHNIQUE_NAMES
 TECHNIQUE_PARAMS = TECHNIQUE_DEFAULTS  # aimet-onnx's defaults
 # AIMET's HTP configs quantize weights symmetrically: signed types only (dtypes.py: the quantized types' table).
 AIMET_WEIGHTS = AIMET_WEIGHT_TYPES
-AIMET_CALIBRATION = ("minmax", "percentile")
 TOOLCHAINS = ("ort-qnn", "qairt", "auto")
 EXPORTERS = ("dynamo", "torchscript")
 TUNING_SEARCHES = ("bisect", "exhaustive")  # [tuning] search: how sensitivity and tune measure (see Tuning)
@@ -353,63 +352,40 @@ def _variant(t: _Table, name: str, raw_variants: dict, graphs: dict[str, Graph])
         if graph_name not in graphs:
             raise per_graph.error(shown_key(graph_name), f"no graph {graph_name!r} (graphs: {', '.join(graphs)})")
         g = per_graph.table(graph_name)
-        g.check_keys(("overrides", "node_overrides", "weight_overrides"))
+        g.check_keys(GRAPH_OVERRIDE_KEYS)
         own = {k: _override_table(g, k) for k in ("overrides", "node_overrides") if k in g.data}
         if "weight_overrides" in g.data:  # per-layer weight bits of this graph only (block_quant.py)
-            own["weight_overrides"] = _block_settings(g, t.data.get("weights"), t.data.get("quantizer", "ort"))[
-                "weight_overrides"]
+            own["weight_overrides"] = _weight_table(g)
         if any(own.values()):
             graph_overrides[graph_name] = own
-    quantizer, techniques, technique_params = _quantizer(t)
-    weights = t.get("weights", str, choices=WEIGHT_TYPES)
-    method = calibration.get("method", str, "minmax", choices=CALIBRATION_METHODS)
-    if quantizer == "aimet":
-        if weights not in AIMET_WEIGHTS:
-            raise t.error("weights", f"with quantizer = \"aimet\" expected one of {', '.join(map(repr, AIMET_WEIGHTS))} "
-                                     f"(AIMET's HTP configs quantize weights symmetrically), got {weights!r}")
-        if method not in AIMET_CALIBRATION:
-            raise calibration.error("method", f"with quantizer = \"aimet\" expected one of "
-                                              f"{', '.join(map(repr, AIMET_CALIBRATION))}, got {method!r}")
-    return Variant(name=name, precision="quantized",
-                   activations=t.get("activations", str, choices=ACTIVATION_TYPES), weights=weights,
-                   per_channel=t.get("per_channel", bool, True), calibration_method=method,
-                   calibration_samples=samples, overrides=_override_table(t, "overrides"),
-                   node_overrides=_override_table(t, "node_overrides"), graph_overrides=graph_overrides,
-                   quantizer=quantizer, techniques=techniques, technique_params=technique_params,
-                   **_block_settings(t, weights, quantizer))
+    techniques = t.get("techniques", list, [])
+    spec = QuantSpec(activations=t.get("activations", str, choices=ACTIVATION_TYPES),
+                     weights=t.get("weights", str, choices=WEIGHT_TYPES),
+                     per_channel=t.get("per_channel", bool, True),
+                     calibration_method=calibration.get("method", str, "minmax", choices=CALIBRATION_METHODS),
+                     calibration_samples=samples, overrides=_override_table(t, "overrides"),
+                     node_overrides=_override_table(t, "node_overrides"), weight_overrides=_weight_table(t),
+                     graph_overrides=graph_overrides, quantizer=t.get("quantizer", str, "ort", choices=QUANTIZERS),
+                     techniques=tuple(techniques), technique_params=_technique_params(t, techniques),
+                     block_size=t.data.get("block_size"))
+    for path, message in spec.problems()[:1]:  # quant_spec.py judges the combination; the first names its key
+        table = t
+        for key in path[:-1]:
+            table = table.table(key)
+        raise table.error(shown_key(path[-1]), message)
+    return Variant(name=name, precision="quantized", quant=spec)
 
 
-def _block_settings(t: _Table, weights: str, quantizer: str) -> dict:
-    """block_size and weight_overrides of a quantized variant (LPBQ, per-layer weight bits: block_quant.py)."""
-    from . import block_quant
-    block_size = t.data.get("block_size")
-    if block_size is not None:
-        problem = block_quant.check_block_size(block_size)
-        if problem:
-            raise t.error("block_size", problem)
-        if weights not in block_quant.BLOCK_WEIGHTS:
-            raise t.error("block_size", f"blocks need weights = {' or '.join(map(repr, block_quant.BLOCK_WEIGHTS))} "
-                                        f"(LPBQ is int4 weights decompressed to 8 bit), got weights = {weights!r}")
+def _weight_table(t: _Table) -> dict[str, str]:
+    """weight_overrides: node -> the type of its weight (per-layer weight bits; quant_spec.py checks the types)."""
     table = t.table("weight_overrides", {})
     for node in table.data:
-        table.get(node, str, choices=AIMET_WEIGHTS if quantizer == "aimet" else WEIGHT_TYPES)
-    return {"block_size": block_size, "weight_overrides": dict(table.data)}
+        table.get(node, str)
+    return dict(table.data)
 
 
-def _quantizer(t: _Table) -> tuple[str, tuple[str, ...], dict[str, dict[str, int]]]:
-    """quantizer, techniques (checked: known, once each, cle first) and each technique's parameters."""
-    quantizer = t.get("quantizer", str, "ort", choices=QUANTIZERS)
-    techniques = t.get("techniques", list, [])
-    if techniques and quantizer != "aimet":
-        raise t.error("techniques", 'AIMET\'s techniques need quantizer = "aimet"')
-    for i, name in enumerate(techniques):
-        if name not in TECHNIQUES:
-            raise t.error("techniques", f"unknown technique {name!r} (allowed: {', '.join(map(repr, TECHNIQUES))})")
-        if name in techniques[:i]:
-            raise t.error("techniques", f"{name!r} is listed twice")
-    if "cle" in techniques and techniques[0] != "cle":
-        raise t.error("techniques", "'cle' must come first: cross-layer equalization changes the float model's "
-                                    "weights, which the other techniques then quantize")
+def _technique_params(t: _Table, techniques: list) -> dict[str, dict[str, int]]:
+    """Each listed AIMET technique's parameters (aimet_techniques.py: its table and defaults)."""
     params = {}
     for name, defaults in TECHNIQUE_PARAMS.items():
         if name not in t.data:
@@ -427,9 +403,11 @@ def _quantizer(t: _Table) -> tuple[str, tuple[str, ...], dict[str, dict[str, int
             given[key] = value
         params[name] = given
     for name in techniques:
+        if not isinstance(name, str):
+            raise t.error("techniques", f"expected a list of technique names, got {name!r} in it")
         if name in TECHNIQUE_PARAMS:
             params.setdefault(name, dict(TECHNIQUE_PARAMS[name]))
-    return quantizer, tuple(techniques), params
+    return params
 
 
 def load_model(folder: Path, chips: ChipTable, cache: TomlCache | None = None) -> Model:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import ConfigError
+from .quant_spec import QuantSpec
 from .records import factory, record
 
 BOUND_KEYS = ("min", "max", "max_decrease", "max_increase", "max_change")
@@ -146,24 +147,11 @@ class Graph:
 class Variant:
     name: str
     precision: str  # "fp16" or "quantized"
-    activations: str | None = None
-    weights: str | None = None
-    per_channel: bool = True
-    calibration_method: str = "minmax"
-    calibration_samples: int = 0
-    overrides: dict[str, str] = factory(dict)  # tensor -> activation type
-    node_overrides: dict[str, str] = factory(dict)  # node -> activation type of its outputs
-    # graph -> {"overrides": {...}, "node_overrides": {...}}: only that graph's quantize sees them
-    graph_overrides: dict[str, dict[str, dict[str, str]]] = factory(dict)
-    quantizer: str = "ort"  # "aimet": the aimet stage makes the QDQ model and an encodings JSON
-    techniques: tuple[str, ...] = ()  # aimet techniques, in the order they are applied
-    technique_params: dict[str, dict[str, int]] = factory(dict)  # e.g. {"seq_mse": {"candidates": 20}}
-    block_size: int | None = None  # LPBQ: int4 weights in blocks of this many input channels (block_quant.py)
-    weight_overrides: dict[str, str] = factory(dict)  # node -> type of its weight (per-layer weight bits)
+    quant: QuantSpec | None = None  # a quantized variant's precision (quant_spec.py); None for fp16
 
     @property
     def is_aimet(self) -> bool:
-        return self.quantizer == "aimet"
+        return self.quant is not None and self.quant.is_aimet
 
     @property
     def is_fp16(self) -> bool:
@@ -172,33 +160,11 @@ class Variant:
     def settings_for(self, graph: str) -> dict:
         """What changes one graph's quantized model (the quantize task's key): the variant-wide overrides
         with the graph's own on top, so tuning one graph re-quantizes only that graph."""
-        settings = self.settings()
-        if not self.is_fp16:
-            own = self.graph_overrides.get(graph, {})
-            settings.pop("graphs", None)
-            settings["overrides"] = dict(sorted({**self.overrides, **own.get("overrides", {})}.items()))
-            settings["node_overrides"] = dict(sorted({**self.node_overrides, **own.get("node_overrides", {})}.items()))
-            weight_overrides = {**self.weight_overrides, **own.get("weight_overrides", {})}
-            if weight_overrides:
-                settings["weight_overrides"] = dict(sorted(weight_overrides.items()))
-        return settings
+        return self.settings() if self.quant is None else self.quant.settings(graph)
 
     def settings(self) -> dict:
         """What changes the quantized model: goes into task keys and manifests."""
-        if self.is_fp16:
-            return {"precision": "fp16"}
-        return {"precision": "quantized", "activations": self.activations, "weights": self.weights,
-                "per_channel": self.per_channel, "calibration_method": self.calibration_method,
-                "calibration_samples": self.calibration_samples, "overrides": dict(sorted(self.overrides.items())),
-                **({"node_overrides": dict(sorted(self.node_overrides.items()))} if self.node_overrides else {}),
-                **({"graphs": self.graph_overrides} if self.graph_overrides else {}),
-                # only for aimet variants: an ort variant's settings (and so its task keys) stay as they were
-                **({"quantizer": "aimet", "techniques": list(self.techniques),
-                    "technique_params": {t: self.technique_params[t] for t in self.techniques
-                                         if t in self.technique_params}} if self.is_aimet else {}),
-                # only when set: other variants' task keys stay as they were
-                **({"block_size": self.block_size} if self.block_size else {}),
-                **({"weight_overrides": dict(sorted(self.weight_overrides.items()))} if self.weight_overrides else {})}
+        return {"precision": "fp16"} if self.quant is None else self.quant.settings()
 
 
 @record

@@ -94,9 +94,11 @@ def _key_dict(stage: str, params) -> dict:
 
 
 def stage_task(stage: str, name: str, params: dict, file_dep: list, targets: list[str], log: str,
-                doc: str | None = None, key_stage: str | None = None) -> dict:
+                doc: str | None = None, key_stage: str | None = None, names: dict | None = None) -> dict:
     """A doit task that runs `stage`'s worker (stage_table.py) in a subprocess; params are both the stage's input and
-    its key (key_stage: the key's stage name, when it differs from the stage's)."""
+    its key (key_stage: the key's stage name, when it differs from the stage's). names: what the task builds
+    ({"model", "graph", "variant", "chip"}, as values), handed to the worker as params["names"]; not in the key,
+    which holds them already in the task's name."""
     params = dict(params, name=f"{stage}:{name}")
     worker = stage_table.BY_KEY[key_stage or stage]
     key = task_key(worker.key, params)
@@ -105,6 +107,8 @@ def stage_task(stage: str, name: str, params: dict, file_dep: list, targets: lis
     if worker.relocatable:
         cache = {"cache_key": task_key(key_stage or stage, functools.partial(_relocatable, params, file_dep, targets)),
                  "file_dep": file_dep, "relocatable": True}
+    if names:
+        cache["names"] = names
     task = {
         "name": name,
         # cache_key + file_dep: the build cache (build_rules/cache.py) restores outputs made with this key before
@@ -269,7 +273,7 @@ def calibration_files(model: Model, graph: Graph, count: int) -> list[str]:
 
 
 def ranges_file(model: Model, graph: Graph, variant: Variant) -> str:
-    return layout.calibration_ranges(model.name, graph.name, variant.calibration_method, variant.calibration_samples)
+    return layout.calibration_ranges(model.name, graph.name, variant.quant.calibration_method, variant.quant.calibration_samples)
 
 
 def chip_params(chip: Chip) -> dict:

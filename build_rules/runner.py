@@ -28,7 +28,7 @@ CACHE_HITS: list[str] = []
 
 
 def run_stage(stage: str, params: dict, targets: list[str], log: str, publish_dirs: tuple = (),
-              cache_key=None, file_dep: tuple = (), relocatable: bool = False):
+              cache_key=None, file_dep: tuple = (), relocatable: bool = False, names: dict | None = None):
     """doit action: run build_rules.stages.<stage>.run(params) in a subprocess.
 
     params["outputs"] maps names to target paths; the stage sees them rewritten into its staging
@@ -38,6 +38,8 @@ def run_stage(stage: str, params: dict, targets: list[str], log: str, publish_di
     cache_key: the task key (hashing.TaskKey, or its digest); with the content digests of file_dep it
     names the outputs in the build cache (build_rules/cache.py): on a hit they are copied into place and the stage does not run.
     relocatable: the key holds no paths; an entry made for other target paths with the same file names serves.
+    names: what the task builds (model, graph, variant, chip) as values: the stage reads params["names"] rather
+    than parse its task's name.
     """
     store, entry = None, None
     if cache_key and not publish_dirs:
@@ -55,7 +57,7 @@ def run_stage(stage: str, params: dict, targets: list[str], log: str, publish_di
     staging.mkdir(parents=True)
     try:
         staged = {key: str(staging / path) for key, path in params.get("outputs", {}).items()}
-        job = dict(params, outputs=staged, final_outputs=params.get("outputs", {}))
+        job = dict(params, outputs=staged, final_outputs=params.get("outputs", {}), **({"names": names} if names else {}))
         (staging / "params.json").write_text(json.dumps(job))
         Path(log).parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(

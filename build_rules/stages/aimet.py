@@ -30,6 +30,7 @@ from ..errors import BuildError
 from ..aimet_techniques import BY_NAME
 from ..dtypes import TYPES
 from ..files import atomic_write_json
+from ..quant_spec import QuantSpec
 from ..samples import read_input_list
 
 # AIMET's type per model.toml type (dtypes.py). Its activation quantizers are asymmetric: exported unsigned
@@ -90,18 +91,18 @@ def quantize(params: dict) -> dict:
     import onnx
     import torch
 
-    v = params["variant"]
+    spec = QuantSpec.from_settings(params["variant"])
     torch.manual_seed(0)  # AdaRound's optimisation starts from seeded state: the same inputs give the same result
     np.random.seed(0)
-    samples = read_input_list(params["input_list"], params["inputs"], v["calibration_samples"])
-    if len(samples) < v["calibration_samples"]:
+    samples = read_input_list(params["input_list"], params["inputs"], spec.calibration_samples)
+    if len(samples) < spec.calibration_samples:
         raise BuildError(f"{params['input_list']}: {len(samples)} calibration samples, "
-                         f"{params['name']} needs {v['calibration_samples']}")
+                         f"{params['name']} needs {spec.calibration_samples}")
     import aimet_onnx
     from aimet_onnx.quantsim import QuantizationSimModel
 
     steps = {"done": 0}
-    techniques = list(v.get("techniques", []))
+    techniques = list(spec.techniques)
     if params.get("progress", True):  # the tune stage keeps its own counter on the console
         progress.watch(lambda: steps["done"], "steps (techniques, encodings, export)", len(techniques) + 2)
     report = {"aimet_onnx": aimet_onnx.__version__, "htp_arch": params["htp_arch"], "techniques": {},
@@ -111,9 +112,9 @@ def quantize(params: dict) -> dict:
     from ..toolchains import ort_qnn
     model = ort_qnn.preprocessed_model(params["onnx"])
     with tempfile.TemporaryDirectory(prefix="aimet-") as tmp:
-        config, report["config"] = htp_config(params["htp_arch"], v["per_channel"], Path(tmp))
+        config, report["config"] = htp_config(params["htp_arch"], spec.per_channel, Path(tmp))
         print(f"QuantSim config: {report['config']['file']} ({report['config']['supergroups_removed']} supergroups "
-              f"removed), weights {v['weights']}, activations {v['activations']}, {len(samples)} calibration samples",
+              f"removed), weights {spec.weights}, activations {spec.activations}, {len(samples)} calibration samples",
               flush=True)
         # A weight two ops share (Whisper's tied token embedding: a Gather table and the logits MatMul) is one
         # quantizer to AIMET, which refuses two consumer kinds: each consumer gets its own copy (the binary has
@@ -123,18 +124,18 @@ def quantize(params: dict) -> dict:
         for technique in [t for t in techniques if BY_NAME[t].before_quantsim]:
             model = _timed(report, technique, lambda t=technique: _equalize(model, t))
             steps["done"] += 1
-        sim = QuantizationSimModel(model, param_type=WEIGHT_TYPES[v["weights"]],
-                                   activation_type=ACTIVATION_TYPES[v["activations"]],
-                                   quant_scheme=SCHEMES[v["calibration_method"]], config_file=str(config),
+        sim = QuantizationSimModel(model, param_type=WEIGHT_TYPES[spec.weights],
+                                   activation_type=ACTIVATION_TYPES[spec.activations],
+                                   quant_scheme=SCHEMES[spec.calibration_method], config_file=str(config),
                                    path=str(Path(tmp) / "sim"))
         _apply_overrides(sim, params, model)
-        if v.get("block_size") or v.get("weight_overrides"):  # LPBQ, per-layer weight bits: block_quant.py
+        if spec.block_size or spec.weight_overrides:  # LPBQ, per-layer weight bits: block_quant.py
             from .support.aimet_blocks import set_weight_precisions
-            report["lpbq"] = set_weight_precisions(sim, model, v)
+            report["lpbq"] = set_weight_precisions(sim, model, spec)
         for technique in techniques:
             if BY_NAME[technique].before_quantsim:
                 continue
-            settings = v.get("technique_params", {}).get(technique, {})
+            settings = spec.technique_params.get(technique, {})
             _timed(report, technique, lambda t=technique, s=settings: _apply(t, s, sim, samples), settings)
             steps["done"] += 1
         _timed(report, "compute_encodings", lambda: sim.compute_encodings(samples))
@@ -145,7 +146,7 @@ def quantize(params: dict) -> dict:
         qdq = sim.to_onnx_qdq(prequantize_constants=True, export_int32_bias=True)
         Path(params["outputs"]["onnx"]).parent.mkdir(parents=True, exist_ok=True)
         onnx.save(qdq, params["outputs"]["onnx"])
-        if v.get("block_size"):  # AIMET writes Gemms, which onnxruntime-qnn does not fuse into LPBQ: MatMul + Add
+        if spec.block_size:  # AIMET writes Gemms, which onnxruntime-qnn does not fuse into LPBQ: MatMul + Add
             from ..block_quant import matmul_for_blocked_gemms
             report["lpbq"]["as_matmul"] = matmul_for_blocked_gemms(Path(params["outputs"]["onnx"]))
         # the same load check as onnxruntime's QDQ models get: a model the CPU EP refuses fails here, named, and
@@ -199,10 +200,10 @@ def _apply_overrides(sim, params: dict, model) -> None:
     """The variant's overrides / node_overrides (this graph's) as AIMET tensor precisions; a name the float model
     does not have fails with the closest one and the model.toml table to fix."""
     from ..toolchains import qairt
-    v = params["variant"]
-    model_name, variant = params["name"].split(":", 1)[1].split("/")[0], params["name"].rsplit("/", 1)[1]
-    where = f"{params['name']} (fix overrides / node_overrides of [variants.{variant}] in models/{model_name}/model.toml)"
-    for tensor, qtype in qairt.tensor_overrides(params["onnx"], v, where, model).items():
+    names = params.get("names")  # absent for tune's candidates, which are no variant of model.toml yet
+    where = params["name"] + (f" (fix overrides / node_overrides of [variants.{names['variant']}] in "
+                              f"models/{names['model']}/model.toml)" if names else "")
+    for tensor, qtype in qairt.tensor_overrides(params["onnx"], params["variant"], where, model).items():
         try:
             sim.set_tensor_precision(tensor, ACTIVATION_TYPES[qtype])
         except ValueError as e:  # a tensor AIMET does not quantize (e.g. an int32 index)

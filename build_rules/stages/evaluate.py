@@ -79,11 +79,11 @@ def run(params: dict) -> dict:
         except BuildError as e:  # the numbers stay in the memo, marked failed (each gate's verdict too)
             report["gated"] = gates.results(report["gates"], metrics, reference)
             if params["on"] == "emulator" and any(g["passed"] is False for g in report["gated"]):
-                model, _, target = params["name"].split(":", 1)[1].partition("/")
+                names = params["names"]
                 whole = [g for g, p in params["graphs"].items() if not isinstance(p, list)]  # split: no diagnose
                 if whole:
-                    e = BuildError(f"{e}; to see which graph and tensor it starts at: "
-                                   + ", ".join(f"doit diagnose:{model}/{g}/{target}" for g in whole))
+                    e = BuildError(f"{e}; to see which graph and tensor it starts at: " + ", ".join(
+                        f"doit diagnose:{names['model']}/{g}/{names['variant']}@{names['chip']}" for g in whole))
             results.keep_failed(memo, report, str(e), key, metrics, graph_runs=graph_runs)
             raise e from None
     results.clear_failed(memo)

@@ -8,37 +8,32 @@ only the quantization. Without ranges (params["ranges"] absent) it calibrates fr
 from __future__ import annotations
 
 from ..errors import BuildError
+from ..quant_spec import QuantSpec
 from ..samples import read_input_list
 from .simplify import BIAS_OPS
 
 
 def run(params: dict) -> dict:
-    from ..toolchains import ort_qnn
-
-    v = params["variant"]
+    spec = QuantSpec.from_settings(params["variant"])
     samples = []
     if not params.get("ranges"):
-        samples = read_input_list(params["input_list"], params["inputs"], v["calibration_samples"])
-        if len(samples) < v["calibration_samples"]:
+        samples = read_input_list(params["input_list"], params["inputs"], spec.calibration_samples)
+        if len(samples) < spec.calibration_samples:
             raise BuildError(f"{params['input_list']}: {len(samples)} calibration samples, "
-                             f"variant {params['name']} needs {v['calibration_samples']}")
+                             f"variant {params['name']} needs {spec.calibration_samples}")
     else:
         print(f"reusing calibration ranges {params['ranges']} (no calibration pass)", flush=True)
     try:
-        ort_qnn.quantize(params["onnx"], params["outputs"]["onnx"], samples, activations=v["activations"],
-                         weights=v["weights"], per_channel=v["per_channel"], method=v["calibration_method"],
-                         overrides=v["overrides"], node_overrides=v.get("node_overrides"),
-                         ranges=params.get("ranges"), tied=[tuple(pair) for pair in params.get("tied") or []],
-                         weight_overrides=v.get("weight_overrides"))
+        values = write_qdq(spec, params["onnx"], params["outputs"]["onnx"], samples, ranges=params.get("ranges"),
+                           tied=[tuple(pair) for pair in params.get("tied") or []])
     except ValueError as e:  # e.g. an override naming a tensor the model does not have
         where = ""
-        if "override" in str(e):  # name the key to fix: quantize:<model>/<graph>/<variant>
-            model, _, variant = params["name"].split(":", 1)[1].split("/")
-            where = f" (fix overrides / node_overrides of [variants.{variant}] in models/{model}/model.toml)"
+        if "override" in str(e):  # name the key to fix
+            names = params["names"]
+            where = (f" (fix overrides / node_overrides of [variants.{names['variant']}] in "
+                     f"models/{names['model']}/model.toml)")
         raise BuildError(f"{params['name']}: {e}{where}") from e
-    values = {"calibration": "reused" if params.get("ranges") else "ran"}
-    if v.get("block_size"):  # LPBQ: block_quant.py
-        values["lpbq"] = lpbq(params, v)
+    values["calibration"] = "reused" if params.get("ranges") else "ran"
     check_quantized(params["outputs"]["onnx"], params["onnx"], params["name"], params["final_outputs"]["onnx"])
     warnings = [f"{params['name']}: {w}" for w in narrowed_outputs(params["outputs"]["onnx"], params.get("ranges"))]
     for warning in warnings:
@@ -48,16 +43,28 @@ def run(params: dict) -> dict:
     return values
 
 
-def lpbq(params: dict, v: dict) -> dict:
+def write_qdq(spec: QuantSpec, float_onnx, output, samples: list, *, ranges=None, tied=None,
+              extra_outputs=None) -> dict:
+    """The QDQ model of `spec` with onnxruntime's QNN recipe (and LPBQ blocks when it has a block_size): the one
+    place a spec becomes the toolchain's arguments (this stage, tune's ladder and the mixed-precision search call
+    it). Returns {"lpbq": ...} for a blocked spec, else {}."""
+    from ..toolchains import ort_qnn
+    ort_qnn.quantize(float_onnx, output, samples, activations=spec.activations, weights=spec.weights,
+                     per_channel=spec.per_channel, method=spec.calibration_method, overrides=spec.overrides,
+                     node_overrides=spec.node_overrides or None, ranges=ranges, tied=tied,
+                     extra_outputs=extra_outputs, weight_overrides=spec.weight_overrides or None)
+    return {"lpbq": lpbq(float_onnx, output, spec)} if spec.block_size else {}
+
+
+def lpbq(float_onnx, output, spec: QuantSpec) -> dict:
     """Block-quantize the weights of the QDQ model just written (block_quant.apply_lpbq) and say which layers kept
     per-channel weights, and why."""
     from .. import block_quant
     from ..toolchains import ort_qnn
-    keep = {node: f"weight override to {wtype}" for node, wtype in (v.get("weight_overrides") or {}).items()
+    keep = {node: f"weight override to {wtype}" for node, wtype in spec.weight_overrides.items()
             if wtype not in block_quant.BLOCK_WEIGHTS}
-    result = block_quant.apply_lpbq(params["outputs"]["onnx"], ort_qnn.preprocessed_model(params["onnx"]),
-                                    v["block_size"], keep)
-    print(f"LPBQ (block_size {v['block_size']}): {len(result['blocked'])} layer(s) blocked: "
+    result = block_quant.apply_lpbq(output, ort_qnn.preprocessed_model(float_onnx), spec.block_size, keep)
+    print(f"LPBQ (block_size {spec.block_size}): {len(result['blocked'])} layer(s) blocked: "
           f"{', '.join(result['blocked']) or 'none'}", flush=True)
     for node, why in result["per_channel"].items():
         print(f"  {node}: per-channel ({why})", flush=True)

@@ -81,8 +81,9 @@ def aimet_tasks():
             if graph.state:  # each state output takes the encoding of the input it feeds (the app copies it over)
                 params["tied"] = sorted(graph.state.items())
             task = stage_task("aimet", f"{m}/{g}/{v}", params,
-                              [sim, input_list, *calibration_files(model, graph, variant.calibration_samples)],
-                              list(outputs.values()), layout.variant_file(m, v, g, ".aimet.log"))
+                              [sim, input_list, *calibration_files(model, graph, variant.quant.calibration_samples)],
+                              list(outputs.values()), layout.variant_file(m, v, g, ".aimet.log"),
+                              names={"model": m, "graph": g, "variant": v})
             task["actions"] = [(_require_aimet, [missing_message(v, model)]), *task["actions"]]
             task["task_dep"] = split_tasks.checked_first(model, graph, variant)  # the size check fails before this
             yield task
@@ -109,4 +110,4 @@ def tune_calibration(model: Model, graph, variant: Variant, tuning_graph: dict) 
     needs go into the graph's tuning params; returns them for the task's file_dep."""
     input_list = f"{layout.calibration_dir(model.name, graph.name)}/input_list.txt"
     tuning_graph["calibration"] = {"input_list": input_list, "inputs": input_specs(graph), "htp_arch": oldest_arch(model)}
-    return [input_list, *calibration_files(model, graph, variant.calibration_samples)]
+    return [input_list, *calibration_files(model, graph, variant.quant.calibration_samples)]

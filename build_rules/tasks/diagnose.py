@@ -31,8 +31,8 @@ def diagnose_tasks():
                 evaluation = layout.float_file(model.name, graph.name, ".evaluation.npz")
                 settings = variant.settings_for(graph.name)
                 if not variant.is_fp16:
-                    settings["activation_bits"] = 8 if variant.activations == "uint8" else 16
-                    settings["graph_overrides"] = variant.graph_overrides.get(graph.name, {})
+                    settings["activation_bits"] = 8 if variant.quant.activations == "uint8" else 16
+                    settings["graph_overrides"] = variant.quant.graph_overrides.get(graph.name, {})
                 outputs = {"markdown": chip_file(".diagnose.md"), "png": chip_file(".diagnose.png"),
                            "json": chip_file(".diagnose.json")}
                 params = {"model": model.name, "graph_name": graph.name, "variant_name": variant.name,

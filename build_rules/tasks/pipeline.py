@@ -128,7 +128,7 @@ def _calibration_stats_tasks():
         for variant in quantized_variants(model):
             if variant.is_aimet:
                 continue  # AIMET calibrates inside its own stage
-            method, samples = variant.calibration_method, variant.calibration_samples
+            method, samples = variant.quant.calibration_method, variant.quant.calibration_samples
             if (method, samples) in done:
                 continue
             done.add((method, samples))
@@ -156,7 +156,8 @@ def _quantize_tasks():
                 params["tied"] = sorted(graph.state.items())
             task = stage_task("quantize", f"{model.name}/{graph.name}/{variant.name}", params,
                               [sim, ranges], [target],
-                              layout.variant_file(model.name, variant.name, graph.name, ".quantize.log"))
+                              layout.variant_file(model.name, variant.name, graph.name, ".quantize.log"),
+                              names={"model": model.name, "graph": graph.name, "variant": variant.name})
             task["task_dep"] = split_tasks.checked_first(model, graph, variant)  # the size check fails before this
             yield task
 
@@ -254,7 +255,8 @@ def _evaluate_tasks():
         params, file_dep = _evaluate_params(model, graphs, "cpu", float_report)
         params["gates"] = []  # the float model is the reference, not gated
         yield stage_task("evaluate", f"{model.name}/float", params, file_dep, [float_report],
-                          layout.float_file(model.name, "model", ".evaluate.log"), key_stage="evaluate_float")
+                          layout.float_file(model.name, "model", ".evaluate.log"), key_stage="evaluate_float",
+                          names={"model": model.name, "variant": "float"})
         for variant, chip in variant_builds(model):
             report = layout.chip_file(model.name, variant.name, chip.name, "evaluate.json")
             graphs = {g.name: split_tasks.chip_files(model, g, variant, chip, "_ctx.onnx") for g in model.graphs.values()}
@@ -264,7 +266,8 @@ def _evaluate_tasks():
             file_dep = [f for dep in file_dep for f in (dep if isinstance(dep, list) else [dep])]
             file_dep += [float_report] + [f for b in binaries for f in (b if isinstance(b, list) else [b])]
             yield stage_task("evaluate", f"{model.name}/{variant.name}@{chip.name}", params, file_dep, [report],
-                              layout.chip_file(model.name, variant.name, chip.name, "evaluate.log"))
+                              layout.chip_file(model.name, variant.name, chip.name, "evaluate.log"),
+                              names={"model": model.name, "variant": variant.name, "chip": chip.name})
 
 
 def _fp16_sibling(model: Model, variant, chip) -> dict:

@@ -127,7 +127,7 @@ def convert():
         if not variant.is_fp16:
             if not dlc:  # qnn-onnx-converter calibrates; in the DLC flow the quantizer does
                 input_list = f"{layout.calibration_dir(m, g)}/input_list.txt"
-                file_dep += [input_list, *calibration_files(model, graph, variant.calibration_samples)]
+                file_dep += [input_list, *calibration_files(model, graph, variant.quant.calibration_samples)]
         settings = variant.settings_for(g)  # the graph's own overrides and node_overrides too
         encodings = None
         if variant.is_aimet:  # AIMET's encodings (overrides applied in them) for the float model they belong to
@@ -164,7 +164,7 @@ def _quantize_tasks():
         params = {"sdk": str(sdk.root), "float_dlc": _float_dlc(m, v, g), "graph": g, "inputs": _inputs(graph),
                   "variant": variant.settings(), "input_list": input_list, "outputs": outputs,
                   "per_row": _per_row(model, variant)}
-        file_dep = [params["float_dlc"], input_list, *calibration_files(model, graph, variant.calibration_samples)]
+        file_dep = [params["float_dlc"], input_list, *calibration_files(model, graph, variant.quant.calibration_samples)]
         yield _stage_task("quantize", f"{m}/{g}/{v}", params, file_dep, list(outputs.values()),
                           layout.variant_file(m, v, g, ".quantize.log"))
 

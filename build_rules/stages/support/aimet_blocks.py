@@ -8,13 +8,13 @@ from ...errors import BuildError
 WEIGHT_BITS = {"int8": 8, "int4": 4}  # AIMET quantizes weights symmetrically: signed types only
 
 
-def set_weight_precisions(sim, model, v: dict) -> dict:
+def set_weight_precisions(sim, model, spec) -> dict:
     """Apply to a QuantizationSimModel before its encodings are computed. model: the float onnx.ModelProto the sim
     was made from. Returns {"block_size", "blocked", "per_channel": {node: why}} (the aimet report keeps it)."""
     from ... import block_quant
     initializers = {i.name for i in model.graph.initializer}
     weights = {n.name: block_quant.node_weight(n, initializers) for n in model.graph.node}
-    overrides = dict(v.get("weight_overrides") or {})
+    overrides = dict(spec.weight_overrides)  # quant_spec.QuantSpec
     for node, wtype in overrides.items():
         if node not in weights or weights[node] not in sim.qc_quantize_op_dict:
             known = [n for n, w in weights.items() if w in sim.qc_quantize_op_dict]
@@ -26,7 +26,7 @@ def set_weight_precisions(sim, model, v: dict) -> dict:
                              f"{', '.join(map(repr, WEIGHT_BITS))}")
         sim.qc_quantize_op_dict[weights[node]].set_bitwidth(WEIGHT_BITS[wtype])
         print(f"weight override: {node} -> {wtype}", flush=True)
-    block = v.get("block_size")
+    block = spec.block_size
     if not block:
         return {"weight_overrides": overrides}
     excluded = block_quant.unblockable(model, block)

@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ...quant_spec import QuantSpec
 from ... import gates
 from ..check import measure, summarize
 from ...samples import compare, load_evaluation, load_labels
@@ -114,14 +115,16 @@ class Candidates:
         return {o: (n.name, n.op_type) for n in model.graph.node for o in n.output if o}
 
     def quantize(self, sixteen, path: Path, extra_outputs=None) -> Path:
-        from ...toolchains import ort_qnn
-        v = self.graph["variant"]
+        """The graph at 8-bit activations with `sixteen` (and the variant's pinned overrides) at 16 bit, by
+        onnxruntime from the shared ranges. The variant's weight overrides and LPBQ blocks are not applied: the
+        search is over activation types only."""
+        from ..quantize import write_qdq
         overrides = dict(self.pinned)
         overrides.update({t: SIXTEEN for t in sixteen})
-        ort_qnn.quantize(self.graph["onnx"], path, [], activations="uint8", weights=v["weights"],
-                         per_channel=v["per_channel"], method=v["calibration_method"], overrides=overrides,
-                         node_overrides=v.get("node_overrides"), ranges=self.graph["ranges"],
-                         extra_outputs=extra_outputs)
+        spec = QuantSpec.from_settings(self.graph["variant"]).replace(
+            activations="uint8", overrides=overrides, weight_overrides={}, block_size=None, quantizer="ort",
+            techniques=(), technique_params={})
+        write_qdq(spec, self.graph["onnx"], path, [], ranges=self.graph["ranges"], extra_outputs=extra_outputs)
         return path
 
     def run(self, model: Path, indices: list[int]) -> list[dict]:

@@ -24,34 +24,41 @@ from ... import gates
 from ...aimet_techniques import PARAMS as TECHNIQUE_PARAMS
 from ...dtypes import TYPES
 from ...files import atomic_write_json, atomic_write_text
+from ...quant_spec import QuantSpec
 from .precision import Candidates, clean, meets
 
 # The weight type an AIMET rung uses for a variant's weights (dtypes.py: AIMET's HTP configs take signed <= 8 bit).
 AIMET_WEIGHTS = {t.name: t.aimet_weight for t in TYPES if t.weight}
+SEQ_MSE = {"quantizer": "aimet", "techniques": ("seq_mse",), "calibration_method": "minmax",
+           "technique_params": {"seq_mse": dict(TECHNIQUE_PARAMS["seq_mse"])}}
+ORT = {"quantizer": "ort", "techniques": (), "technique_params": {}}
 
 
-def rungs(variant: dict) -> list[dict]:
-    """The ladder for a variant's settings (one graph's: they differ only in overrides)."""
-    weights = variant["weights"]
-    eight = AIMET_WEIGHTS[weights]
-    found = [{"name": "w4a16_aimet_seq_mse", "quantizer": "aimet", "weights": "int4", "activations": "uint16",
-              "techniques": ["seq_mse"]},
-             # LPBQ (block_quant.py): int4 weights in blocks of 64, a little larger than per-channel int4
-             {"name": "w4a16_lpbq_ort", "quantizer": "ort", "weights": "int4", "activations": "uint16",
-              "techniques": [], "block_size": 64},
-             {"name": "w4a16_lpbq_aimet_seq_mse", "quantizer": "aimet", "weights": "int4", "activations": "uint16",
-              "techniques": ["seq_mse"], "block_size": 64},
-             {"name": "w8a8_ort", "quantizer": "ort", "weights": weights if weights != "int4" else "uint8",
-              "activations": "uint8", "techniques": []},
-             {"name": "w8a8_aimet", "quantizer": "aimet", "weights": eight, "activations": "uint8", "techniques": []},
-             {"name": "w8a8_aimet_seq_mse", "quantizer": "aimet", "weights": eight, "activations": "uint8",
-              "techniques": ["seq_mse"]}]
-    return found
+def rungs(variant: QuantSpec) -> list[dict]:
+    """The ladder for a variant's spec (one graph's: they differ only in overrides): {"name", "changes"}, the
+    fields a rung changes in the variant's spec (Ladder.spec makes and validates it)."""
+    eight = AIMET_WEIGHTS[variant.weights]
+    w8 = variant.weights if variant.weights != "int4" else "uint8"
+    return [{"name": "w4a16_aimet_seq_mse", "changes": {**SEQ_MSE, "weights": "int4", "activations": "uint16"}},
+            # LPBQ (block_quant.py): int4 weights in blocks of 64, a little larger than per-channel int4
+            {"name": "w4a16_lpbq_ort", "changes": {**ORT, "weights": "int4", "activations": "uint16", "block_size": 64}},
+            {"name": "w4a16_lpbq_aimet_seq_mse",
+             "changes": {**SEQ_MSE, "weights": "int4", "activations": "uint16", "block_size": 64}},
+            {"name": "w8a8_ort", "changes": {**ORT, "weights": w8, "activations": "uint8"}},
+            {"name": "w8a8_aimet", "changes": {**SEQ_MSE, "techniques": (), "technique_params": {}, "weights": eight,
+                                               "activations": "uint8"}},
+            {"name": "w8a8_aimet_seq_mse", "changes": {**SEQ_MSE, "weights": eight, "activations": "uint8"}}]
 
 
-def w8a16(variant: dict) -> dict:
-    weights = variant["weights"] if variant["weights"] != "int4" else "uint8"
-    return {"name": "w8a16_ort", "quantizer": "ort", "weights": weights, "activations": "uint16", "techniques": []}
+def w8a16(variant: QuantSpec) -> dict:
+    return {"name": "w8a16_ort", "changes": {**ORT, "weights": variant.weights if variant.weights != "int4" else "uint8",
+                                             "activations": "uint16"}}
+
+
+def rung_spec(rung: dict, variant: QuantSpec) -> QuantSpec:
+    """The rung's spec for one graph: the variant's (its overrides too) with the rung's fields; no blocks unless the
+    rung has them."""
+    return variant.replace(**{"block_size": None, **rung["changes"]})
 
 
 def aimet_installed() -> bool:
@@ -73,28 +80,23 @@ class Ladder:
         return next(g for g in self.params["graphs"] if g["name"] == name)
 
     def quantize(self, rung: dict, graph: dict) -> Path:
-        from ...toolchains import ort_qnn
-        v = graph["variant"]
+        spec = rung_spec(rung, QuantSpec.from_settings(graph["variant"]))
+        problems = spec.problems()
+        if problems:  # the same judgement as model.toml's (quant_spec.py): a rung that could not be a variant
+            path, message = problems[0]
+            raise ValueError(f"{'.'.join(path)}: {message}")
         folder = self.work / rung["name"]
         folder.mkdir(exist_ok=True)
         path = folder / f"{graph['name']}.qdq.onnx"
-        if rung["quantizer"] == "ort":
-            ort_qnn.quantize(graph["onnx"], path, [], activations=rung["activations"], weights=rung["weights"],
-                             per_channel=v["per_channel"], method=v["calibration_method"],
-                             overrides=v.get("overrides"), node_overrides=v.get("node_overrides"),
-                             ranges=graph["ranges"], weight_overrides=v.get("weight_overrides"))
-            if rung.get("block_size"):
-                from ..quantize import lpbq
-                lpbq({"outputs": {"onnx": str(path)}, "onnx": graph["onnx"]}, dict(v, block_size=rung["block_size"]))
+        if not spec.is_aimet:
+            from ..quantize import write_qdq
+            write_qdq(spec, graph["onnx"], path, [], ranges=graph["ranges"])
         else:
             from .. import aimet
-            settings = dict(v, weights=rung["weights"], activations=rung["activations"], quantizer="aimet",
-                            techniques=rung["techniques"], calibration_method="minmax",
-                            technique_params={"seq_mse": dict(TECHNIQUE_PARAMS["seq_mse"])}, block_size=rung.get("block_size"))
             calibration = graph["calibration"]
             aimet.quantize({"name": f"{self.params['name']} {rung['name']}", "onnx": graph["onnx"],
                             "input_list": calibration["input_list"], "inputs": calibration["inputs"],
-                            "variant": settings, "htp_arch": calibration["htp_arch"], "progress": False,
+                            "variant": spec.settings(), "htp_arch": calibration["htp_arch"], "progress": False,
                             "outputs": {"onnx": str(path), "encodings": str(folder / f"{graph['name']}.json"),
                                         "float_onnx": str(folder / f"{graph['name']}.float.onnx")}})
         return path
@@ -182,9 +184,9 @@ def search(params: dict) -> dict:
         found["notes"].append("[tuning] try_variants = false: no other variant tried")
         return found
     order = missed + [g["name"] for g in params["graphs"] if g["name"] not in missed]
-    variant = params["graphs"][0]["variant"]
+    variant = QuantSpec.from_settings(params["graphs"][0]["variant"])
     for rung in rungs(variant):
-        if rung["quantizer"] == "aimet" and not aimet_installed():
+        if rung["changes"]["quantizer"] == "aimet" and not aimet_installed():
             from ..errors import AIMET_INSTALL
             found["notes"].append(f"{rung['name']}: skipped (aimet-onnx is not installed: {AIMET_INSTALL})")
             continue
@@ -204,9 +206,8 @@ def search(params: dict) -> dict:
     return found
 
 
-def _same_as_variant(rung: dict, variant: dict) -> bool:
-    return rung["quantizer"] == "ort" and rung["weights"] == variant["weights"] and \
-        rung["activations"] == variant["activations"] and rung.get("block_size") == variant.get("block_size")
+def _same_as_variant(rung: dict, variant: QuantSpec) -> bool:
+    return rung_spec(rung, variant) == variant
 
 
 def _values(rung: dict, params: dict) -> str:
@@ -222,7 +223,7 @@ def _values(rung: dict, params: dict) -> str:
 def mixed_size(found: dict, results: dict, params: dict) -> dict:
     """After the mixed-precision search: its binary size and W8A16's, measured the same way, for the comparison."""
     ladder: Ladder = found["ladder"]
-    mixed, full16 = 0, w8a16(params["graphs"][0]["variant"])
+    mixed, full16 = 0, w8a16(QuantSpec.from_settings(params["graphs"][0]["variant"]))
     built16 = {**full16, "graphs": {g["name"]: ladder.build_graph(full16, g) for g in params["graphs"]}}
     if all("bytes" in g for g in built16["graphs"].values()):
         built16["bytes"] = sum(g["bytes"] for g in built16["graphs"].values())
@@ -236,15 +237,16 @@ def mixed_size(found: dict, results: dict, params: dict) -> dict:
         if c is not None:
             c.quantize(set(sixteen), path)
         else:
-            path = Path(ladder.quantize({"name": "mixed", "quantizer": "ort", "weights": graph["variant"]["weights"],
-                                         "activations": graph["variant"]["activations"]}, graph))
+            own = QuantSpec.from_settings(graph["variant"])
+            path = Path(ladder.quantize({"name": "mixed", "changes": {**ORT, "weights": own.weights,
+                                                                     "activations": own.activations}}, graph))
         mixed += ladder.size(path, graph["name"])
     for g in built16["graphs"].values():
         g.pop("path", None)
     return {"mixed_bytes": mixed, "w8a16": built16}
 
 
-def toml_lines(found: dict, name: str, base: str, graphs: list[dict]) -> tuple[list[str], list[str]]:
+def toml_lines(found: dict, name: str, base_name: str, graphs: list[dict]) -> tuple[list[str], list[str]]:
     """(comment lines: every rung with its size and numbers; the variant section of a chosen rung, or [])."""
     lines = ["# Whole variants tried before keeping tensors at 16 bit (tuning chip; sizes: the graphs built):"]
     for rung in found["rungs"]:
@@ -260,13 +262,13 @@ def toml_lines(found: dict, name: str, base: str, graphs: list[dict]) -> tuple[l
     rung = found["chosen"]
     if rung is None:
         return lines, []
-    section = [f"[variants.{name}]", f"inherits = {json.dumps(base)}", f"weights = {json.dumps(rung['weights'])}",
-               f"activations = {json.dumps(rung['activations'])}"]
-    if rung.get("block_size"):
-        section.append(f"block_size = {rung['block_size']}")
-    if rung["quantizer"] == "aimet":
-        section += ['quantizer = "aimet"', f"techniques = {json.dumps(rung['techniques'])}",
-                    f'calibration = {{ method = "minmax", samples = {graphs[0]["variant"]["calibration_samples"]} }}']
+    base = QuantSpec.from_settings(graphs[0]["variant"])
+    spec = rung_spec(rung, base)
+    if not spec.inherits_from(base):  # a base with blocks: its block_size cannot be unset by inheriting
+        lines.append(f"#   {rung['name']} is not written as a variant: [variants.{base_name}] has block_size = "
+                     f"{base.block_size}, which a variant that inherits it cannot unset; copy the table and drop it")
+        return lines, []
+    section = [f"[variants.{name}]", f"inherits = {json.dumps(base_name)}", *spec.toml_lines(base)]
     return lines, section + [""]
 
 
