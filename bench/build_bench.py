@@ -239,7 +239,7 @@ def main() -> None:
 
     repo, checkpoints = make_repo(work / "ours", args.model)
     full, full_tasks = ran_count(repo, "-n", "1")
-    from build_rules.summary import read_build_log, seconds_per_stage
+    from build_rules.build_log import read_build_log, seconds_per_stage
     first_build_stages = seconds_per_stage(read_build_log(str(repo / "out/.build-state/build.log"), last_build=True))
     peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     from build_rules.config import load_chips, load_model

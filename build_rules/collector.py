@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import os
 
 _loads = 0
 
@@ -29,6 +30,7 @@ def pause() -> None:
     if _loads == 1:
         gc.freeze()
         atexit.register(gc.freeze)  # runs before the collection at interpreter exit, which then walks nothing
+        os.register_at_fork(after_in_child=gc.enable)  # `doit -n N -P process` workers collect as usual
     gc.disable()
 
 

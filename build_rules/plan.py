@@ -26,18 +26,32 @@ import time
 
 
 class Plan:
-    def __init__(self, tasks: dict, selected: list[str], runner, decided: dict[str, bool], log_rows):
-        self.tasks = tasks
-        self.jobs = max(getattr(runner, "num_process", 1) or 1, 1)
-        self.to_run = predict(tasks, selected, _status_check(runner, tasks), decided)
+    """dep_manager: doit's (doit.Globals.dep_manager, which doit sets for its run); None counts tasks as they start.
+    doit hands reporters neither its runner nor its options, so two of them are seen as the run goes: `-a` (a task
+    starts that the status check finds up to date: every task runs, see start) and `-n` (workers())."""
+
+    def __init__(self, tasks: dict, selected: list[str], dep_manager, decided: dict[str, bool], log_rows):
+        self.tasks, self.selected, self.decided, self.dep_manager = tasks, selected, decided, dep_manager
+        self.always = False
+        self.to_run = predict(tasks, selected, _status_check(dep_manager, tasks), decided)
+        # after the status checks: under -P thread the first worker reports its task while doit starts the others
+        self.jobs = workers()
         self.started: set[str] = set()
         self.seconds, self.restore_seconds = last_seconds(log_rows)
         self.hits = cache_hits(tasks, self.to_run) if self.seconds or self.restore_seconds else set()
 
     def start(self, name: str) -> tuple[int, int]:
         """[k/N] of a task that starts now."""
+        if name not in self.to_run and not self.always and self.dep_manager is not None and \
+                not _status_check(self.dep_manager, self.tasks)(self.tasks[name]):
+            # doit starts a task its own check finds up to date only under `doit -a`: then every task runs
+            self.always = True
+            self.to_run |= predict(self.tasks, self.selected, lambda task: True,
+                                   {n: True for n, run in self.decided.items() if run})
+            self.hits = set()  # -a re-runs the stages themselves
+        self.jobs = max(self.jobs, workers())
         self.started.add(name)
-        self.to_run.add(name)  # a task the plan thought up to date (doit -a, an uptodate that changed)
+        self.to_run.add(name)  # a task the plan thought up to date (an uptodate that changed meanwhile)
         return len(self.started), len(self.to_run)
 
     def skip(self, name: str) -> None:
@@ -169,17 +183,25 @@ def predict(tasks: dict, selected: list[str], runs_by_itself, decided: dict[str,
     return {name for name, run in runs.items() if run and counted(tasks[name])}
 
 
-def _status_check(runner, tasks: dict):
-    dep_manager = getattr(runner, "dep_manager", None)
-    always = getattr(runner, "always_execute", False)
-
+def _status_check(dep_manager, tasks: dict):
     def runs_by_itself(task) -> bool:
         if dep_manager is None:
-            return False  # no runner found: N counts the tasks as they start
+            return False  # no doit state: N counts the tasks as they start
         try:
             if dep_manager.status_is_ignore(task):
                 return False
-            return always or dep_manager.get_status(task, tasks).status != "up-to-date"
+            return dep_manager.get_status(task, tasks).status != "up-to-date"
         except Exception:  # doit reports the error itself when it checks the task
             return True
     return runs_by_itself
+
+
+def workers() -> int:
+    """How many tasks doit runs at once (`doit -n N`): its worker processes (-P process) or threads (-P thread),
+    which it starts before the first task; 1 without -n."""
+    import multiprocessing
+    import threading
+
+    from doit.runner import MThreadRunner
+    threads = sum(isinstance(t, MThreadRunner.DaemonThread) for t in threading.enumerate())
+    return max(len(multiprocessing.active_children()), threads, 1)

@@ -10,7 +10,7 @@ again (and re-run those whose outputs it cannot vouch for), never a wrong one. L
 | stat-cache.json | the xxh3 of each input file by size and mtime: a touched file is read once | hashing.py (`use_stat_cache`) | JSON |
 | key-digests.json | task key dicts -> their digests, so a no-op hashes no key | hashing.py (`use_key_digests`) | JSON |
 | toml-cache.json | parsed chips.toml / model.toml files by the xxh3 of their bytes | config.py (`TomlCache`, via project.py) | JSON |
-| build.log | one line per task run: start, seconds, ran / restored / failed, task (`python -m build_rules.summary`) | summary.py | tab-separated, `#` line per build |
+| build.log | one line per task run: start, seconds, ran / restored / failed, task (`python -m build_rules.build_log`) | build_log.py | tab-separated, `#` line per build |
 | outputs-<toolchain>-<digest>.json | the paths the build's tasks write: a later build removes those of targets that left it | target_set.py | JSON |
 | remote-cache.json | this repo's use of the remote build cache: hits, uploads, failures | remote_cache.py | JSON |
 | <toolchain>-identity-<digest>.json | the toolchain's identity (versions, QNN build id), read once per installed version | toolchains/ort_qnn.py, toolchains/qairt.py | JSON |

@@ -3,26 +3,23 @@ one line for a no-op, and a short summary at the end: what ran, what was built, 
 
 Up-to-date tasks are listed one per line (`-- name`) only with `doit -v 1` (or 2); a no-op prints one line,
 as ninja's "no work to do". Output is plain lines, one per started task, on a terminal or not (CI logs).
-
-Every task that runs also gets a line in out/.build-state/build.log (like ninja's .ninja_log): start
-time, seconds, how it ended and its name, tab-separated, appended build after build. It says where a
-build's time went: `python -m build_rules.summary` prints the seconds per stage of the last build that ran
-something; the next build estimates its time left from it (build_rules/plan.py).
+What a run does besides printing (pruning, bytecode) is run_hooks.py's; each task's line in the build log is
+build_log.py's.
 """
 from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 import time
-from collections import defaultdict
 from pathlib import Path
 
 from doit.reporter import ConsoleReporter
 
-from . import collector, hashing, interrupt, layout
+from . import collector, hashing, interrupt, layout, run_hooks
+from .build_log import BuildLog, read_build_log
 from .project import skipped_builds
+from .state import BUILD_LOG
 
 
 class SummaryReporter(ConsoleReporter):
@@ -37,14 +34,16 @@ class SummaryReporter(ConsoleReporter):
         self.hits_before = len(CACHE_HITS)  # tests run several builds in one process
         self.started: dict[str, float] = {}
         self.seconds: dict[str, float] = {}  # this run's tasks
-        self.logged = False
+        self.build_log = BuildLog()
         self.warnings: list[str] = []
         self.verbose = False  # doit -v 1 or 2: list the up-to-date tasks too
         # doit -n N -P thread calls execute_task from its worker threads, everything else from the main thread.
         self.lock = threading.RLock()
         self.decided: dict[str, bool] = {}  # what doit decided so far: True started, False up to date
         self.plan = None
-        self.tasks, self.selected, self.runner = {}, [], None
+        self.planning = False  # a worker thread is making the plan (skip_uptodate)
+        self.held_lines: list = []  # up-to-date tasks to list (doit -v 1) when the plan is made
+        self.tasks, self.selected = {}, []
         self.removed: list[str] = []  # outputs of targets that left the build (target_set.py)
 
     def write(self, text):
@@ -53,24 +52,11 @@ class SummaryReporter(ConsoleReporter):
             self.outstream.flush()  # a line as it happens, also into a pipe (CI logs)
 
     def initialize(self, tasks, selected_tasks):
-        # doit hands reporters the tasks, not its runner; the runner (dep_manager for the status check that
-        # counts N, always_execute, num_process for the time left) is the caller: Runner.run_all (doit 0.37).
-        caller = sys._getframe(1).f_locals.get("self")
-        self.runner = caller if hasattr(caller, "dep_manager") else None
         self.tasks, self.selected = tasks, list(selected_tasks)
         from . import progress
         progress.console = self.write  # before doit -P process forks its workers
-        from . import target_set
-        from .project import project
-        try:  # one stat when no variant, chip, graph or model left the build
-            self.removed = target_set.prune(tasks, project().toolchain)
-        except OSError as e:
-            self.removed = []
-            self.warnings.append(f"could not remove the outputs of targets no longer in the build: {e}")
-        hashing.remember_stats()  # the status checks that follow (after the pruning) share their stats until a task runs
-        from doit.runner import MRunner, MThreadRunner
-        if isinstance(self.runner, MRunner) and not isinstance(self.runner, MThreadRunner):
-            collector.resume()  # worker processes fork from here: they collect as usual
+        self.removed, warnings = run_hooks.start(tasks)
+        self.warnings += warnings
 
     def execute_task(self, task):
         from .plan import Plan, counted
@@ -86,7 +72,13 @@ class SummaryReporter(ConsoleReporter):
                 return
             self.decided[task.name] = True
             if self.plan is None:
-                self.plan = Plan(self.tasks, self.selected, self.runner, self.decided, read_build_log())
+                from doit import Globals  # doit's dependency manager for this run: the status check that counts N
+                self.planning = True
+                self.plan = Plan(self.tasks, self.selected, Globals.dep_manager, self.decided, read_build_log())
+                self.planning = False
+                for skipped in self.held_lines:
+                    super().skip_uptodate(skipped)
+                self.held_lines = []
                 self.write(f"{len(self.plan.to_run)} task(s) to run{self._estimate(now)}\n")
             self.started[task.name] = now
             k, n = self.plan.start(task.name)
@@ -133,28 +125,33 @@ class SummaryReporter(ConsoleReporter):
             return
         seconds = time.time() - start
         self.seconds[task.name] = seconds
-        try:
-            with open(BUILD_LOG, "a", encoding="utf-8") as f:
-                if not self.logged:  # one header line per build that ran something: "the last build" starts there
-                    f.write(f"# build {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}\n")
-                    self.logged = True
-                f.write(f"{start:.3f}\t{seconds:.3f}\t{how}\t{task.name}\n")
-        except OSError:
-            pass  # the log is for people; a full disk fails the build elsewhere, with its own message
+        self.build_log.add(start, seconds, how, task.name)
 
     def skip_uptodate(self, task):
-        with self.lock:
+        if self.planning:
+            # `doit -n N -P thread`: a worker started its task and makes the plan while doit's main thread checks
+            # the next tasks and starts the other workers, which the plan counts (plan.workers); waiting here would
+            # hold them back. The plan's own status check decides this task as doit did.
             self.decided[task.name] = False
-            if self.plan is not None:
-                self.plan.skip(task.name)
-            if task._actions:  # (not task.actions: doit would make the action objects a no-op never uses)
+            if task._actions:
                 self.up_to_date += 1
+            if (task.verbosity or 0) >= 1:
+                self.verbose = True
+                self.held_lines.append(task)  # its `-- name` line once the plan is made (writing takes the lock)
+            return
+        else:
+            with self.lock:
+                self.decided[task.name] = False
+                if self.plan is not None:
+                    self.plan.skip(task.name)
+                if task._actions:  # (not task.actions: doit would make the action objects a no-op never uses)
+                    self.up_to_date += 1
         if (task.verbosity or 0) >= 1:
             self.verbose = True
             super().skip_uptodate(task)
 
     def complete_run(self):
-        hashing.forget_stats()
+        run_hooks.end(bool(self.ran))
         collector.resume()  # for in-process runs; a process exits next
         if interrupt.received:
             self._interrupted()
@@ -199,9 +196,6 @@ class SummaryReporter(ConsoleReporter):
             slowest = sorted(self.seconds.items(), key=lambda kv: -kv[1])[:3]
             self.write(f"  wall time {_duration(time.time() - self.began)}; slowest: "
                        + ", ".join(f"{name} {_duration(s)}" for name, s in slowest) + "\n")
-        if self.ran:
-            from .bytecode import compile_package
-            compile_package()  # the next load (a no-op build, `doit list`) need not compile build_rules again
 
 
     def _interrupted(self) -> None:
@@ -261,10 +255,12 @@ class SummaryReporter(ConsoleReporter):
         return lines
 
     def _not_run(self) -> int:
-        """Planned tasks that never started because doit stopped at a failure (0 under --continue)."""
-        if self.plan is None or getattr(self.runner, "continue_", False):
+        """Planned tasks that never started because doit stopped at a failure. Under --continue doit reports every
+        one it does not run (a task that needs the failed one, as not run), so none is left over."""
+        if self.plan is None:
             return 0
-        return len(self.plan.to_run - self.plan.started)
+        reported = {f["task"].name for f in self.failures}
+        return len(self.plan.to_run - self.plan.started - reported)
 
 
 def _duration(seconds: float) -> str:
@@ -272,48 +268,7 @@ def _duration(seconds: float) -> str:
     return format_seconds(seconds)
 
 
-from .state import BUILD_LOG  # noqa: E402 (state.py: the files of out/.build-state)
 TUNING_STAGES = ("report", "sensitivity", "tune")  # they build no binary: the summary lists no results for them
-
-
-def read_build_log(path: str = BUILD_LOG, last_build: bool = False) -> list[tuple[float, float, str, str]]:
-    """(start, seconds, how, task) of every task line, or of the last build's; a torn last line (a
-    killed build) is skipped."""
-    rows = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("#"):
-                    if last_build:
-                        rows = []
-                    continue
-                parts = line.rstrip("\n").split("\t")
-                try:
-                    rows.append((float(parts[0]), float(parts[1]), parts[2], parts[3]))
-                except (ValueError, IndexError):
-                    continue
-    except FileNotFoundError:
-        pass
-    return rows
-
-
-def seconds_per_stage(rows) -> dict[str, tuple[int, float]]:
-    """stage -> (tasks, seconds)."""
-    totals: dict[str, list] = defaultdict(lambda: [0, 0.0])
-    for _, seconds, _, task in rows:
-        total = totals[task.split(":", 1)[0]]
-        total[0] += 1
-        total[1] += seconds
-    return {stage: (n, s) for stage, (n, s) in totals.items()}
-
-
-def _print_last_build(path: str = BUILD_LOG) -> None:
-    rows = read_build_log(path, last_build=True)
-    if not rows:
-        sys.exit(f"{path}: no build recorded yet")
-    print("| stage | tasks | seconds |\n|---|---|---|")
-    for stage, (n, seconds) in sorted(seconds_per_stage(rows).items(), key=lambda kv: -kv[1][1]):
-        print(f"| {stage} | {n} | {seconds:.1f} |")
 
 
 def _of_pair(task: str, model: str, variant: str, chip: str) -> bool:
@@ -427,6 +382,3 @@ def _describe(manifest_path: str) -> str:
                                           for m in dict.fromkeys(r["metric"] for r in evaluation["gated"])))
     return f"{Path(manifest_path).parent}: " + ", ".join(parts)
 
-
-if __name__ == "__main__":
-    _print_last_build(sys.argv[1] if len(sys.argv) > 1 else BUILD_LOG)

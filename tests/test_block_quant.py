@@ -283,11 +283,12 @@ def test_tune_tries_lpbq_weights_before_8_bit_ones(built, tmp_path):
 
 
 def test_a_tuned_lpbq_variant_keeps_its_block_size():
-    from build_rules.stages.support.tune_ladder import toml_lines
-    rung = {"name": "w4a16_lpbq_ort", "quantizer": "ort", "weights": "int4", "activations": "uint16",
-            "techniques": [], "block_size": 64, "bytes": 139264, "graphs": {}}
+    from build_rules.quant_spec import QuantSpec
+    from build_rules.stages.support.tune_ladder import rungs, toml_lines
+    w4a16 = QuantSpec(activations="uint16", weights="int4", calibration_samples=16)
+    rung = {**next(r for r in rungs(w4a16) if r["name"] == "w4a16_lpbq_ort"), "bytes": 139264, "graphs": {}}
     _, section = toml_lines({"rungs": [rung], "chosen": rung, "notes": []}, "w4a16_tuned", "w4a16",
-                            [{"variant": {"calibration_samples": 16}}])
+                            [{"variant": w4a16.settings("block")}])
     assert section == ["[variants.w4a16_tuned]", 'inherits = "w4a16"', 'weights = "int4"', 'activations = "uint16"',
                        "block_size = 64", ""]
 

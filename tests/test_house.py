@@ -194,3 +194,11 @@ def test_pyproject_lists_every_package_a_wheel_needs():
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "build_rules").rglob("__init__.py")
              if "templates" not in p.parts}
     assert found == listed
+
+
+def test_nothing_reads_doits_stack_frames():
+    """The reporter gets what it needs from doit's public pieces (doit.Globals.dep_manager, the tasks it is handed),
+    not from its caller's locals: a frame read breaks silently when doit renames a local."""
+    readers = [str(p.relative_to(ROOT)) for p in (ROOT / "build_rules").rglob("*.py")
+               if any(s in p.read_text() for s in ("_getframe", "currentframe(", "f_locals", "f_back"))]
+    assert readers == []

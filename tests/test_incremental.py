@@ -41,7 +41,7 @@ def test_a_no_op_build_writes_no_state(tinynet_repo):
 
 
 def test_the_build_log_says_what_ran_and_how_long(tinynet_repo):
-    from build_rules.summary import read_build_log, seconds_per_stage
+    from build_rules.build_log import read_build_log, seconds_per_stage
     log = tinynet_repo / "out/.build-state/build.log"
     import torch
     checkpoint = tinynet_repo / "models/tinynet/head.pt"

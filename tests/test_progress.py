@@ -43,7 +43,7 @@ def write_build_log(repo, seconds_of) -> None:
 
 def test_each_started_task_says_k_of_n_and_the_time_left(tinynet_repo):
     from build_rules.progress import format_seconds
-    from build_rules.summary import read_build_log
+    from build_rules.build_log import read_build_log
     # Last seconds: 10 s per task, packages 2 s; package:tinynet/w8a16@SM8750 never ran: the median of its stage.
     write_build_log(tinynet_repo, lambda n: None if n == "package:tinynet/w8a16@SM8750"
                     else 2.0 if n.startswith("package:") else 10.0)
@@ -213,3 +213,23 @@ def test_a_failure_says_what_was_not_built_and_continue_builds_the_rest(tinynet_
     assert ("   not run: package:tinynet/w8a16@SM8550 (it needs check:tinynet/head/w8a16@SM8550, which failed)\n"
             in kept_going.output)
     assert kept_going.ran == {f"check:tinynet/head/{v}@{c}" for v in ("fp16", "w8a16") for c in ("SM8550", "SM8750")}
+
+
+def test_always_execute_counts_every_task_from_the_first_line(tinynet_repo):
+    """doit hands the reporter no runner, so `-a` is seen when a task its status check finds up to date starts:
+    N then counts every task of the selection, from the first [k/N] on."""
+    result = run_doit(tinynet_repo, "-a", "export:tinynet/head", "simplify:tinynet/head", "verify:tinynet/head")
+    assert result.code == 0, result.output
+    marks = markers(result.output)
+    assert [(k, n) for k, n, *_ in marks] == [(1, 3), (2, 3), (3, 3)], result.output
+    assert result.ran == {"export:tinynet/head", "simplify:tinynet/head", "verify:tinynet/head"}
+
+
+def test_parallel_workers_share_the_time_left(tinynet_repo):
+    """`doit -n 2`: the time left is the work left over the two workers doit started (plan.workers)."""
+    from build_rules.progress import format_seconds
+    write_build_log(tinynet_repo, lambda n: 10.0)
+    change_head_checkpoint(tinynet_repo)
+    result = run_doit(tinynet_repo, "-n", "2", "-P", "thread")
+    assert result.code == 0, result.output
+    assert f"21 task(s) to run, about {format_seconds(21 * 10.0 / 2)} by out/.build-state/build.log\n" in result.output

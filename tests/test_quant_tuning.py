@@ -71,6 +71,11 @@ def test_quantizing_from_saved_ranges_equals_calibrating_inline(tinynet_repo, tm
     assert len(samples) == len(lines) == 8
     ranges = tmp_path / "ranges.json"
     ort_qnn.calibration_ranges(sim, ranges, samples, method=method)
+    again = tmp_path / "again.json"
+    ort_qnn.calibration_ranges(sim, again, samples, method=method)
+    assert again.read_bytes() == ranges.read_bytes()  # the same ranges, the same bytes (tensors in name order)
+    names = list(json.loads(ranges.read_text())["data"])
+    assert names == sorted(names) and len(names) > 3
     for activations, weights, overrides in [("uint8", "uint8", None), ("uint16", "uint8", None),
                                             ("uint16", "int8", None), ("uint8", "uint8", {"relu": "uint16"})]:
         inline, reused = tmp_path / "inline.onnx", tmp_path / "reused.onnx"

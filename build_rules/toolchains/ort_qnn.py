@@ -383,7 +383,7 @@ def calibration_ranges(float_model: Path, output: Path, calibration: list[dict[s
         raise ValueError("calibration_ranges() needs at least one calibration sample")
     import onnx
     from onnxruntime.quantization import CalibrationMethod
-    from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
+    from onnxruntime.quantization.calibrate import TensorsData, create_calibrator, save_tensors_data
 
     output = Path(output)
     with tempfile.TemporaryDirectory(prefix="ort-qnn-calib-") as tmp:
@@ -403,6 +403,9 @@ def calibration_ranges(float_model: Path, output: Path, calibration: list[dict[s
         tensors = calibrator.compute_data()
         del calibrator
         output.parent.mkdir(parents=True, exist_ok=True)
+        # tensors in name order: the calibrator collects them in a run-dependent order, and the file's bytes (the
+        # quantize tasks' input) should depend on the ranges alone
+        tensors = TensorsData(tensors.calibration_method, dict(sorted(tensors.data.items())))
         save_tensors_data(tensors, output)  # writes a temp file beside, then renames
     return {"tensors": len(list(tensors.keys())), "samples": len(calibration)}
 
