@@ -267,3 +267,56 @@ def test_power_restores_the_battery_state_after_a_failure_and_on_ctrl_c(phone_en
         run_doit(phone_env.repo, "power:tinynet/w8a16@s25")
     assert _battery(phone_env.folder)["unplugged"] is False
     assert "dumpsys battery reset" in " ".join(phone_env.calls()[-1])
+
+
+AUDIO_HOOK = '''
+
+def evaluate(run_graph):
+    """An audio-like pipeline for the device tests: per 'clip' (an evaluation sample standing for 1.5 s of audio)
+    the encoder once, then the head three times (as a step decoder runs once per token)."""
+    clips = evaluation_inputs("encoder")
+    for clip in clips:
+        features = run_graph("encoder", clip)["features"]
+        for _ in range(3):
+            run_graph("head", {"features": features})
+    return {"utterances": len(clips), "audio_seconds": 1.5 * len(clips)}
+'''
+
+
+def test_profile_gives_the_real_time_factor_of_a_model_whose_evaluate_hook_runs_over_audio(phone_env, monkeypatch):
+    repo = phone_env.repo
+    monkeypatch.setenv("BUILD_RULES_PROFILE_RUNS", "5")
+    (repo / "models/tinynet/hooks.py").write_text((repo / "models/tinynet/hooks.py").read_text() + AUDIO_HOOK)
+    toml = repo / "models/tinynet/model.toml"
+    toml.write_text(toml.read_text() + '\n[evaluate]\ngate = { metric = "utterances", min = 4 }\n')
+    result = run_doit(repo, "profile:tinynet/fp16@s25")
+    assert result.code == 0, result.output
+    assert "evaluate:tinynet/float" in result.ran  # the audio duration and graph runs come from it
+    record = json.loads((repo / "out/tinynet/fp16/SM8750/profile.s25.json").read_text())
+    encoder, head = (record["graphs"][g]["median_ms"] for g in ("encoder", "head"))
+    audio = record["realtime"]
+    assert audio["measured"] is True and audio["audio_seconds"] == 6.0 and audio["utterances"] == 4
+    assert audio["graph_runs"] == {"encoder": 4, "head": 12}  # counted by the evaluate stage, in first-run order
+    assert audio["processing_ms"] == pytest.approx(4 * encoder + 12 * head)
+    assert audio["rtf"] == pytest.approx((4 * encoder + 12 * head) / 6000.0)
+    assert audio["first_output_ms"] == pytest.approx(encoder + head)
+    assert audio["per_utterance_ms"] == pytest.approx(encoder + 3 * head)
+    assert run_doit(repo, "report").code == 0
+    text = (repo / "out/tinynet/report.md").read_text()
+    table = text.split("Real-time factor on phones", 1)[1]
+    row = next(line for line in table.splitlines() if line.startswith("| fp16 | SM8750 | s25 | "))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3] == "6" and cells[4] == "encoder x4, head x12"
+    assert float(cells[6]) == pytest.approx(audio["rtf"], rel=1e-3)
+    assert float(cells[7]) == pytest.approx(audio["first_output_ms"], rel=1e-3)
+
+
+def test_profile_of_a_model_without_audio_has_no_real_time_factor():
+    from build_rules.device.realtime import realtime
+    # an evaluate hook over images (no audio_seconds): no factor; a graph the phone did not time: said, not skipped
+    assert realtime({"metrics": {"accuracy": 0.9}, "graph_runs": {"encoder": 4}}, {"encoder": 1.0}) is None
+    assert realtime(None, {"encoder": 1.0}) is None
+    missing = realtime({"metrics": {"audio_seconds": 6.0}, "graph_runs": {"encoder": 4, "decoder": 9}},
+                       {"encoder": 1.0})
+    assert missing == {"measured": False, "reason": "the evaluate hook runs decoder, which the phone did not time "
+                                                    "(no latency for it in this profile)"}

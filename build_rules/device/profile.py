@@ -3,7 +3,8 @@
 evaluation inputs; the profile log (<output_dir>/qnn-profiling-data_0.log) is pulled and read back on the host with
 the SDK's qnn-profile-viewer (`--input_log LOG --output profile.csv`). From the CSV's per-event rows (timings()):
 context load, first inference, steady-state median and p90 after the warm-up, the accelerator's share, and at
-`detailed` its cycles.
+`detailed` its cycles. For a model whose evaluate hook runs over audio, the real-time factor and first-output
+latency from those medians (realtime.py).
 
 CPU baseline (seed step 0): QNN's CPU backend (libQnnCpu.so) runs a model library, not a context binary; the
 ort-qnn toolchain makes no aarch64 model library of the float graph, so without one the result says that it was not
@@ -20,6 +21,7 @@ from pathlib import Path
 from ..errors import BuildError
 from ..files import atomic_write_json, remove_quietly
 from .errors import DeviceError
+from .realtime import read_evaluation, realtime
 from .session import net_run, open_phone, push_runtime_and, remote_binary, remote_inputs, runtime_identity
 
 PERF_PROFILES = ("low_balanced", "balanced", "default", "high_performance", "sustained_high_performance", "burst",
@@ -124,10 +126,18 @@ def profile(params: dict) -> dict:
               "chip": params["chip"]["name"], "variant": params["variant"], "perf_profile": params["perf_profile"],
               "profiling_level": params["profiling_level"], "runtime": runtime_identity(phone, pushed),
               "graphs": graphs}
+    audio = realtime(read_evaluation(params.get("float_evaluation")), {g: t["median_ms"] for g, t in graphs.items()})
+    if audio is not None:
+        record["realtime"] = audio
     atomic_write_json(result_path, record)
     for graph, t in graphs.items():
         print(f"{params['name']} {graph}: load {t['load_ms']:.2f} ms, first {t['first_ms']:.2f} ms, median "
               f"{t['median_ms']:.3f} ms, p90 {t['p90_ms']:.3f} ms over {t['runs']} runs ({params['perf_profile']})",
               flush=True)
+    if audio and audio.get("measured"):
+        print(f"{params['name']}: real-time factor {audio['rtf']:.4g} ({audio['processing_ms']:.1f} ms over "
+              f"{audio['audio_seconds']:.2f} s of audio), first output {audio['first_output_ms']:.2f} ms", flush=True)
+    elif audio:
+        print(f"{params['name']}: no real-time factor: {audio['reason']}", flush=True)
     return record
 

@@ -103,9 +103,13 @@ def profile_tasks():
                       "profiling_level": os.environ.get("BUILD_RULES_PROFILING_LEVEL", "basic"),
                       "cpu_model_libs": {g: layout.model_lib(model.name, variant.name, "aarch64-android", g)
                                          for g in graphs},
+                      # the real-time factor's audio duration and graph runs (device/realtime.py)
+                      "float_evaluation": layout.float_file(model.name, "model", ".evaluate.json")
+                      if model.evaluate else None,
                       "outputs": {"result": result}}
             yield {"name": name, "actions": [(profile.run, [params])],
-                   "file_dep": [f for g in graphs.values() for f in g.values()],
+                   "file_dep": [f for g in graphs.values() for f in g.values()]
+                   + ([params["float_evaluation"]] if model.evaluate else []),
                    "uptodate": [False], "doc": f"{model.name}/{variant.name} latency on {device.name} (NPU vs CPU)"}
 
 
