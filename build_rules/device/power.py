@@ -18,7 +18,7 @@ from ..errors import BuildError
 from ..files import atomic_write_json, remove_quietly
 from .devices import REMOTE_ROOT
 from .errors import DeviceError
-from .session import net_run, open_phone, push_runtime_and, remote_binary, remote_inputs
+from .session import net_run, open_phone, push_runtime_and
 
 BATTERY = "/sys/class/power_supply/battery"
 _sleep = time.sleep  # (tests interrupt the sampling loop here, as a Ctrl-C would)
@@ -82,18 +82,22 @@ def loop(phone, command: str, seconds: float, every: float) -> dict:
 
 
 def power(params: dict) -> dict:
-    from .. import dist
-    from .device_check import write_inputs
     import tempfile
+
+    from ..samples import load_evaluation
+    from .on_phone import remote_binary, remote_inputs
+    from .target import parts as read_parts, write_inputs
     result_path = Path(params["outputs"]["result"])
     phone = open_phone(params)
     remove_quietly(result_path)
-    contract = dist.contract_from_ctx(params["ctx_model"])
+    (part,) = read_parts(params["name"], params["target"])  # an unsplit graph (tasks/device.py picks one)
+    inputs, _ = load_evaluation(params["evaluation"])
+    inputs_remote = remote_inputs(params, params["graph"], 0, part.name)
     with tempfile.TemporaryDirectory(prefix="build-rules-power-") as tmp:
-        input_files, _, _ = write_inputs(params, contract, Path(tmp), remote_inputs(params))
-        binary_remote = remote_binary(params)
-        push_runtime_and(phone, {binary_remote: params["binary"], **input_files})
-    command = net_run(binary_remote, f"{remote_inputs(params)}/input_list.txt",
+        input_files = write_inputs(params["name"], part, inputs, Path(tmp), inputs_remote)
+        binary_remote = remote_binary(params, part.name)
+        push_runtime_and(phone, {binary_remote: part.binary, **input_files})
+    command = net_run(binary_remote, f"{inputs_remote}/input_list.txt",
                       binary_remote.replace("/bin/", "/power/", 1)[:-len(".bin")], "--perf_profile", "burst",
                       "--duration", f"{params['seconds']:g}", "--keep_num_outputs", "1")
     # one background command, so that $! is qnn-net-run's pid (an '&&' list in the background is a subshell)
