@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from build_rules.device.cpu_runtime import NOT_SET
 from conftest import ROOT, run_doit
-from fake_phone.make_phone import make_adb, make_phone, make_runtime, set_phone
+from fake_phone.make_phone import make_adb, make_cpu_runtime, make_phone, make_runtime, set_phone
 
 SERIAL = "R5CX1234ABC"
 DEVICES_TOML = f'[devices.s25]\nserial = "{SERIAL}"\nsoc = "SM8750"\nmodel = "SM-S931B"\n'
@@ -40,6 +41,7 @@ def plug_phone(repo: Path, tmp_path: Path, monkeypatch):
     monkeypatch.setenv("FAKE_ADB_PHONES", str(phones))
     monkeypatch.setenv("FAKE_ADB_LOG", str(log))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.delenv("BUILD_RULES_CPU_RUNTIME", raising=False)
     (repo / "devices.toml").write_text(DEVICES_TOML)
 
     class Env:
@@ -199,9 +201,10 @@ def test_report_shows_the_phone_beside_the_emulator_and_dist_lists_it(phone_env)
     assert "device_checks" not in index["chips"]["SM8550"]
 
 
-def test_profile_reads_back_latencies_and_says_why_no_cpu_baseline(phone_env, monkeypatch):
+def test_profile_reads_back_latencies_beside_the_cpu_baseline(phone_env, monkeypatch, tmp_path):
     monkeypatch.setenv("BUILD_RULES_PROFILE_RUNS", "6")
     monkeypatch.setenv("BUILD_RULES_PROFILING_LEVEL", "detailed")
+    monkeypatch.setenv("BUILD_RULES_CPU_RUNTIME", str(make_cpu_runtime(tmp_path / "cpu-runtime")))
     result = run_doit(phone_env.repo, "profile:tinynet/fp16@s25")
     assert result.code == 0, result.output
     record = json.loads((phone_env.repo / "out/tinynet/fp16/SM8750/profile.s25.json").read_text())
@@ -214,32 +217,43 @@ def test_profile_reads_back_latencies_and_says_why_no_cpu_baseline(phone_env, mo
         # each share is the op's median over the runs against the median total (the emulator's counts move run to
         # run by several percent), so together they can pass 1 by a little, not by much
         assert all(0 <= op["share"] <= 1 for op in t["top_ops"]) and sum(op["share"] for op in t["top_ops"]) <= 1.05
-        assert t["cpu"]["measured"] is False and "QNN's CPU backend runs model libraries" in t["cpu"]["reason"]
+        cpu = t["cpu"]  # the float graph through ort-cpu-run (the x86 build behind the stand-in loader)
+        assert cpu["measured"] is True and cpu["runs"] == 6 and cpu["warmup"] == 3
+        assert 0 < cpu["median_ms"] <= cpu["p90_ms"] and cpu["load_ms"] > 0
+        assert cpu["runner"].startswith("ort-cpu-run, ONNX Runtime 1.") and "CPU execution provider" in cpu["runner"]
     runs = _net_runs(phone_env.calls())
     assert len(runs) == 2 and all("--perf_profile burst --profiling_level detailed --num_inferences 9" in c
                                   for c in runs)
+    shells = [" ".join(c) for c in phone_env.calls() if "shell" in c]
+    cpu_runs = [c for c in shells if "/cpu/ld-linux-aarch64.so.1 --library-path /data/local/tmp/build_rules/cpu" in c]
+    assert len(cpu_runs) == 2 and all("--num_inferences 9 --keep_num_outputs 1" in c for c in cpu_runs)
+    assert "--model /data/local/tmp/build_rules/float/tinynet/encoder.onnx" in cpu_runs[0]
+    assert "--input image=1x3x16x16:float32 --output features=1x64" in cpu_runs[0]
     assert run_doit(phone_env.repo, "report").code == 0
     table = (phone_env.repo / "out/tinynet/report.md").read_text().split("## Latency on phones", 1)[1]
     row = next(line for line in table.splitlines() if line.startswith("| fp16 | SM8750 | s25 | encoder | burst |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert float(cells[7]) == pytest.approx(record["graphs"]["encoder"]["median_ms"], rel=1e-3)
-    assert cells[9] == "not measured"
+    assert float(cells[9]) == pytest.approx(record["graphs"]["encoder"]["cpu"]["median_ms"], rel=1e-3)
 
 
 def _battery(folder: Path) -> dict:
     return json.loads((folder / "battery.json").read_text())
 
 
-def test_power_measures_drain_and_cpu_share_and_resets_the_battery(phone_env, monkeypatch):
+def test_power_measures_drain_and_cpu_share_and_resets_the_battery(phone_env, monkeypatch, tmp_path):
     monkeypatch.setenv("BUILD_RULES_POWER_SECONDS", "4")
     monkeypatch.setenv("BUILD_RULES_POWER_SAMPLE", "1")
+    monkeypatch.setenv("BUILD_RULES_CPU_RUNTIME", str(make_cpu_runtime(tmp_path / "cpu-runtime")))
     result = run_doit(phone_env.repo, "power:tinynet/w8a16@s25")
     assert result.code == 0, result.output
     record = json.loads((phone_env.repo / "out/tinynet/w8a16/SM8750/power.s25.json").read_text())
     npu = record["npu"]
     assert npu["mah_per_hour"] == pytest.approx(150 * 3600 / 1000, rel=0.05)  # the stand-in's 150 uAh/s
     assert npu["cpu_percent_samples"] and npu["cpu_percent_mean"] > 5  # the emulator loop is busy on the host CPU
-    assert record["cpu"]["measured"] is False
+    cpu = record["cpu"]  # the float graph's loop through ort-cpu-run: its own pid (the loader execs it)
+    assert cpu["measured"] is True and cpu["mah_per_hour"] == pytest.approx(150 * 3600 / 1000, rel=0.05)
+    assert cpu["cpu_percent_samples"] and cpu["cpu_percent_mean"] > 5
     assert "screen off (or the same brightness)" in record["hold_fixed"]
     assert _battery(phone_env.folder)["unplugged"] is False
     shells = [" ".join(c) for c in phone_env.calls() if "shell" in c]
@@ -247,7 +261,7 @@ def test_power_measures_drain_and_cpu_share_and_resets_the_battery(phone_env, mo
     assert run_doit(phone_env.repo, "report").code == 0
     table = (phone_env.repo / "out/tinynet/report.md").read_text().split("## Power on phones", 1)[1]
     assert f"| w8a16 | SM8750 | s25 | NPU | {npu['seconds']:.4g} | " in table
-    assert "| w8a16 | SM8750 | s25 | CPU | not measured |" in table
+    assert f"| w8a16 | SM8750 | s25 | CPU | {cpu['seconds']:.4g} | " in table
 
 
 def test_power_restores_the_battery_state_after_a_failure_and_on_ctrl_c(phone_env, monkeypatch):
@@ -307,6 +321,7 @@ def test_profile_gives_the_real_time_factor_of_a_model_whose_evaluate_hook_runs_
     assert audio["rtf"] == pytest.approx((4 * encoder + 12 * head) / 6000.0)
     assert audio["first_output_ms"] == pytest.approx(encoder + head)
     assert audio["per_utterance_ms"] == pytest.approx(encoder + 3 * head)
+    assert record["graphs"]["encoder"]["cpu"] == {"measured": False, "reason": NOT_SET}  # no CPU runtime named
     assert run_doit(repo, "report").code == 0
     text = (repo / "out/tinynet/report.md").read_text()
     table = text.split("Real-time factor on phones", 1)[1]
@@ -398,3 +413,35 @@ def test_a_split_graph_runs_its_parts_in_order_on_the_phone(phone_env, monkeypat
     assert encoder["median_ms"] == pytest.approx(sum(p["median_ms"] for p in parts.values()))
     assert encoder["load_ms"] == pytest.approx(sum(p["load_ms"] for p in parts.values()))
     assert all(p["runs"] == 4 and p["median_ms"] > 0 for p in parts.values())
+
+
+def test_ort_cpu_run_gives_the_float_models_outputs(tinynet_repo, tmp_path):
+    """The CPU baseline's runner (build_rules/device/ort_cpu_run.c), built for this host against the real ONNX
+    Runtime, over the encoder's evaluation inputs: the float reference's outputs, one timing row per inference."""
+    import numpy as np
+
+    from build_rules.samples import load_evaluation
+    runtime = make_cpu_runtime(tmp_path / "cpu-runtime")
+    inputs, reference = load_evaluation(str(tinynet_repo / "out/tinynet/float/encoder.evaluation.npz"))
+    lines = []
+    for i, sample in enumerate(inputs):
+        sample["image"].astype(np.float32).tofile(tmp_path / f"{i}.raw")
+        lines.append(f"image:={tmp_path / f'{i}.raw'}")
+    (tmp_path / "list.txt").write_text("\n".join(lines) + "\n")
+    done = subprocess.run([str(runtime / "ort-cpu-run"), "--model", str(tinynet_repo / "out/tinynet/float/encoder.sim.onnx"),
+                           "--input_list", str(tmp_path / "list.txt"), "--output_dir", str(tmp_path / "out"),
+                           "--input", "image=1x3x16x16:float32", "--output", "features=1x64", "--num_inferences", "7"],
+                          capture_output=True, text=True, env=dict(os.environ, LD_LIBRARY_PATH=str(
+                              tmp_path / "cpu-runtime.host-lib")))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ort-cpu-run: 7 inference(s) of ") and "ONNX Runtime 1." in done.stdout
+    for i, expected in enumerate(reference):
+        got = np.fromfile(tmp_path / f"out/Result_{i}/features.raw", dtype=np.float32)
+        assert np.allclose(got, expected["features"].reshape(-1), atol=1e-5)
+    rows = (tmp_path / "out/timings.csv").read_text().splitlines()
+    assert rows[0] == "event,microseconds" and rows[1].startswith("load,") and len(rows) == 2 + 7
+    bad = subprocess.run([str(runtime / "ort-cpu-run"), "--model", "m.onnx", "--input_list", str(tmp_path / "list.txt"),
+                          "--input", "image=1x3x16x8:float32", "--output", "features=1x64"], capture_output=True,
+                         text=True, env=dict(os.environ, LD_LIBRARY_PATH=str(tmp_path / "cpu-runtime.host-lib")))
+    assert bad.returncode == 1
+    assert f"ort-cpu-run: wrong input size: {tmp_path / '0.raw'} holds 3072 bytes, its input needs 1536" in bad.stderr

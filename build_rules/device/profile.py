@@ -6,9 +6,9 @@ context load, first inference, steady-state median and p90 after the warm-up, th
 `detailed` its cycles. For a model whose evaluate hook runs over audio, the real-time factor and first-output
 latency from those medians (realtime.py).
 
-CPU baseline (seed step 0): QNN's CPU backend (libQnnCpu.so) runs a model library, not a context binary; the
-ort-qnn toolchain makes no aarch64 model library of the float graph, so without one the result says that it was not
-measured and why (docs/device.md), rather than a number that was not measured.
+CPU baseline (seed step 0): the float graph with ONNX Runtime's CPU execution provider on the phone's CPU
+(cpu_baseline.py) when BUILD_RULES_CPU_RUNTIME names a CPU runtime folder; without one the result says that it was
+not measured and how to measure it, rather than a number that was not measured.
 """
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def summed(parts: dict) -> dict:
 
 def profile(params: dict) -> dict:
     from ..samples import load_evaluation
-    from . import runtime
+    from . import cpu_baseline, cpu_runtime, runtime
     from .on_phone import run_graph
     from .target import parts as read_parts
     if params["perf_profile"] not in PERF_PROFILES:
@@ -115,6 +115,9 @@ def profile(params: dict) -> dict:
     if params["profiling_level"] not in PROFILING_LEVELS:
         raise BuildError(f"{params['name']}: profiling level {params['profiling_level']!r}: basic or detailed")
     result_path = Path(params["outputs"]["result"])
+    cpu_root = cpu_runtime.folder()
+    if cpu_root is not None:
+        cpu_runtime.files(cpu_root, params["name"])  # a half-made folder fails before the phone is touched
     phone = open_phone(params)
     viewer = runtime.profile_viewer(phone.runtime_root, params["name"])
     remove_quietly(result_path)
@@ -134,11 +137,8 @@ def profile(params: dict) -> dict:
                                      "samples": len(inputs)} for run in runs}
             graphs[graph] = timed[graph] if len(parts) == 1 else {**summed(timed), "parts": timed}
             pushed = runs[-1].pushed
-            lib = Path(params["cpu_model_libs"][graph])
-            graphs[graph]["cpu"] = {"measured": False, "reason": (
-                f"no aarch64 model library of the float graph ({lib} is missing): QNN's CPU backend runs model "
-                "libraries, not context binaries, and the ort-qnn toolchain makes none") if not lib.is_file() else
-                "a model library's CPU run is not implemented yet (docs/device.md)"}
+            graphs[graph]["cpu"] = {"measured": False, "reason": cpu_runtime.NOT_SET} if cpu_root is None else \
+                cpu_baseline.profile(phone, params, graph, files, Path(tmp) / graph / "cpu", cpu_root)
     record = {"device": params["device"]["name"], "phone_model": phone.product, "fingerprint": phone.fingerprint,
               "chip": params["chip"]["name"], "variant": params["variant"], "perf_profile": params["perf_profile"],
               "profiling_level": params["profiling_level"], "runtime": runtime_identity(phone, pushed),
@@ -151,8 +151,8 @@ def profile(params: dict) -> dict:
         for part, p in (t.get("parts") or {}).items():
             print(f"{params['name']} {part}: load {p['load_ms']:.2f} ms, median {p['median_ms']:.3f} ms", flush=True)
         print(f"{params['name']} {graph}: load {t['load_ms']:.2f} ms, first {t['first_ms']:.2f} ms, median "
-              f"{t['median_ms']:.3f} ms, p90 {t['p90_ms']:.3f} ms over {t['runs']} runs ({params['perf_profile']})",
-              flush=True)
+              f"{t['median_ms']:.3f} ms, p90 {t['p90_ms']:.3f} ms over {t['runs']} runs ({params['perf_profile']})"
+              + (f"; CPU median {t['cpu']['median_ms']:.3f} ms" if t["cpu"].get("measured") else ""), flush=True)
     if audio and audio.get("measured"):
         print(f"{params['name']}: real-time factor {audio['rtf']:.4g} ({audio['processing_ms']:.1f} ms over "
               f"{audio['audio_seconds']:.2f} s of audio), first output {audio['first_output_ms']:.2f} ms", flush=True)

@@ -109,7 +109,8 @@ def profile_tasks():
     for device in devices().values():
         for model, variant, chip in _builds_on(device):
             graphs = {g.name: {"target": _target(model, g, variant, chip),
-                               "evaluation": layout.float_file(model.name, g.name, ".evaluation.npz")}
+                               "evaluation": layout.float_file(model.name, g.name, ".evaluation.npz"),
+                               "float_model": layout.float_file(model.name, g.name, ".sim.onnx")}  # CPU baseline
                       for g in model.graphs.values()}
             result = profile_result(model.name, variant.name, chip.name, device.name)
             name = f"{model.name}/{variant.name}@{device.name}"
@@ -118,13 +119,12 @@ def profile_tasks():
                       "graphs": graphs, "runs": runs, "warmup": 3,
                       "perf_profile": os.environ.get("BUILD_RULES_PERF_PROFILE", "burst"),
                       "profiling_level": os.environ.get("BUILD_RULES_PROFILING_LEVEL", "basic"),
-                      "cpu_model_libs": {g: layout.model_lib(model.name, variant.name, "aarch64-android", g)
-                                         for g in graphs},
                       # the real-time factor's audio duration and graph runs (device/realtime.py)
                       "float_evaluation": layout.float_file(model.name, "model", ".evaluate.json")
                       if model.evaluate else None,
                       "outputs": {"result": result}}
-            file_dep = [f for g in graphs.values() for f in (*_target_files(g["target"]), g["evaluation"])]
+            file_dep = [f for g in graphs.values()
+                        for f in (*_target_files(g["target"]), g["evaluation"], g["float_model"])]
             yield {"name": name, "actions": [(profile.run, [params])],
                    "file_dep": file_dep + ([params["float_evaluation"]] if model.evaluate else []),
                    "uptodate": [False], "doc": f"{model.name}/{variant.name} latency on {device.name} (NPU vs CPU)"}
@@ -148,10 +148,10 @@ def power_tasks():
             params = {"name": f"power:{name}", "model": model.name, "variant": variant.name, "graph": graph.name,
                       "chip": chip_params(chip), "chips": list(project().chips.chips), "device": _device_params(device),
                       "target": target, "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
-                      "cpu_model_lib": layout.model_lib(model.name, variant.name, "aarch64-android", graph.name),
+                      "float_model": layout.float_file(model.name, graph.name, ".sim.onnx"),  # the CPU path
                       "seconds": seconds, "sample_seconds": float(os.environ.get("BUILD_RULES_POWER_SAMPLE", "2")),
                       "outputs": {"result": result}}
             yield {"name": name, "actions": [(power.run, [params])],
-                   "file_dep": [*_target_files(target), params["evaluation"]],
+                   "file_dep": [*_target_files(target), params["evaluation"], params["float_model"]],
                    "uptodate": [False], "doc": f"{model.name}/{variant.name} on {device.name}: battery drain and CPU "
                                                f"share over {seconds:g} s per path ({POWER_SECONDS_ENV})"}
