@@ -75,6 +75,7 @@ def check(params: dict) -> dict:
             found["identity"] = runtime_identity(phone, runs[0].pushed)
             found["key"] = _key(params, phone, found["identity"])
             if saved and saved.get("key") == found["key"]:
+                found["saved"] = True
                 return False
             remove_quietly(result_path)  # a result of another binary/runtime/phone build is stale from here on
         return True
@@ -83,7 +84,7 @@ def check(params: dict) -> dict:
                                shapes={n: v.shape for n, v in reference[0].items()} if reference else None,
                                before=keyed)
     identity, key = found["identity"], found["key"]
-    if not outputs:
+    if found.get("saved"):
         print(f"{result_path}: measured on {phone.adb.name} from the same binary, runtime, phone build, "
               "evaluation set and hooks: judged again, not run again", flush=True)
         metrics = saved["metrics"]
