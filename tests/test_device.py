@@ -343,10 +343,12 @@ def test_profile_of_a_model_without_audio_has_no_real_time_factor():
                                                     "(no latency for it in this profile)"}
 
 
-def test_qairt_binaries_are_checked_and_profiled_on_the_phone_through_their_own_contract(tmp_path, monkeypatch):
-    """The qairt toolchain's (model-lib flow) context binaries: the contract from _net.json, channel-last inputs
-    written as the converter made them. The stand-in SDK's binaries are not QNN artefacts: the stand-in phone runs
-    their float ONNX model (as the stand-in SDK's qnn-net-run does), so the numbers show the plumbing only."""
+@pytest.mark.parametrize("flow", ["model-lib", "dlc"])
+def test_qairt_binaries_are_checked_and_profiled_on_the_phone_through_their_own_contract(flow, tmp_path, monkeypatch):
+    """The qairt toolchain's context binaries: the contract from _net.json (model-lib flow: channel-last inputs
+    written as the converter made them) or <graph>.info.json (DLC flow: the ONNX layout). The stand-in SDK's binaries
+    are not QNN artefacts: the stand-in phone runs their float ONNX model (as the stand-in SDK's qnn-net-run does),
+    so the numbers show the plumbing only."""
     import numpy as np
 
     from conftest import TEST_MODELS, make_repo, write_tinynet_checkpoints
@@ -356,6 +358,7 @@ def test_qairt_binaries_are_checked_and_profiled_on_the_phone_through_their_own_
     write_tinynet_checkpoints(repo / "models" / "tinynet")
     use_sdk(monkeypatch, sdk, tmp_path / "calls.jsonl")
     monkeypatch.delenv("BUILD_RULES_QNN_RUNTIME", raising=False)  # the runtime comes from QNN_SDK_ROOT
+    monkeypatch.setenv("BUILD_RULES_QAIRT_FLOW", flow)
     env = plug_phone(repo, tmp_path, monkeypatch)
     result = run_doit(repo, CHECK)
     assert result.code == 0, result.output
@@ -363,13 +366,17 @@ def test_qairt_binaries_are_checked_and_profiled_on_the_phone_through_their_own_
     record = json.loads((repo / RESULT).read_text())
     assert record["toolchain"] == "qairt" and record["passed"] is True and record["parts"] is None
     assert record["summary"]["cosine"] > 0.99999  # the stand-in ran the float model: the layouts round-tripped
-    net_json = json.loads((repo / "out/tinynet/w8a16/encoder_net.json").read_text())
-    assert net_json["graph"]["tensors"]["image"]["dims"] == [1, 16, 16, 3]  # channel-last on the QNN side
     pushed = env.folder / "fs/data/local/tmp/build_rules/inputs/tinynet/encoder/0000.image.raw"
     from build_rules.samples import load_evaluation
-    first = load_evaluation(str(repo / "out/tinynet/float/encoder.evaluation.npz"))[0][0]["image"]
-    assert np.array_equal(np.fromfile(pushed, dtype=np.float32),
-                          np.ascontiguousarray(first.reshape(1, 3, 16, 16).transpose(0, 2, 3, 1)).reshape(-1))
+    first = load_evaluation(str(repo / "out/tinynet/float/encoder.evaluation.npz"))[0][0]["image"].reshape(1, 3, 16, 16)
+    if flow == "model-lib":
+        net_json = json.loads((repo / "out/tinynet/w8a16/encoder_net.json").read_text())
+        assert net_json["graph"]["tensors"]["image"]["dims"] == [1, 16, 16, 3]  # channel-last on the QNN side
+        first = first.transpose(0, 2, 3, 1)
+    else:  # qairt-converter keeps the ONNX layout; the contract is the compiled binary's dump
+        assert (repo / "out/tinynet/w8a16/SM8750/encoder.info.json").is_file()
+        assert not (repo / "out/tinynet/w8a16/encoder_net.json").exists()
+    assert np.array_equal(np.fromfile(pushed, dtype=np.float32), np.ascontiguousarray(first).reshape(-1))
     runs = _net_runs(env.calls())
     assert len(runs) == 1 and "/bin/tinynet/w8a16/SM8750/encoder.bin" in runs[0]
     profile = run_doit(repo, "profile:tinynet/w8a16@s25")
@@ -445,3 +452,15 @@ def test_ort_cpu_run_gives_the_float_models_outputs(tinynet_repo, tmp_path):
                          text=True, env=dict(os.environ, LD_LIBRARY_PATH=str(tmp_path / "cpu-runtime.host-lib")))
     assert bad.returncode == 1
     assert f"ort-cpu-run: wrong input size: {tmp_path / '0.raw'} holds 3072 bytes, its input needs 1536" in bad.stderr
+
+
+def test_a_half_made_cpu_runtime_fails_before_touching_the_phone(phone_env, monkeypatch, tmp_path):
+    folder = make_cpu_runtime(tmp_path / "cpu-runtime")
+    (folder / "libstdc++.so.6").unlink()
+    (folder / "ld-linux-aarch64.so.1").unlink()
+    monkeypatch.setenv("BUILD_RULES_CPU_RUNTIME", str(folder))
+    result = run_doit(phone_env.repo, "profile:tinynet/fp16@s25")
+    assert result.code != 0
+    assert (f"profile:tinynet/fp16@s25: BUILD_RULES_CPU_RUNTIME={folder} lacks ld-linux-aarch64.so.1, libstdc++.so.6: "
+            f"make the folder with `python -m build_rules.device cpu-runtime {folder}`") in result.output
+    assert phone_env.calls() == []
