@@ -140,14 +140,13 @@ STAGES: tuple[Stage, ...] = (
     # doit; each keys itself on the binary, the runtime's identity and the phone's build fingerprint, which needs
     # adb, so doit's own check never calls it (uptodate False) and these versions are the rows' only.
     Stage("device_check", "14 device_check: [devices.<name>] in devices.toml: the binary on the phone's NPU, judged "
-          "by the graph's gates", {"ort-qnn": "device:device_check_tasks"},
-          {"ort-qnn": Worker(module=None, key="device_check", version=1, in_process=True)}),
+          "by the graph's gates", {"any": "device:device_check_tasks"},
+          {"any": Worker(module=None, key="device_check", version=1, in_process=True)}),
     Stage("profile", "14b profile: on the phone: context load, first and steady-state latency (qnn-profile-viewer)",
-          {"ort-qnn": "device:profile_tasks"}, {"ort-qnn": Worker(module=None, key="profile", version=1,
-                                                                  in_process=True)}),
+          {"any": "device:profile_tasks"}, {"any": Worker(module=None, key="profile", version=1, in_process=True)}),
     Stage("power", "14c power: on the phone: the model in a loop, CPU share and battery drain "
-          "(BUILD_RULES_POWER_SECONDS)", {"ort-qnn": "device:power_tasks"},
-          {"ort-qnn": Worker(module=None, key="power", version=1, in_process=True)}),
+          "(BUILD_RULES_POWER_SECONDS)", {"any": "device:power_tasks"},
+          {"any": Worker(module=None, key="power", version=1, in_process=True)}),
 )
 
 BY_NAME = {stage.name: stage for stage in STAGES}

@@ -4,6 +4,10 @@ devices.py   the repo's phones (devices.toml [devices.<name>]) and `python -m bu
 adb.py       adb as a subprocess: devices -l, getprop, shell (remote exit code kept), push, pull
 runtime.py   the QNN runtime for Android the phone needs (QNN_SDK_ROOT or BUILD_RULES_QNN_RUNTIME)
 push.py      push only what the phone lacks, by content hash
+target.py    what runs on the phone for one graph, whichever toolchain made it: its parts and their I/O contracts
+on_phone.py  a graph's parts in order on the phone (a split graph's crossing tensors handed on)
+realtime.py  the real-time factor and first-output latency of a model whose evaluate hook runs over audio
+cpu_runtime.py, cpu_baseline.py, ort_cpu_run.c   the CPU baseline: the float graph with ONNX Runtime on the phone's CPU
 device_check.py, profile.py, power.py   the three device tasks' actions
 None of these is imported by `doit list`'s path except devices.py (TOML only; it never calls adb).
 """

@@ -130,10 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     parser = argparse.ArgumentParser(prog="python -m build_rules.device",
                                      description="Phones over adb: `list` prints a [devices.<name>] table per phone "
-                                                 "plugged in, to paste into devices.toml.")
-    parser.add_argument("command", choices=("list",))
+                                                 "plugged in, to paste into devices.toml; `cpu-runtime DIR` makes "
+                                                 "the CPU baseline's runtime folder (BUILD_RULES_CPU_RUNTIME).")
+    parser.add_argument("command", choices=("list", "cpu-runtime"))
+    parser.add_argument("folder", nargs="?", help="cpu-runtime: the folder to make (then BUILD_RULES_CPU_RUNTIME)")
+    parser.add_argument("--wheel", help="cpu-runtime: an onnxruntime manylinux aarch64 wheel (default: pip download)")
     parser.add_argument("--chips", default="chips.toml", help="the repo's chips.toml (default: ./chips.toml)")
     args = parser.parse_args(argv)
+    if args.command == "cpu-runtime":
+        return _cpu_runtime(args, parser)
     from ..config import ConfigError, load_chips
     try:
         chips = load_chips(Path(args.chips)).chips
@@ -147,4 +152,17 @@ def main(argv: list[str] | None = None) -> int:
         print("# no phone ready: `adb devices -l` lists none in state 'device'")
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)
+    return 0
+
+
+def _cpu_runtime(args, parser) -> int:
+    from .cpu_runtime import ENV, build
+    if not args.folder:
+        parser.error("cpu-runtime needs the folder to make")
+    try:
+        root = build(Path(args.folder), Path(args.wheel) if args.wheel else None)
+    except DeviceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"{root}: ort-cpu-run, libonnxruntime.so.1 and the aarch64 glibc it needs; set {ENV}={root.resolve()}")
     return 0

@@ -1,5 +1,6 @@
 """power:<model>/<variant>@<device>: the model in a loop for a fixed time (BUILD_RULES_POWER_SECONDS, seed: 30-60
-min) on the NPU, then on the CPU; the loop's CPU share from /proc/<pid>/stat every 2 s (utime + stime ticks over
+min) on the NPU, then on the CPU (the float graph through ort-cpu-run, when BUILD_RULES_CPU_RUNTIME is set:
+cpu_baseline.py); the loop's CPU share from /proc/<pid>/stat every 2 s (utime + stime ticks over
 wall time) and the battery's drain over the run.
 
 The battery: `dumpsys battery unplug` makes Android behave as on battery for the run, and `dumpsys battery reset`
@@ -18,7 +19,7 @@ from ..errors import BuildError
 from ..files import atomic_write_json, remove_quietly
 from .devices import REMOTE_ROOT
 from .errors import DeviceError
-from .session import net_run, open_phone, push_runtime_and, remote_binary, remote_inputs
+from .session import net_run, open_phone, push_runtime_and
 
 BATTERY = "/sys/class/power_supply/battery"
 _sleep = time.sleep  # (tests interrupt the sampling loop here, as a Ctrl-C would)
@@ -82,31 +83,45 @@ def loop(phone, command: str, seconds: float, every: float) -> dict:
 
 
 def power(params: dict) -> dict:
-    from .. import dist
-    from .device_check import write_inputs
     import tempfile
+
+    from . import cpu_baseline, cpu_runtime
+    from ..samples import load_evaluation
+    from .on_phone import remote_binary, remote_inputs
+    from .target import parts as read_parts, write_inputs
     result_path = Path(params["outputs"]["result"])
+    cpu_root = cpu_runtime.folder()
+    if cpu_root is not None:
+        cpu_runtime.files(cpu_root, params["name"])  # a half-made folder fails before the phone is touched
     phone = open_phone(params)
     remove_quietly(result_path)
-    contract = dist.contract_from_ctx(params["ctx_model"])
+    (part,) = read_parts(params["name"], params["target"])  # an unsplit graph (tasks/device.py picks one)
+    inputs, _ = load_evaluation(params["evaluation"])
+    inputs_remote = remote_inputs(params, params["graph"], 0, part.name)
     with tempfile.TemporaryDirectory(prefix="build-rules-power-") as tmp:
-        input_files, _, _ = write_inputs(params, contract, Path(tmp), remote_inputs(params))
-        binary_remote = remote_binary(params)
-        push_runtime_and(phone, {binary_remote: params["binary"], **input_files})
-    command = net_run(binary_remote, f"{remote_inputs(params)}/input_list.txt",
-                      binary_remote.replace("/bin/", "/power/", 1)[:-len(".bin")], "--perf_profile", "burst",
-                      "--duration", f"{params['seconds']:g}", "--keep_num_outputs", "1")
-    # one background command, so that $! is qnn-net-run's pid (an '&&' list in the background is a subshell)
-    command = command.replace(" && ", "; ").replace(f"{REMOTE_ROOT}/runtime/qnn-net-run ",
-                                                     f"nohup {REMOTE_ROOT}/runtime/qnn-net-run ", 1)
+        input_files = write_inputs(params["name"], part, inputs, Path(tmp), inputs_remote)
+        binary_remote = remote_binary(params, part.name)
+        push_runtime_and(phone, {binary_remote: part.binary, **input_files})
+        cpu_command = None
+        if cpu_root is not None:
+            prepared = cpu_baseline.prepare(phone, params, params["graph"],
+                                            {"evaluation": params["evaluation"], "target": params["target"],
+                                             "float_model": params["float_model"]}, Path(tmp) / "cpu", cpu_root)
+            cpu_command = _background(cpu_baseline.command(
+                prepared, f"{REMOTE_ROOT}/cpu-power/{params['model']}/{params['graph']}", "--duration",
+                f"{params['seconds']:g}", "--keep_num_outputs", "1"), cpu_baseline.REMOTE_CPU + "/" + cpu_runtime.LOADER)
+    command = _background(net_run(binary_remote, f"{inputs_remote}/input_list.txt",
+                                  binary_remote.replace("/bin/", "/power/", 1)[:-len(".bin")], "--perf_profile",
+                                  "burst", "--duration", f"{params['seconds']:g}", "--keep_num_outputs", "1"),
+                          f"{REMOTE_ROOT}/runtime/qnn-net-run")
     previous = signal.signal(signal.SIGTERM, _interrupt)
     phone.adb.shell("dumpsys battery unplug")
     failure = None
     try:
         npu = loop(phone.adb, command, params["seconds"], params["sample_seconds"])
-        cpu_lib = Path(params["cpu_model_lib"])
-        cpu = {"measured": False, "reason": f"no aarch64 model library of the float graph ({cpu_lib} is missing): "
-                                            "QNN's CPU backend runs model libraries, not context binaries"}
+        cpu = {"measured": False, "reason": cpu_runtime.NOT_SET} if cpu_command is None else \
+            {"measured": True, "runner": "ort-cpu-run (ONNX Runtime CPU execution provider, the float graph)",
+             **loop(phone.adb, cpu_command, params["seconds"], params["sample_seconds"])}
     except DeviceError as e:
         failure = e
     finally:  # also on Ctrl-C / SIGTERM (KeyboardInterrupt passes through here)
@@ -119,10 +134,16 @@ def power(params: dict) -> dict:
               "seconds_per_path": params["seconds"], "npu": npu, "cpu": cpu, "hold_fixed": HOLD_FIXED}
     atomic_write_json(result_path, record)
     print(f"{params['name']}: NPU {npu['percent_per_hour']:.2f} %/h, {npu['mah_per_hour']:.1f} mAh/h, process CPU "
-          f"{npu['cpu_percent_mean'] or 0:.1f} %; CPU path: {cpu.get('reason', '')}\nhold fixed: "
-          + "; ".join(HOLD_FIXED),
-          flush=True)
+          f"{npu['cpu_percent_mean'] or 0:.1f} %; CPU path: "
+          + (f"{cpu['percent_per_hour']:.2f} %/h, {cpu['mah_per_hour']:.1f} mAh/h, process CPU "
+             f"{cpu['cpu_percent_mean'] or 0:.1f} %" if cpu.get("measured") else cpu["reason"])
+          + "\nhold fixed: " + "; ".join(HOLD_FIXED), flush=True)
     return record
+
+
+def _background(command: str, program: str) -> str:
+    """One background command, so that $! is the program's pid (an '&&' list in the background is a subshell)."""
+    return command.replace(" && ", "; ").replace(f"{program} ", f"nohup {program} ", 1)
 
 
 def _restore(phone) -> str:

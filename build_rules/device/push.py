@@ -8,6 +8,8 @@ from pathlib import Path
 
 from .adb import Adb
 
+EXECUTABLES = ("qnn-net-run", "ort-cpu-run", "ld-linux-aarch64.so.1")  # chmod 755 after a push
+
 
 def sha256(path: str | Path) -> str:
     digest = hashlib.sha256()
@@ -44,7 +46,7 @@ def push_missing(phone: Adb, files: dict[str, str | Path]) -> dict:
         phone.push(files[remote], remote)
         pushed.append(remote)
     if pushed:
-        executables = [r for r in pushed if r.endswith("/qnn-net-run")]
+        executables = [r for r in pushed if r.rsplit("/", 1)[1] in EXECUTABLES]
         if executables:
             phone.shell("chmod 755 " + " ".join(shlex.quote(r) for r in executables))
     print(f"{phone.name}: pushed {len(pushed)} file(s), {len(kept)} already there (same sha256)", flush=True)

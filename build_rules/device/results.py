@@ -77,7 +77,7 @@ def timing_rows(cells: list[dict]) -> list[dict]:
                 continue
             found.append({"kind": kind, "variant": cell["variant"], "chip": cell["chip"], "device": device,
                           **{k: data.get(k) for k in ("phone_model", "fingerprint", "perf_profile", "graphs", "npu",
-                                                       "cpu", "seconds_per_path", "hold_fixed")}})
+                                                       "cpu", "seconds_per_path", "hold_fixed", "realtime")}})
     return found
 
 
@@ -96,6 +96,22 @@ def timing_markdown(report: dict) -> list[str]:
                              f"{_fmt(t.get('load_ms'))} | {_fmt(t.get('first_ms'))} | {_fmt(t.get('median_ms'))} | "
                              f"{_fmt(t.get('p90_ms'))} | "
                              f"{_fmt(cpu.get('median_ms')) if cpu.get('measured') else 'not measured'} |")
+    audio = [r for r in profiles if r.get("realtime")]
+    if audio:
+        lines += ["", "Real-time factor on phones (processing time / audio duration over the float evaluation's "
+                  "audio, from the medians above; first output: one run of each graph in the order the evaluate "
+                  "hook runs them):", "",
+                  "| variant | chip | phone | audio (s) | graph runs | processing (ms) | RTF | first output (ms) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in audio:
+            a = r["realtime"]
+            if not a.get("measured"):
+                lines.append(f"| {r['variant']} | {r['chip']} | {r['device']} | not measured: {a.get('reason')} "
+                             "| – | – | – | – |")
+                continue
+            runs = ", ".join(f"{g} x{n}" for g, n in a["graph_runs"].items())
+            lines.append(f"| {r['variant']} | {r['chip']} | {r['device']} | {_fmt(a['audio_seconds'])} | {runs} | "
+                         f"{_fmt(a['processing_ms'])} | {_fmt(a['rtf'])} | {_fmt(a['first_output_ms'])} |")
     powers = [r for r in rows if r["kind"] == "power"]
     if powers:
         lines += ["", "## Power on phones (`doit power:...`)", "",

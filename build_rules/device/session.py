@@ -70,11 +70,3 @@ def net_run(binary: str, input_list: str, output_dir: str, *extra: str, backend:
             f"export LD_LIBRARY_PATH={REMOTE_RUNTIME} && "
             f"export ADSP_LIBRARY_PATH={shlex.quote(REMOTE_RUNTIME + ';' + SYSTEM_DSP_PATHS)} && "
             f"{REMOTE_RUNTIME}/qnn-net-run " + " ".join(shlex.quote(a) for a in args))
-
-
-def remote_binary(params: dict) -> str:
-    return f"{REMOTE_ROOT}/bin/{params['model']}/{params['variant']}/{params['chip']['name']}/{params['graph']}.bin"
-
-
-def remote_inputs(params: dict) -> str:
-    return f"{REMOTE_ROOT}/inputs/{params['model']}/{params['graph']}"

@@ -4,8 +4,8 @@ in devices.toml. Loading reads devices.toml only (TOML): `doit list` never calls
   device_check:<model>/<graph>/<variant>@<device>   the binary on the phone's NPU, judged by the graph's gates
   profile:<model>/<variant>@<device>                load, first and steady-state latency, qnn-profile-viewer
   power:<model>/<variant>@<device>                  NPU then CPU loops: CPU share and battery drain
-A phone gets the tasks of the variants built for its chip (devices.toml soc = a chips.toml chip). A split graph
-(its parts chain on the host) has no device check yet. The tasks run in doit's process: they wait on adb, and
+A phone gets the tasks of the variants built for its chip (devices.toml soc = a chips.toml chip), under either
+toolchain (ort-qnn: the <graph>_ctx.onnx contract; qairt: _net.json / info.json); a split graph's parts run in order. The tasks run in doit's process: they wait on adb, and
 power's Ctrl-C handling must restore the phone's battery state itself.
 The tasks declare no doit targets on purpose: the report and dist tasks list the result files as file_dep (a new
 result re-makes them), and doit would otherwise run the phone tasks whose targets they are before every
@@ -53,47 +53,65 @@ def _builds_on(device):
                 yield model, variant, chip
 
 
+def _target(model, graph, variant, chip) -> dict:
+    """What runs on the phone for one graph (device/target.py): its parts' binaries and I/O contracts, in order."""
+    def chip_file(name):
+        return layout.chip_file(model.name, variant.name, chip.name, name)
+    specs = {name: {"shape": list(s.shape), "dtype": s.dtype, "layout": s.layout} for name, s in graph.inputs.items()}
+    if project().toolchain["name"] == "qairt":  # the qairt toolchain compiles every graph whole
+        from . import qairt as qairt_tasks
+        return {"toolchain": "qairt", "flow": qairt_tasks.flow(), "inputs": qairt_tasks.input_specs(graph),
+                "outputs": list(graph.outputs),
+                "parts": [{"name": graph.name, "binary": chip_file(f"{graph.name}.bin"),
+                           "contract": qairt_tasks.io_contract(model.name, variant.name, chip.name, graph.name)}]}
+    from .split import units
+    return {"toolchain": "ort-qnn", "flow": None, "inputs": specs, "outputs": list(graph.outputs),
+            "parts": [{"name": u, "binary": chip_file(f"{u}.bin"), "contract": chip_file(f"{u}_ctx.onnx")}
+                      for u in units(model, graph)]}
+
+
+def _target_files(target: dict) -> list[str]:
+    return [f for part in target["parts"] for f in (part["binary"], part["contract"])]
+
+
 def device_check_tasks():
-    if not devices() or project().toolchain["name"] != "ort-qnn":
-        return  # the I/O contract is read from <graph>_ctx.onnx (docs/device.md: qairt binaries not yet)
+    if not devices():
+        return
+    from ..device import device_check
+    from ..device.devices import check_result
     chips = list(project().chips.chips)
     for device in devices().values():
         for model, variant, chip in _builds_on(device):
             data_params, data_dep = model_data(model)
             for graph in model.graphs.values():
-                if graph.split:
-                    continue
-                binary = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.bin")
-                ctx = layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}_ctx.onnx")
+                target = _target(model, graph, variant, chip)
                 evaluation = layout.float_file(model.name, graph.name, ".evaluation.npz")
-                from ..device.devices import check_result
                 result = check_result(model.name, variant.name, chip.name, graph.name, device.name)
                 name = f"{model.name}/{graph.name}/{variant.name}@{device.name}"
                 params = {"name": f"device_check:{name}", "model": model.name, "graph": graph.name,
                           "variant": variant.name, "quantization": variant.settings(), "chip": chip_params(chip),
-                          "chips": chips, "device": _device_params(device), "binary": binary, "ctx_model": ctx,
+                          "chips": chips, "device": _device_params(device), "target": target,
                           "evaluation": evaluation, "hooks": rel(model.hooks), "gates": gate_dicts(graph.gates),
                           "outputs": {"result": result}, **data_params}
-                from ..device import device_check
                 yield {"name": name, "actions": [(device_check.run, [params])],
-                       "file_dep": [binary, ctx, evaluation, *hook_files(model), *data_dep],
+                       "file_dep": [*_target_files(target), evaluation, *hook_files(model), *data_dep],
                        "uptodate": [False],  # the action keys on the phone's build fingerprint, which needs adb
                        "doc": f"{graph.name} of {model.name}/{variant.name} on {device.name} ({device.soc}) "
                               "vs the float model, by the graph's gates"}
 
 
 def profile_tasks():
-    if not devices() or project().toolchain["name"] != "ort-qnn":
+    if not devices():
         return
     from ..device import profile
+    from ..device.devices import profile_result
     runs = int(os.environ.get(PROFILE_RUNS_ENV, "20"))
     for device in devices().values():
         for model, variant, chip in _builds_on(device):
-            graphs = {g.name: {"binary": layout.chip_file(model.name, variant.name, chip.name, f"{g.name}.bin"),
-                               "ctx_model": layout.chip_file(model.name, variant.name, chip.name, f"{g.name}_ctx.onnx"),
-                               "evaluation": layout.float_file(model.name, g.name, ".evaluation.npz")}
-                      for g in model.graphs.values() if not g.split}
-            from ..device.devices import profile_result
+            graphs = {g.name: {"target": _target(model, g, variant, chip),
+                               "evaluation": layout.float_file(model.name, g.name, ".evaluation.npz"),
+                               "float_model": layout.float_file(model.name, g.name, ".sim.onnx")}  # CPU baseline
+                      for g in model.graphs.values()}
             result = profile_result(model.name, variant.name, chip.name, device.name)
             name = f"{model.name}/{variant.name}@{device.name}"
             params = {"name": f"profile:{name}", "model": model.name, "variant": variant.name,
@@ -101,36 +119,39 @@ def profile_tasks():
                       "graphs": graphs, "runs": runs, "warmup": 3,
                       "perf_profile": os.environ.get("BUILD_RULES_PERF_PROFILE", "burst"),
                       "profiling_level": os.environ.get("BUILD_RULES_PROFILING_LEVEL", "basic"),
-                      "cpu_model_libs": {g: layout.model_lib(model.name, variant.name, "aarch64-android", g)
-                                         for g in graphs},
+                      # the real-time factor's audio duration and graph runs (device/realtime.py)
+                      "float_evaluation": layout.float_file(model.name, "model", ".evaluate.json")
+                      if model.evaluate else None,
                       "outputs": {"result": result}}
+            file_dep = [f for g in graphs.values()
+                        for f in (*_target_files(g["target"]), g["evaluation"], g["float_model"])]
             yield {"name": name, "actions": [(profile.run, [params])],
-                   "file_dep": [f for g in graphs.values() for f in g.values()],
+                   "file_dep": file_dep + ([params["float_evaluation"]] if model.evaluate else []),
                    "uptodate": [False], "doc": f"{model.name}/{variant.name} latency on {device.name} (NPU vs CPU)"}
 
 
 def power_tasks():
-    if not devices() or project().toolchain["name"] != "ort-qnn":
+    if not devices():
         return
     from ..device import power
+    from ..device.devices import power_result
     seconds = float(os.environ.get(POWER_SECONDS_ENV, "1800"))
     for device in devices().values():
         for model, variant, chip in _builds_on(device):
-            graph = next((g for g in model.graphs.values() if not g.split), None)
+            # the first graph that is one binary (a split graph's parts would loop as several processes)
+            targets = ((g, _target(model, g, variant, chip)) for g in model.graphs.values())
+            graph, target = next(((g, t) for g, t in targets if len(t["parts"]) == 1), (None, None))
             if graph is None:
                 continue
-            from ..device.devices import power_result
             result = power_result(model.name, variant.name, chip.name, device.name)
             name = f"{model.name}/{variant.name}@{device.name}"
             params = {"name": f"power:{name}", "model": model.name, "variant": variant.name, "graph": graph.name,
                       "chip": chip_params(chip), "chips": list(project().chips.chips), "device": _device_params(device),
-                      "binary": layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.bin"),
-                      "ctx_model": layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}_ctx.onnx"),
-                      "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
-                      "cpu_model_lib": layout.model_lib(model.name, variant.name, "aarch64-android", graph.name),
+                      "target": target, "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
+                      "float_model": layout.float_file(model.name, graph.name, ".sim.onnx"),  # the CPU path
                       "seconds": seconds, "sample_seconds": float(os.environ.get("BUILD_RULES_POWER_SAMPLE", "2")),
                       "outputs": {"result": result}}
             yield {"name": name, "actions": [(power.run, [params])],
-                   "file_dep": [params["binary"], params["ctx_model"], params["evaluation"]],
+                   "file_dep": [*_target_files(target), params["evaluation"], params["float_model"]],
                    "uptodate": [False], "doc": f"{model.name}/{variant.name} on {device.name}: battery drain and CPU "
                                                f"share over {seconds:g} s per path ({POWER_SECONDS_ENV})"}

@@ -58,7 +58,7 @@ def _group(doc: str) -> dict:
     return {"name": None, "doc": f"{doc} [qairt {qairt.release_name(ident)}, {ident['flow']} flow]"}
 
 
-def _inputs(graph) -> dict:
+def input_specs(graph) -> dict:
     return {name: {"shape": list(s.shape), "dtype": s.dtype, "layout": s.layout} for name, s in graph.inputs.items()}
 
 
@@ -101,7 +101,7 @@ def _float_dlc(m: str, v: str, g: str) -> str:
     return f"{layout.OUT}/{m}/{v}/float_dlc/{g}.dlc"
 
 
-def _io_contract(m: str, v: str, c: str, g: str) -> str:
+def io_contract(m: str, v: str, c: str, g: str) -> str:
     """Where a binary's I/O contract is read from: the converter's _net.json, or the DLC flow's binary dump."""
     return layout.variant_file(m, v, g, "_net.json") if flow() == "model-lib" else layout.chip_file(m, v, c, f"{g}.info.json")
 
@@ -140,7 +140,7 @@ def convert():
                               "to the variant, or build it with the ort-qnn toolchain (docs/block_quantization.md)")
         elif settings.get("overrides") or settings.get("node_overrides"):
             outputs["overrides"] = layout.variant_file(m, v, g, ".quantization_overrides.json")
-        params = {"sdk": str(sdk.root), "onnx": sim, "graph": g, "inputs": _inputs(graph),
+        params = {"sdk": str(sdk.root), "onnx": sim, "graph": g, "inputs": input_specs(graph),
                   "variant": settings, "input_list": input_list, "outputs": outputs,
                   "per_row": False if dlc else _per_row(model, variant), **({"encodings": encodings} if encodings else {})}
         yield _stage_task("convert", f"{m}/{g}/{v}", params, file_dep, list(outputs.values()),
@@ -161,7 +161,7 @@ def _quantize_tasks():
         m, g, v = model.name, graph.name, variant.name
         input_list = f"{layout.calibration_dir(m, g)}/input_list.txt"
         outputs = {"dlc": _dlc(m, v, g), "report": layout.variant_file(m, v, g, ".quantize.json")}
-        params = {"sdk": str(sdk.root), "float_dlc": _float_dlc(m, v, g), "graph": g, "inputs": _inputs(graph),
+        params = {"sdk": str(sdk.root), "float_dlc": _float_dlc(m, v, g), "graph": g, "inputs": input_specs(graph),
                   "variant": variant.settings(), "input_list": input_list, "outputs": outputs,
                   "per_row": _per_row(model, variant)}
         file_dep = [params["float_dlc"], input_list, *calibration_files(model, graph, variant.quant.calibration_samples)]
@@ -213,10 +213,10 @@ def compile():
         binary = layout.chip_file(m, v, c, f"{g}.bin")
         params = {"sdk": str(sdk.root), "config_file": extensions, "graph": g, "graph_name": qairt.qnn_graph_name(g),
                   "onnx": layout.float_file(m, g, ".sim.onnx"),
-                  "inputs": _inputs(graph), "chip": chip_params(chip), "outputs": {"binary": binary}}
+                  "inputs": input_specs(graph), "chip": chip_params(chip), "outputs": {"binary": binary}}
         if dlc:
             params["dlc"] = _dlc(m, v, g)
-            params["outputs"]["info"] = _io_contract(m, v, c, g)
+            params["outputs"]["info"] = io_contract(m, v, c, g)
         else:
             params["model_lib"] = layout.model_lib(m, v, qairt.HOST, g)
         # htp_config.json, not the extensions file: that one holds absolute paths, so a moved repo would
@@ -234,11 +234,11 @@ def check():
     for model, graph, variant, chip in _chip_builds():
         m, g, v, c = model.name, graph.name, variant.name, chip.name
         binary = layout.chip_file(m, v, c, f"{g}.bin")
-        io = _io_contract(m, v, c, g)
+        io = io_contract(m, v, c, g)
         evaluation = layout.float_file(m, g, ".evaluation.npz")
         hooks = rel(model.hooks)
         params = {"sdk": str(sdk.root), "net_run": sdk.net_run is not None, "binary": binary, "io": io,
-                  "flow": flow(), "evaluation": evaluation, "hooks": hooks, "graph": g, "inputs": _inputs(graph),
+                  "flow": flow(), "evaluation": evaluation, "hooks": hooks, "graph": g, "inputs": input_specs(graph),
                   "gates": gate_dicts(graph.gates),
                   "outputs": {"report": layout.chip_file(m, v, c, f"{g}.check.json")}}
         data_params, data_dep = model_data(model)  # score() finds the data folder in DATA_DIR, as with ort-qnn
@@ -257,7 +257,7 @@ def package():
             for g in model.graphs:
                 files = {"binary": layout.chip_file(m, v, c, f"{g}.bin"),
                          "check": layout.chip_file(m, v, c, f"{g}.check.json"),
-                         "convert": layout.variant_file(m, v, g, ".convert.json"), "io": _io_contract(m, v, c, g)}
+                         "convert": layout.variant_file(m, v, g, ".convert.json"), "io": io_contract(m, v, c, g)}
                 if dlc and not variant.is_fp16:
                     files["quantize"] = layout.variant_file(m, v, g, ".quantize.json")
                 if not dlc:

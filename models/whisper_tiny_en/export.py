@@ -568,12 +568,23 @@ def evaluate(run_graph: Callable[[str, dict], dict]) -> dict[str, float]:
     one graph (ONNX Runtime on the float model, or a compiled binary on the
     HTP emulator): the encoder once per clip, the decoder once per token
     (greedy_decode keeps the caches in numpy). WER: lowercase, punctuation
-    stripped, word edit distance summed over the clips / reference words.
+    stripped, word edit distance summed over the clips / reference words. audio_seconds: the clips' length
+    (the real-time factor's denominator when `doit profile` times the graphs on a phone).
     """
     fe = _sibling("frontend")
     indices = split("evaluation")
     refs, hyps = _transcribe(run_graph, indices)
-    return {"wer": fe.wer(refs, hyps), "utterances": len(indices)}
+    return {"wer": fe.wer(refs, hyps), "utterances": len(indices), "audio_seconds": _audio_seconds(indices)}
+
+
+def _audio_seconds(indices: list[int]) -> float:
+    import wave
+
+    total = 0.0
+    for i in indices:
+        with wave.open(clips()[i]["file"], "rb") as w:
+            total += w.getnframes() / w.getframerate()
+    return total
 
 
 def transcribe_pytorch(indices: list[int] | None = None, log=print) -> dict[str, Any]:

@@ -3,6 +3,7 @@
     make_adb(bin_dir) -> Path                      # an `adb` script; put bin_dir first on PATH
     make_phone(phones, serial, soc=..., arch=..., host_repo=...) -> Path   # phones/<serial>/ (phone.json, fs/)
     make_runtime(root) -> Path                     # a QAIRT-layout runtime folder (BUILD_RULES_QNN_RUNTIME)
+    make_cpu_runtime(root) -> Path                 # the CPU baseline's folder (BUILD_RULES_CPU_RUNTIME)
 
 The fake adb (adb.py) answers devices [-l], -s SERIAL shell/push/pull with the real adb's output formats and exit
 codes; its shell runs a small sh (adb.py: cd, export, &&, ;, &, redirections, getprop, sha256sum, cat, mkdir,
@@ -71,3 +72,31 @@ def set_phone(folder: Path, **changes) -> None:
         else:
             data[key] = value
     (Path(folder) / "phone.json").write_text(json.dumps(data, indent=2))
+
+
+def make_cpu_runtime(root: Path) -> Path:
+    """The CPU runtime folder with cpu_runtime.FILES: ort-cpu-run is the real ort_cpu_run.c built for this x86-64 host
+    (cc) against the host's libonnxruntime (the onnxruntime package's); the loader is cpu_loader.py (it runs that
+    build with the host library); the libraries the real loader would load are placeholders of the same names."""
+    import subprocess
+
+    import onnxruntime
+    sys.path.insert(0, str(ROOT))
+    from build_rules.device import cpu_runtime
+    root = Path(root)
+    host_lib = root.parent / f"{root.name}.host-lib"  # beside the folder: not pushed
+    host_lib.mkdir(parents=True, exist_ok=True)
+    capi = Path(onnxruntime.__file__).parent / "capi"
+    library = next(capi.glob("libonnxruntime.so.1.*"))
+    (host_lib / "libonnxruntime.so.1").unlink(missing_ok=True)
+    (host_lib / "libonnxruntime.so.1").symlink_to(library)
+    root.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cc", "-O2", "-Wall", "-o", str(root / cpu_runtime.RUNNER), str(cpu_runtime.SOURCE),
+                    str(library)], check=True)
+    loader = root / cpu_runtime.LOADER
+    loader.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(HERE)!r})\nimport cpu_loader\n"
+                      f"cpu_loader.HOST_LIBRARY_DIR = {str(host_lib)!r}\nsys.exit(cpu_loader.main(sys.argv[1:]))\n")
+    loader.chmod(0o755)
+    for name in (cpu_runtime.LIBRARY, *cpu_runtime.GLIBC):
+        (root / name).write_bytes(f"stand-in {name} (the x86 runner uses the host's)\n".encode())
+    return root

@@ -13,6 +13,12 @@ read from the <graph>_ctx.onnx beside the identical .bin in the host repo (phone
 knowledge from outside the phone. With --profiling_level it turns on QNN's own profiling in the emulator and writes
 QNN's binary profiling log as <output_dir>/qnn-profiling-data_0.log; the CSV QNN wrote with it is kept for the
 stand-in qnn-profile-viewer (profile_viewer.py). The times are the x86 emulator's, not a phone's.
+
+A binary of the stand-in QAIRT SDK (tests/fake_qairt: not a QNN artefact; its header carries the float ONNX model
+it was made from and its QNN-side I/O) is run as that SDK's own qnn-net-run runs it: the float ONNX model on the
+host CPU, inputs and outputs in the binary's QNN layout (channel-last where the converter made them so). Its
+profile rows (load, one execute per inference) are this stand-in's wall clock of that, in QNN's event names: they
+show the plumbing of profile for qairt binaries, nothing about QNN.
 """
 from __future__ import annotations
 
@@ -119,6 +125,10 @@ def _main(argv: list[str]) -> int:
     if not binary.is_file():
         raise Fail(f"[ ERROR ] Could not open {args.retrieve_context}")
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # build_rules, for the emulator
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the stand-in SDK's binaries
+    from fake_qairt import tools as qairt_tools
+    if binary.read_bytes().startswith(qairt_tools.STAND_IN_BINARY):
+        return _run_qairt_stand_in(args, fs, cwd, binary, arch, qairt_tools)
     from build_rules import dist
     from build_rules.toolchains import ort_qnn
     target = ort_qnn.read_binary_target(binary)
@@ -225,3 +235,71 @@ def _read_list(fs: Path, cwd: str, args, contract: dict) -> list[dict]:
     if not samples:
         raise Fail("[ ERROR ] the input list is empty")
     return samples
+
+
+def _run_qairt_stand_in(args, fs: Path, cwd: str, binary: Path, arch: str, tools) -> int:
+    import numpy as np
+    import onnxruntime as ort
+    meta = tools._binary_meta(str(binary))
+    if meta.get("graphs"):
+        raise Fail("[ ERROR ] stand-in: a weight-shared context holds several graphs; name one (not supported here)")
+    if f"V{meta['dsp_arch']}" != arch:
+        raise Fail(f"[ ERROR ] Failed to create context from binary: binary is for v{meta['dsp_arch']} (soc "
+                   f"{meta['soc_id']}), this device's HTP is {arch.lower()}; QNN_CONTEXT_ERROR_CREATE_FROM_BINARY")
+    by_qnn = {t["name"]: t for t in meta["inputs"]}
+    samples = []
+    for number, line in enumerate(_host(fs, cwd, args.input_list).read_text().splitlines(), start=1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        sample = {}
+        for position, entry in enumerate(line.split()):
+            name, sep, path = entry.partition(":=")
+            if not sep:
+                name, path = meta["inputs"][position]["name"], entry
+            if name not in by_qnn:
+                raise Fail(f"[ ERROR ] input list line {number}: no graph input '{name}' (inputs: {', '.join(by_qnn)})")
+            data = np.fromfile(_host(fs, cwd, path), dtype=np.float32)
+            dims = by_qnn[name]["dims"]
+            if data.size != int(np.prod(dims)):
+                raise Fail(f"[ ERROR ] {path}: {data.size} float32 values, input '{name}' has {dims}")
+            sample[name] = data.reshape(dims)
+        if set(sample) != set(by_qnn):
+            raise Fail(f"[ ERROR ] input list line {number}: {len(sample)} of {len(by_qnn)} inputs given")
+        samples.append(sample)
+    if not samples:
+        raise Fail("[ ERROR ] the input list is empty")
+    started = time.perf_counter()
+    session = ort.InferenceSession(meta["source"], providers=["CPUExecutionProvider"])
+    rows = [("QNN (load binary) time", (time.perf_counter() - started) * 1e6)]
+    output_dir = _host(fs, cwd, args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    count = args.num_inferences or len(samples)
+    deadline = time.monotonic() + args.duration if args.duration is not None else None
+    keep = args.keep_num_outputs if args.keep_num_outputs is not None else len(samples)
+    index = 0
+    while (index < count) if deadline is None else (time.monotonic() < deadline):
+        feed = tools._onnx_feed(meta, samples[index % len(samples)])
+        started = time.perf_counter()
+        values = dict(zip([o.name for o in session.get_outputs()], session.run(None, feed)))
+        rows.append(("QNN (execute) time", (time.perf_counter() - started) * 1e6))
+        if index < min(keep, len(samples)):
+            for t in meta["outputs"]:
+                value = np.asarray(values[t["onnx_name"]])
+                out = output_dir / f"Result_{index}" / f"{t['name']}.raw"
+                out.parent.mkdir(parents=True, exist_ok=True)
+                np.ascontiguousarray(value.transpose(t["perm"]) if t.get("perm") else value).astype(
+                    np.float32).tofile(out)
+        index += 1
+    if args.profiling_level:
+        import uuid
+        log = output_dir / "qnn-profiling-data_0.log"
+        log.write_bytes(b"stand-in qnn-net-run profile of a stand-in QAIRT binary " + uuid.uuid4().bytes)
+        store = Path(os.environ["FAKE_PHONE_DIR"]) / "profiles"
+        store.mkdir(exist_ok=True)
+        with open(store / f"{hashlib.sha256(log.read_bytes()).hexdigest()}.csv", "w", newline="") as f:
+            f.write("Msg Timestamp,Message,Time,Unit of Measurement,Timing Source,Event Level,Event Identifier\n")
+            for i, (event, micros) in enumerate(rows):
+                f.write(f"{i},BACKEND,{micros:.0f},US,BACKEND,ROOT,{event}\n")
+    print(f"qnn-net-run (stand-in): {index} inference(s) of {binary.name} (stand-in QAIRT binary: the float ONNX "
+          "model on the host CPU)")
+    return 0

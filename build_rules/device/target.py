@@ -1,0 +1,139 @@
+"""What a device task runs for one graph, in one form whichever toolchain made the binaries: its parts in order (an
+unsplit graph is one part; a split graph one context binary per part, docs/split.md), each with its I/O contract,
+and how a graph's evaluation inputs become the files qnn-net-run reads and its outputs become arrays again.
+
+A graph's target (the task generators write it, tasks/device.py):
+  {"toolchain": "ort-qnn" | "qairt", "flow": the qairt flow or None, "inputs": {name: {"shape", "dtype", "layout"}},
+   "outputs": [names], "parts": [{"name": "<graph>" or "<graph>.part<k>", "binary": path, "contract": path}]}
+contract: ort-qnn's <part>_ctx.onnx (dist.contract_from_ctx); qairt's <graph>_net.json or <graph>.info.json
+(qairt_outputs.read_io_contract), whose tensors are named as QNN names them and may be channel-last
+(qairt.qnn_permutation: the model-lib flow's converter moves a channel-first input's channel axis last).
+
+Every part reads and writes float32 raw files (qnn-net-run's default: it quantizes float inputs with the binary's
+encodings and dequantizes outputs), `Result_<n>/<qnn name>.raw`. A tensor crossing a cut is an output of one part
+and an input of a later one under the same name; it goes back through the host between the parts (pulled, read
+through the first part's contract, written through the next one's), as the app hands it on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import BuildError
+
+
+@dataclass
+class Tensor:
+    name: str  # as the ONNX graph names it (the evaluation's keys)
+    qnn_name: str  # as the binary names it (input_list entries, Result_<n>/<qnn_name>.raw)
+    shape: list  # on the QNN side
+    permutation: tuple | None = None  # ONNX axes -> QNN axes (None: the same order)
+
+
+@dataclass
+class Part:
+    name: str
+    binary: str
+    inputs: list  # [Tensor]
+    outputs: list  # [Tensor]
+
+
+def parts(where: str, target: dict) -> list[Part]:
+    """The graph's parts with their contracts read; a contract that does not name a tensor fails naming both."""
+    found = []
+    for part in target["parts"]:
+        if target["toolchain"] == "qairt":
+            found.append(_qairt_part(where, target, part))
+        else:
+            found.append(_ort_part(part))
+    return found
+
+
+def _ort_part(part: dict) -> Part:
+    from ..dist_contract import contract_from_ctx
+    contract = contract_from_ctx(part["contract"])
+
+    def tensors(entries):
+        return [Tensor(t["name"], t["qnn_name"], list(t["shape"])) for t in entries]
+    return Part(part["name"], part["binary"], tensors(contract["inputs"]), tensors(contract["outputs"]))
+
+
+def _qairt_part(where: str, target: dict, part: dict) -> Part:
+    from ..toolchains import qairt
+    from ..toolchains.qairt_outputs import ContractError, find_tensor, read_io_contract
+    try:
+        contract = read_io_contract(part["contract"])
+    except ContractError as e:
+        raise BuildError(f"{where}: {e}") from None
+
+    def entry(kind: str, name: str) -> dict:
+        found = find_tensor(contract[kind], name)
+        if found is None:
+            raise BuildError(f"{where}: {kind[:-1]} '{name}' is not in {part['contract']} (the binary's I/O "
+                             f"contract: {', '.join(e['name'] for e in contract[kind])}): build the variant again")
+        return found
+    inputs = []
+    for name, spec in target["inputs"].items():
+        found = entry("inputs", name)
+        inputs.append(Tensor(name, found["name"], list(found["shape"]), qairt.qnn_permutation(spec, target["flow"])))
+    outputs = [Tensor(name, entry("outputs", name)["name"], list(entry("outputs", name)["shape"]))
+               for name in target["outputs"]]
+    return Part(part["name"], part["binary"], inputs, outputs)
+
+
+def safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+
+
+def write_inputs(where: str, part: Part, samples: list[dict], folder: Path, remote: str) -> dict:
+    """float32 raw files (QNN layout) + input_list.txt of `<qnn name>:=<remote path>` lines, one per sample.
+    Returns remote path -> local file."""
+    import numpy as np
+    folder.mkdir(parents=True, exist_ok=True)
+    files, lines = {}, []
+    for i, sample in enumerate(samples):
+        entries = []
+        for tensor in part.inputs:
+            if tensor.name not in sample:
+                raise BuildError(f"{where}: no value for input '{tensor.name}' of {part.name} (neither the evaluation "
+                                 "set nor an earlier part gives it): run `doit verify` again")
+            array = np.asarray(sample[tensor.name], dtype=np.float32)
+            if tensor.permutation:
+                array = array.transpose(tensor.permutation)
+            name = f"{i:04d}.{safe(tensor.name)}.raw"
+            np.ascontiguousarray(array).tofile(folder / name)
+            files[f"{remote}/{name}"] = folder / name
+            entries.append(f"{tensor.qnn_name}:={remote}/{name}")
+        lines.append(" ".join(entries))
+    (folder / "input_list.txt").write_text("\n".join(lines) + "\n")
+    files[f"{remote}/input_list.txt"] = folder / "input_list.txt"
+    return files
+
+
+def read_outputs(where: str, part: Part, folder: Path, count: int, shapes: dict | None = None) -> list[dict]:
+    """Result_<n>/<qnn name>.raw of `count` samples as arrays; `shapes` (ONNX shapes by name, e.g. the reference's)
+    turns a channel-last output back (qairt_check's rule)."""
+    import numpy as np
+
+    from ..stages.qairt_check import _to_onnx_layout
+    outputs = []
+    for i in range(count):
+        result = {}
+        for tensor in part.outputs:
+            path = folder / f"Result_{i}" / f"{tensor.qnn_name}.raw"
+            if not path.is_file():
+                raise BuildError(f"{where}: qnn-net-run on the phone wrote no Result_{i}/{tensor.qnn_name}.raw "
+                                 f"(output '{tensor.name}' of {part.name})")
+            data = np.fromfile(path, dtype=np.float32)
+            try:
+                if shapes and tensor.name in shapes:
+                    result[tensor.name] = _to_onnx_layout(data, tensor.shape, tuple(shapes[tensor.name]))
+                elif data.size == int(np.prod(tensor.shape)):
+                    result[tensor.name] = data.reshape(tensor.shape)
+                else:
+                    raise ValueError(f"{data.size} float32 values, the contract says shape {tensor.shape}")
+            except ValueError as e:
+                raise BuildError(f"{where}: Result_{i}/{tensor.qnn_name}.raw (output '{tensor.name}' of "
+                                 f"{part.name}): {e}") from None
+        outputs.append(result)
+    return outputs
