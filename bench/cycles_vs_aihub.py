@@ -22,6 +22,8 @@ from pathlib import Path
 AI_HUB_MS = {"SM8750": {"mobilenet_v2": 0.459, "resnet18": 0.711, "resnet50": 1.259},   # Samsung Galaxy S25
              "SM8650": {"mobilenet_v2": 0.605, "resnet18": 0.916, "resnet50": 1.598}}   # Samsung Galaxy S24
 SOC = {"SM8750": 69, "SM8650": 57}
+# AI Hub lists w8a16 (qnn_dlc) for MobileNet-v2 only
+AI_HUB_W8A16_MS = {"SM8750": {"mobilenet_v2": 0.384}, "SM8650": {"mobilenet_v2": 0.573}}
 
 
 def models():
@@ -110,6 +112,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--chips", default="SM8750,SM8650")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--w8a16", action="store_true",
+                        help="also MobileNet-v2 at w8a16 (onnxruntime's recipe, 4 random calibration inputs), "
+                             "predicted with the chip's fp16 constant")
     args = parser.parse_args()
     import torch
 
@@ -130,6 +135,19 @@ def main() -> int:
                 counts[(name, chip)] = cycles(Path(made["ctx_model"]), args.runs)
                 print(f"{name} {chip}: {counts[(name, chip)] / 1e6:.2f} M cycles "
                       f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+            if args.w8a16 and name in AI_HUB_W8A16_MS[chips[0]]:
+                import numpy as np
+                rng = np.random.default_rng(1)
+                qdq = tmp / f"{name}.w8a16.onnx"
+                ort_qnn.quantize(onnx_path, qdq, [{"image": rng.standard_normal((1, 3, 224, 224)).astype(np.float32)}
+                                                  for _ in range(4)], activations="uint16", weights="uint8",
+                                 per_channel=True)
+                for chip in chips:
+                    made = ort_qnn.compile_context_binary(qdq, tmp / f"{chip}-w8a16", name, soc_model=SOC[chip],
+                                                          vtcm_mb=8, fp16=False)
+                    counts[(name + "@w8a16", chip)] = cycles(Path(made["ctx_model"]), args.runs)
+                    print(f"{name} w8a16 {chip}: {counts[(name + '@w8a16', chip)] / 1e6:.2f} M cycles",
+                          file=sys.stderr, flush=True)
     print("| chip | model | emulator cycles (M) | AI Hub qnn_dlc float (ms) | ms per M cycles | predicted (ms) | error |")
     print("|---|---|---|---|---|---|---|")
     for chip in chips:
@@ -139,6 +157,10 @@ def main() -> int:
             predicted = constant * counts[(m, chip)] / 1e6
             print(f"| {chip} | {m} | {counts[(m, chip)] / 1e6:.2f} | {ms} | {ratios[m]:.4f} | {predicted:.3f} | "
                   f"{100 * (predicted / ms - 1):+.0f} % |")
+        for m, ms in (AI_HUB_W8A16_MS[chip].items() if args.w8a16 else ()):
+            n = counts[(m + "@w8a16", chip)] / 1e6
+            print(f"| {chip} | {m} w8a16 (AI Hub qnn_dlc w8a16) | {n:.2f} | {ms} | {ms / n:.4f} | {constant * n:.3f} | "
+                  f"{100 * (constant * n / ms - 1):+.0f} % |")
     return 0
 
 
