@@ -66,7 +66,8 @@ STAGES: tuple[Stage, ...] = (
           {"any": _w("size", 1, ("onnx", "numpy"), in_process=True)}),
     Stage("split", "3c split: [graphs.X] split: cut into sequential parts (plan + float parts; per quantized "
           "variant, QDQ parts)", {"any": "split:split_tasks"},
-          {"any": _w("split", 1, ("onnxruntime", "onnx", "numpy"))}),
+          # 2: no cut at a tensor the quantizer folds away (a Relu's input)
+          {"any": _w("split", 2, ("onnxruntime", "onnx", "numpy"))}),
     Stage("calibrate", "4 calibrate: real calibration inputs -> raw files + input_list.txt (QNN format, shared by "
           "variants)", {"any": "pipeline:_calibrate_tasks"}, {"any": _w("calibrate", 1, ("numpy",))}),
     Stage("calibration_stats", "4b calibration stats: tensor ranges per float model, method and sample count "

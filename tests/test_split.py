@@ -278,3 +278,20 @@ def test_the_bundle_lists_the_parts_in_order_with_each_cut_and_verify_runs_the_c
     assert measured["contract"][f"{CHIP}/onet"]["parts"] == 2
     assert measured["contract"][f"{CHIP}/onet"]["worst_steps"] <= 1.0
     assert any("2 parts chained through the bare binaries hold the I/O contract" in line for line in lines), lines
+
+
+def test_no_cut_at_a_tensor_the_quantizer_folds_away(tinynet_repo):
+    """tinynet's encoder is Conv, Relu, Conv, Relu: onnxruntime's QDQ quantizer folds each Relu into its Conv (the
+    Conv writes the Relu's output), so the Conv's own output is no tensor of the w8a16 QDQ model. The plan cuts where
+    both models have the tensor, and the w8a16 parts build, chain and pass the gate on both chips."""
+    toml = tinynet_repo / "models/tinynet/model.toml"
+    toml.write_text(toml.read_text().replace('calibration_samples = 8\ngate = { metric = "cosine", min = 0.99 }',
+                                             'calibration_samples = 8\nsplit = { parts = 2 }\n'
+                                             'gate = { metric = "cosine", min = 0.99 }', 1))
+    result = run_doit(tinynet_repo)
+    assert result.code == 0, result.output
+    plan = json.loads((tinynet_repo / "out/tinynet/float/encoder.split.json").read_text())
+    assert [[t["name"] for t in c["tensors"]] for c in plan["cuts"]] == [["relu"]]
+    assert {"split:tinynet/encoder/w8a16", "split:tinynet/encoder"} <= result.ran
+    for chip in ("SM8550", "SM8750"):
+        assert re.search(rf"out/tinynet/w8a16/{chip}: encoder \S+ MB in 2 parts cosine", result.output), result.output

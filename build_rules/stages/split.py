@@ -418,13 +418,20 @@ def run(params: dict) -> dict:
 
 
 def _allowed_tensors(sim: str, quantized: bool) -> set[str] | None:
-    """Tensors that still exist after the QNN preprocessing the quantizer runs (fusions remove some): a cut must
-    be crossed by tensors both the float and the QDQ model have."""
+    """Tensors that still exist after the QNN preprocessing the quantizer runs and its own activation folding
+    (fusions remove some): a cut must be crossed by tensors both the float and the QDQ model have."""
     if not quantized:
         return None
     from ..toolchains import ort_qnn
     model = ort_qnn.preprocessed_model(Path(sim))
-    return {o for node in model.graph.node for o in node.output}
+    readers: dict[str, int] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    # onnxruntime's QDQ quantizer removes a Relu or Clip whose input nothing else reads: the node before it writes
+    # the activation's output instead (QDQRemovableActivation), so that input is no tensor of the QDQ model
+    folded = {n.input[0] for n in model.graph.node if n.op_type in ("Relu", "Clip") and readers.get(n.input[0]) == 1}
+    return {o for node in model.graph.node for o in node.output} - folded
 
 
 def _plan_stage(params: dict) -> dict:
