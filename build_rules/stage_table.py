@@ -116,7 +116,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("report", "9 report: variants x chips per model (size, compile time, emulator metrics) -> "
           "out/<model>/report.md + .png", {"any": "tuning:report_tasks"},
           # 5: cells not measured yet are marked (never measured here); equal-chip cells; model metrics beside float
-          {"any": _w("report", 5, ("onnxruntime", "numpy", "matplotlib"), sdk=True)}),
+          # 6: the phones' real-time factor and per-op cycles tables
+          {"any": _w("report", 6, ("onnxruntime", "numpy", "matplotlib"), sdk=True)}),
     Stage("sensitivity", "10 sensitivity: rank each graph's activation tensors by what 8 bit costs (HTP emulator) "
           "-> table + plot", {"any": "tuning:sensitivity_tasks"},
           {"any": _w("sensitivity", 2, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),

@@ -235,6 +235,9 @@ def test_profile_reads_back_latencies_beside_the_cpu_baseline(phone_env, monkeyp
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert float(cells[7]) == pytest.approx(record["graphs"]["encoder"]["median_ms"], rel=1e-3)
     assert float(cells[9]) == pytest.approx(record["graphs"]["encoder"]["cpu"]["median_ms"], rel=1e-3)
+    ops = (phone_env.repo / "out/tinynet/report.md").read_text().split("Ops with the most accelerator cycles", 1)[1]
+    top = record["graphs"]["head"]["top_ops"][0]
+    assert f"| fp16 | SM8750 | s25 | head | {top['op']} | {top['cycles']:.0f} | {100 * top['share']:.1f} % |" in ops
 
 
 def _battery(folder: Path) -> dict:

@@ -96,6 +96,15 @@ def timing_markdown(report: dict) -> list[str]:
                              f"{_fmt(t.get('load_ms'))} | {_fmt(t.get('first_ms'))} | {_fmt(t.get('median_ms'))} | "
                              f"{_fmt(t.get('p90_ms'))} | "
                              f"{_fmt(cpu.get('median_ms')) if cpu.get('measured') else 'not measured'} |")
+    ops = [(r, graph, t["top_ops"]) for r in profiles for graph, t in (r.get("graphs") or {}).items()
+           if t.get("top_ops")]
+    if ops:  # profiling level `detailed` (BUILD_RULES_PROFILING_LEVEL): the HTP's per-op cycles, median per run
+        lines += ["", "Ops with the most accelerator cycles (profiling level detailed; share of the graph's "
+                  "accelerator cycles):", "", "| variant | chip | phone | graph | op | cycles | share |",
+                  "|---|---|---|---|---|---|---|"]
+        for r, graph, top in ops:
+            lines += [f"| {r['variant']} | {r['chip']} | {r['device']} | {graph} | {op['op']} | {op['cycles']:.0f} | "
+                      f"{_percent(op.get('share'))} |" for op in top[:5]]
     audio = [r for r in profiles if r.get("realtime")]
     if audio:
         lines += ["", "Real-time factor on phones (processing time / audio duration over the float evaluation's "
@@ -129,6 +138,10 @@ def timing_markdown(report: dict) -> list[str]:
                              f"{_fmt(p.get('mah_per_hour'))} | {_fmt(p.get('cpu_percent_mean'))} |")
         lines += ["", "Held fixed for these numbers (power): " + "; ".join(powers[0].get("hold_fixed") or [])]
     return lines
+
+
+def _percent(share) -> str:
+    return "–" if share is None else f"{100 * share:.1f} %"
 
 
 def _fmt(value, digits=4) -> str:
