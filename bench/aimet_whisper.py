@@ -2,10 +2,12 @@
 
     python bench/aimet_whisper.py [--variants w4a16,w4a16_seqmse] [--candidates 10] [--keep DIR] [--emulator]
 
+A kept DIR is reused: its exports, calibration and build cache stay, and recipes it does not have yet are added.
+
 In a fresh copy of the repo (models/whisper_tiny_en, SM8750, its own build cache) it adds the variants named
 (RECIPES: W4A16 and W8A8 with onnxruntime's min-max and AIMET's min-max (its HTP config alone), W4A16 with SeqMSE,
-W4A16 as LPBQ in blocks of 64 (docs/block_quantization.md) with onnxruntime's min-max or AIMET's SeqMSE)
-and builds, with the real doit, the float WER (evaluate:whisper_tiny_en/float) and the variants' QDQ models. Then the model's own evaluate hook (greedy decoding
+W4A16 as LPBQ in blocks of 64 (docs/block_quantization.md) with onnxruntime's min-max or AIMET's SeqMSE, with the
+logits projection at int8, and LPBQ 16 with the encoder's 9 most sensitive weights at int8) and builds, with the real doit, the float WER (evaluate:whisper_tiny_en/float) and the variants' QDQ models. Then the model's own evaluate hook (greedy decoding
 of the held-out clips, WER) runs on those QDQ models with onnxruntime on the CPU, and with --emulator also on the
 compiled binaries on the HTP emulator (evaluate:whisper_tiny_en/<variant>@SM8750; slow: tens of seconds per encoder
 run). The CPU QDQ numbers are not the emulator's (research/ort-qnn.md section 4): they say whether the weights and
