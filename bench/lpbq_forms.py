@@ -325,7 +325,8 @@ def _projection(decoder_onnx, weight, rounds):
 
 def _conv_model(ic, oc, kernel, rank, rng):
     spatial = [16, 16] if rank == 4 else [64]
-    w = (rng.standard_normal((oc, ic, *[kernel] * (rank - 2))) / np.sqrt(ic * kernel ** (rank - 2))).astype(np.float32)
+    fan_in = ic * kernel ** (rank - 2)
+    w = (rng.standard_normal((oc, ic, *[kernel] * (rank - 2))) / np.sqrt(fan_in)).astype(np.float32)
     w[:, : ic // 4] *= 8  # an outlier quarter of the input channels: what blocks are for
     b = (rng.standard_normal(oc) * 0.1).astype(np.float32)
     pads = [kernel // 2] * (2 * (rank - 2))
