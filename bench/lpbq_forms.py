@@ -320,7 +320,8 @@ def _projection(decoder_onnx, weight, rounds):
     print(f"load average at the end {__import__('os').getloadavg()}")
     print("| weights | binary bytes | HTP cycles per run, median (min-max) |\n|---|---|---|")
     for name, xs in counted.items():
-        print(f"| {name} | {sizes[name]:,} | {statistics.median(xs) / 1e6:.1f} M ({min(xs) / 1e6:.1f}-{max(xs) / 1e6:.1f}) |")
+        cycles = f"{statistics.median(xs) / 1e6:.1f} M ({min(xs) / 1e6:.1f}-{max(xs) / 1e6:.1f})"
+        print(f"| {name} | {sizes[name]:,} | {cycles} |")
 
 
 def _conv_model(ic, oc, kernel, rank, rng):
