@@ -61,6 +61,18 @@ graphs = { decoder = { weight_overrides = { node_index_select = "int8", node_ind
                           'node_conv1d_1 = "int8", Gemm_3 = "int8", Gemm_5 = "int8", Gemm_42 = "int8", '
                           'Gemm_45 = "int8", Gemm_47 = "int8", Gemm_49 = "int8", Gemm_51 = "int8" } } }',
                           "quantize", "ort min-max, LPBQ 16, embedding tables and 9 encoder weights int8"),
+    # the same with AIMET's SeqMSE; SeqMSE takes a group of layers reading one input only all blocked or all 8-bit, so
+    # block 0's q/k/v/out and all 8 cross-attention K/V projections are int8 (15 encoder weights)
+    "w4a16_lpbq16_enc8g_seqmse": ('activations = "uint16"\nweights = "int4"\nblock_size = 16\n'
+                                  'calibration = { method = "minmax", samples = 8 }\nquantizer = "aimet"\n'
+                                  'techniques = ["seq_mse"]\nseq_mse = { candidates = CANDIDATES }\n'
+                                  'graphs = { decoder = { weight_overrides = { node_index_select = "int8", '
+                                  'node_index_select_1 = "int8" } }, encoder = { weight_overrides = { '
+                                  + ", ".join(f'{n} = "int8"' for n in (
+                                      "node_conv1d", "node_conv1d_1", "node_MatMul_6", "Gemm_1", "Gemm_3", "Gemm_5",
+                                      "Gemm_42", "Gemm_45", "Gemm_47", "Gemm_49", "Gemm_51", "node_MatMul_145",
+                                      "node_MatMul_149", "node_MatMul_153", "node_MatMul_157")) + " } } }",
+                                  "aimet", "aimet seq_mse, LPBQ 16, embedding tables and 15 encoder weights int8"),
     "w4a16_lpbq_seqmse": ("""inherits = "w4a16_lpbq"
 quantizer = "aimet"
 techniques = ["seq_mse"]
