@@ -2,10 +2,12 @@
 
     python bench/aimet_whisper.py [--variants w4a16,w4a16_seqmse] [--candidates 10] [--keep DIR] [--emulator]
 
+A kept DIR is reused: its exports, calibration and build cache stay, and recipes it does not have yet are added.
+
 In a fresh copy of the repo (models/whisper_tiny_en, SM8750, its own build cache) it adds the variants named
 (RECIPES: W4A16 and W8A8 with onnxruntime's min-max and AIMET's min-max (its HTP config alone), W4A16 with SeqMSE,
-W4A16 as LPBQ in blocks of 64 (docs/block_quantization.md) with onnxruntime's min-max or AIMET's SeqMSE)
-and builds, with the real doit, the float WER (evaluate:whisper_tiny_en/float) and the variants' QDQ models. Then the model's own evaluate hook (greedy decoding
+W4A16 as LPBQ in blocks of 64 (docs/block_quantization.md) with onnxruntime's min-max or AIMET's SeqMSE, with the
+logits projection at int8, and LPBQ 16 with the encoder's 9 most sensitive weights at int8) and builds, with the real doit, the float WER (evaluate:whisper_tiny_en/float) and the variants' QDQ models. Then the model's own evaluate hook (greedy decoding
 of the held-out clips, WER) runs on those QDQ models with onnxruntime on the CPU, and with --emulator also on the
 compiled binaries on the HTP emulator (evaluate:whisper_tiny_en/<variant>@SM8750; slow: tens of seconds per encoder
 run). The CPU QDQ numbers are not the emulator's (research/ort-qnn.md section 4): they say whether the weights and
@@ -44,10 +46,33 @@ calibration = { method = "minmax", samples = 8 }
 # the decoder's two embedding tables (Gathers; onnxruntime quantizes them per tensor) at int8
 graphs = { decoder = { weight_overrides = { node_index_select = "int8", node_index_select_1 = "int8" } } }""",
                    "quantize", "ort min-max, LPBQ 64, embedding tables int8"),
-    "w4a16_lpbq_vocab8": ("""inherits = "w4a16_lpbq"
-graphs = { decoder = { weight_overrides = { node_index_select = "int8", node_index_select_1 = "int8",
-                                            node_matmul_16 = "int8" } } }""",
+    "w4a16_lpbq_vocab8": ('inherits = "w4a16_lpbq"\n'
+                          'graphs = { decoder = { weight_overrides = { node_index_select = "int8", '
+                          'node_index_select_1 = "int8", node_matmul_16 = "int8" } } }',
+                          # one int8 table, per tensor, read by the token Gather and the logits MatMul (tied)
                           "quantize", "ort min-max, LPBQ 64, embedding tables and logits MatMul int8"),
+    # LPBQ in blocks of 16, both embedding tables int8, and the encoder's 9 weights that cost its outputs the most
+    # when quantized alone (bench/whisper_lpbq_diag.py sensitivity) at int8: the two Conv1d, the cross-attention
+    # value projections of the 4 decoder layers, block 0's Gemm_3 and Gemm_5 and block 3's fc2 (Gemm_42)
+    "w4a16_lpbq16_enc8": ('activations = "uint16"\nweights = "int4"\nblock_size = 16\n'
+                          'calibration = { method = "minmax", samples = 8 }\n'
+                          'graphs = { decoder = { weight_overrides = { node_index_select = "int8", '
+                          'node_index_select_1 = "int8" } }, encoder = { weight_overrides = { node_conv1d = "int8", '
+                          'node_conv1d_1 = "int8", Gemm_3 = "int8", Gemm_5 = "int8", Gemm_42 = "int8", '
+                          'Gemm_45 = "int8", Gemm_47 = "int8", Gemm_49 = "int8", Gemm_51 = "int8" } } }',
+                          "quantize", "ort min-max, LPBQ 16, embedding tables and 9 encoder weights int8"),
+    # the same with AIMET's SeqMSE; SeqMSE takes a group of layers reading one input only all blocked or all 8-bit, so
+    # block 0's q/k/v/out and all 8 cross-attention K/V projections are int8 (15 encoder weights)
+    "w4a16_lpbq16_enc8g_seqmse": ('activations = "uint16"\nweights = "int4"\nblock_size = 16\n'
+                                  'calibration = { method = "minmax", samples = 8 }\nquantizer = "aimet"\n'
+                                  'techniques = ["seq_mse"]\nseq_mse = { candidates = CANDIDATES }\n'
+                                  'graphs = { decoder = { weight_overrides = { node_index_select = "int8", '
+                                  'node_index_select_1 = "int8" } }, encoder = { weight_overrides = { '
+                                  + ", ".join(f'{n} = "int8"' for n in (
+                                      "node_conv1d", "node_conv1d_1", "node_MatMul_6", "Gemm_1", "Gemm_3", "Gemm_5",
+                                      "Gemm_42", "Gemm_45", "Gemm_47", "Gemm_49", "Gemm_51", "node_MatMul_145",
+                                      "node_MatMul_149", "node_MatMul_153", "node_MatMul_157")) + " } } }",
+                                  "aimet", "aimet seq_mse, LPBQ 16, embedding tables and 15 encoder weights int8"),
     "w4a16_lpbq_seqmse": ("""inherits = "w4a16_lpbq"
 quantizer = "aimet"
 techniques = ["seq_mse"]
@@ -104,10 +129,11 @@ def main() -> int:
         shutil.copy(ROOT / "dodo.py", repo / "dodo.py")
         shutil.copy(ROOT / "chips.toml", repo / "chips.toml")
         shutil.copytree(ROOT / "models/whisper_tiny_en", repo / "models/whisper_tiny_en")
-        toml = repo / "models/whisper_tiny_en/model.toml"
-        toml.write_text(toml.read_text() + "".join(
-            f"\n[variants.{v}]\n" + RECIPES[v][0].replace("CANDIDATES", str(args.candidates)) + "\n"
-            for v in variants))
+    toml = repo / "models/whisper_tiny_en/model.toml"
+    text = toml.read_text()  # a kept repo gets the variants it does not have yet (its exports and cache stay)
+    toml.write_text(text + "".join(
+        f"\n[variants.{v}]\n" + RECIPES[v][0].replace("CANDIDATES", str(args.candidates)) + "\n"
+        for v in variants if f"[variants.{v}]" not in text))
     env = dict(os.environ, BUILD_RULES_CACHE=str(work / "cache"))
     tasks = ["evaluate:whisper_tiny_en/float"] + [f"{RECIPES[v][1]}:whisper_tiny_en/{g}/{v}"
                                                   for g in ("encoder", "decoder") for v in variants]

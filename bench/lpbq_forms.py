@@ -7,6 +7,15 @@
       each for SM8750 and prints binary bytes, the weights' QNN encodings, CPU nodes and cosine against float.
   python bench/lpbq_forms.py sweep K N BLOCK M
       one MatMul [1, M, K] x [K, N] in form (a): compiles and runs it (in a child process: the emulator can crash).
+  python bench/lpbq_forms.py projection DECODER_ONNX WEIGHT ROUNDS
+      Whisper's logits projection alone: MatMul [1, 1, 384] x WEIGHT (the float decoder's token table [384, 51864])
+      compiled for SM8750 as fp16, int8 per-channel, int4 per-channel and LPBQ 64 (uint16 activations); ROUNDS
+      profiled runs of each, taking turns; prints the HTP cycles (median, min-max) and binary bytes.
+  python bench/lpbq_forms.py conv IC OC KERNEL BLOCK [RANK]
+      one Conv (RANK 4: Conv2d on [1, IC, 16, 16]; 3: Conv1d on [1, IC, 64]) with IC input channels blocked by BLOCK,
+      in forms (a), (b) and (b) with the option, the block scales shared over the kernel positions ("k") or, for
+      (b), one per output channel and block ("1": [OC, IC/BLOCK, 1, 1], the shape the EP's BW_FLOAT_BLOCK path
+      reads); compiles each for SM8750, prints its weights' QNN encodings, CPU nodes, binary bytes and cosine.
 Experiment code, not the build's (build_rules/block_quant.py is): SKIP=<node,...> leaves nodes per-channel.
 """
 import json
@@ -263,8 +272,176 @@ def _sweep(k, n, block, m):
     print("run exit code", run.returncode)
 
 
+def _profile_cycles(ctx, feed):
+    """HTP cycles of one run of a compiled EPContext model (QNN's detailed profile)."""
+    import csv
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="lpbq-profile-") as tmp:
+        ort = ort_qnn._ort()
+        options = ort_qnn._qnn_session_options(ort, {"backend_type": "htp", "profiling_level": "detailed",
+                                                     "profiling_file_path": f"{tmp}/p.csv"})
+        session = ort.InferenceSession(str(ctx), sess_options=options)
+        session.run(None, feed)
+        del session
+        rows = list(csv.reader(open(f"{tmp}/p.csv")))[1:]
+    return next(int(r[2]) for r in rows if r[6] == "Accelerator (execute) time (cycles)")
+
+
+def _projection(decoder_onnx, weight, rounds):
+    import statistics
+    float_decoder = onnx.load(decoder_onnx)
+    w = next(numpy_helper.to_array(i) for i in float_decoder.graph.initializer if i.name == weight)
+    k, n = w.shape
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"], name="logits")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, n])],
+                              [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    d = Path("/tmp/lpbq_forms/projection")
+    d.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, d / "f.onnx")
+    rng = np.random.default_rng(0)
+    calibration = [{"x": rng.standard_normal((1, 1, k)).astype(np.float32)} for _ in range(4)]
+    ort_qnn.quantize(d / "f.onnx", d / "int8.onnx", calibration, activations="uint16", weights="int8", per_channel=True)
+    ort_qnn.quantize(d / "f.onnx", d / "int4.onnx", calibration, activations="uint16", weights="int4", per_channel=True)
+    rewrite(str(d / "int4.onnx"), str(d / "f.onnx"), str(d / "lpbq64.onnx"), "dq", 64)
+    ctxs, sizes = {}, {}
+    for name in ("fp16", "int8", "int4", "lpbq64"):
+        source = d / ("f.onnx" if name == "fp16" else f"{name}.onnx")
+        result = ort_qnn.compile_context_binary(source, d / name, "p", soc_model=69, vtcm_mb=8, fp16=name == "fp16")
+        ctxs[name], sizes[name] = result["ctx_model"], Path(result["binary"]).stat().st_size
+        print(name, sizes[name], result.get("weight_encodings"), flush=True)
+    feed = calibration[0]
+    counted = {name: [] for name in ctxs}
+    for _ in range(rounds):
+        for name, ctx in ctxs.items():
+            counted[name].append(_profile_cycles(ctx, feed))
+    print(f"load average at the end {__import__('os').getloadavg()}")
+    print("| weights | binary bytes | HTP cycles per run, median (min-max) |\n|---|---|---|")
+    for name, xs in counted.items():
+        cycles = f"{statistics.median(xs) / 1e6:.1f} M ({min(xs) / 1e6:.1f}-{max(xs) / 1e6:.1f})"
+        print(f"| {name} | {sizes[name]:,} | {cycles} |")
+
+
+def _conv_model(ic, oc, kernel, rank, rng):
+    spatial = [16, 16] if rank == 4 else [64]
+    fan_in = ic * kernel ** (rank - 2)
+    w = (rng.standard_normal((oc, ic, *[kernel] * (rank - 2))) / np.sqrt(fan_in)).astype(np.float32)
+    w[:, : ic // 4] *= 8  # an outlier quarter of the input channels: what blocks are for
+    b = (rng.standard_normal(oc) * 0.1).astype(np.float32)
+    pads = [kernel // 2] * (2 * (rank - 2))
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "W", "B"], ["y"], name="conv", pads=pads)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, ic, *spatial])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, oc, *spatial])],
+                              [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model, w, [{"x": rng.standard_normal((1, ic, *spatial)).astype(np.float32)} for _ in range(8)]
+
+
+def conv_rewrite(qdq_path, w, out_path, form, block, scale_shape):
+    """The Conv's per-channel int4 weight DequantizeLinear of a QDQ model as form (a) ("dq") or (b) ("bq"), blocks
+    along the input channels (axis 1), scales per (output channel, block): shared over the kernel positions
+    (scale_shape "k": [OC, IC/B, kh, kw], what ONNX's blocked DequantizeLinear requires) or "1" ([OC, IC/B, 1, 1])."""
+    m = onnx.load(qdq_path)
+    inits = {i.name: i for i in m.graph.initializer}
+    conv = next(n for n in m.graph.node if n.op_type == "Conv")
+    dq = next(n for n in m.graph.node if n.output[0] == conv.input[1])
+    oc, ic = w.shape[:2]
+    nb = ic // block
+    blocks = w.reshape(oc, nb, block, *w.shape[2:])
+    absmax = np.abs(blocks).reshape(oc, nb, -1).max(axis=2)  # [OC, nb]: one scale per output channel and block
+    s = np.maximum(absmax / 7, 1e-12)
+    pc = s.max(axis=1) / 16
+    iscale = np.clip(np.round(s / pc[:, None]), 1, 16)
+    eff = (iscale * pc[:, None]).astype(np.float32)
+    q = np.clip(np.round(blocks / eff.reshape(oc, nb, 1, *[1] * (w.ndim - 2))), -8, 7).astype(np.int8).reshape(w.shape)
+    shape = (oc, nb, *w.shape[2:]) if scale_shape == "k" else (oc, nb, *[1] * (w.ndim - 2))
+    expand = lambda a: np.ascontiguousarray(np.broadcast_to(a.reshape(oc, nb, *[1] * (w.ndim - 2)), shape))
+    for name in dq.input:
+        m.graph.initializer.remove(inits[name])
+    base = "W_lpbq"
+    zp = np.zeros(shape, np.int8)
+    m.graph.initializer.extend([helper.make_tensor(base + "_q", TensorProto.INT4, q.shape, q.flatten().tolist()),
+                                helper.make_tensor(base + "_zp", TensorProto.INT4, shape, zp.flatten().tolist())])
+    if form == "bq":
+        m.graph.initializer.append(numpy_helper.from_array(expand(eff), base + "_scale"))
+        before = []
+    else:
+        m.graph.initializer.extend([numpy_helper.from_array(expand(iscale).astype(np.uint8), base + "_iscale"),
+                                    numpy_helper.from_array(pc.astype(np.float32), base + "_pcscale"),
+                                    numpy_helper.from_array(np.zeros(oc, np.uint8), base + "_pczp")])
+        before = [helper.make_node("DequantizeLinear", [base + "_iscale", base + "_pcscale", base + "_pczp"],
+                                   [base + "_scale"], name=base + "_scale_dql", axis=0)]
+    dq.ClearField("input")
+    dq.input.extend([base + "_q", base + "_scale", base + "_zp"])
+    dq.ClearField("attribute")
+    dq.attribute.extend([helper.make_attribute("axis", 1), helper.make_attribute("block_size", block)])
+    dq.domain = ""
+    index = list(m.graph.node).index(dq)
+    for k, node in enumerate(before):
+        m.graph.node.insert(index + k, node)
+    onnx.save(m, out_path)
+
+
+def _conv(ic, oc, kernel, block, rank=4):
+    rng = np.random.default_rng(0)
+    model, w, samples = _conv_model(ic, oc, kernel, rank, rng)
+    d = Path(f"/tmp/lpbq_forms/conv_{ic}_{oc}_{kernel}_{block}_{rank}")
+    d.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, d / "f.onnx")
+    ort_qnn.quantize(d / "f.onnx", d / "q.onnx", samples, activations="uint16", weights="int4", per_channel=True)
+    ort_qnn.quantize(d / "f.onnx", d / "q8.onnx", samples, activations="uint16", weights="int8", per_channel=True)
+    import onnxruntime as ort
+    reference = [np.concatenate([v.ravel() for v in ort.InferenceSession(str(d / "f.onnx")).run(None, s)])
+                 for s in samples]
+    _measure_in(d, "int8_per_channel", d / "q8.onnx", samples, reference)
+    _measure_in(d, "int4_per_channel", d / "q.onnx", samples, reference)
+    for form, scale_shape in (("dq", "k"), ("bq", "k"), ("bq", "1")):
+        out = d / f"{form}_{scale_shape}.onnx"
+        conv_rewrite(str(d / "q.onnx"), w, str(out), form, block, scale_shape)
+        _measure_in(d, f"{form}_{scale_shape}", out, samples, reference)
+        if form == "bq":
+            _measure_in(d, f"{form}_{scale_shape}_option", out, samples, reference,
+                        {"enable_block_quant_weight_optimization": "1"})
+
+
+def _measure_in(d, tag, model, samples, reference, extra=None):
+    """_measure for one probe folder: compile, encodings, CPU nodes, emulator and CPU cosine (a model the CPU EP
+    refuses gets its error instead)."""
+    import onnxruntime as ort
+    r = compile_and_dump(model, d / tag, 69, extra or {})
+    if "ctx" in r:
+        import pickle
+        import tempfile
+        code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import lpbq_forms as b, pickle; "
+                f"print('COS', b.cosine(b.run_ctx({r['ctx']!r}, pickle.load(open(sys.argv[1], 'rb'))), "
+                "pickle.load(open(sys.argv[2], 'rb'))))")
+        with tempfile.TemporaryDirectory() as tmp:
+            pickle.dump(samples, open(f"{tmp}/s", "wb"))
+            pickle.dump(reference, open(f"{tmp}/r", "wb"))
+            run = subprocess.run([sys.executable, "-c", code, f"{tmp}/s", f"{tmp}/r"], capture_output=True, text=True)
+        found = [line for line in run.stdout.splitlines() if line.startswith("COS")]
+        r["cosine"] = float(found[0].split()[1]) if found else f"emulator died (exit {run.returncode})"
+    try:
+        cpu = ort.InferenceSession(str(model))
+        r["cpu_cosine"] = cosine([np.concatenate([v.ravel() for v in cpu.run(None, s)]) for s in samples], reference)
+    except Exception as e:  # an ONNX form the CPU EP does not take
+        r["cpu_cosine"] = f"CPU EP: {str(e)[:160]}"
+    r.pop("ctx", None)
+    r.pop("dump", None)
+    r["unsupported"] = [(u["node_name"], u["reason"][:90]) for u in r.get("unsupported") or []
+                        if "graph input" not in u["reason"] and "graph output" not in u["reason"]]
+    print(tag, json.dumps(r), flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "model":
         _model(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], [int(b) for b in sys.argv[5].split(",")])
+    elif sys.argv[1] == "projection":
+        _projection(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif sys.argv[1] == "conv":
+        _conv(*(int(a) for a in sys.argv[2:]))
     else:
         _sweep(*(int(a) for a in sys.argv[2:6]))

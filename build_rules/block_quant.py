@@ -9,6 +9,8 @@ quantization with decompressed_bw = 8). Measured facts behind every choice: docs
   (uint8 block scales -> DequantizeLinear(per-channel float scale) -> blockwise int4 DequantizeLinear -> MatMul). A
   Gemm becomes MatMul + Add: the EP fuses LPBQ only into a MatMul (a Gemm's blocked weight fell to the CPU).
   A layer that cannot be blocked keeps its per-channel int4 weight; the result names each one and why.
+  A 1x1 Conv2d is blocked too, as a blockwise DequantizeLinear with float block scales (the form the EP turns into
+  LPBQ for a Conv with enable_block_quant_weight_optimization=1; `float_scale_blocks()` says a compile needs it).
 - `compiled_weights()` reads from the QNN graph the compile really built which weights are LPBQ
   (QNN_QUANTIZATION_ENCODING_BLOCKWISE_EXPANSION), so the build can say the binary runs LPBQ, not a fallback.
 
@@ -22,7 +24,7 @@ from pathlib import Path
 
 BLOCK_SIZES = (16, 32, 64, 128)
 BLOCK_WEIGHTS = ("int4",)  # LPBQ is int4 weights decompressed to 8 bit on the HTP
-BLOCKED_OPS = ("MatMul", "Gemm")  # Conv keeps per-channel weights (docs/block_quantization.md)
+BLOCKED_OPS = ("MatMul", "Gemm")  # AIMET's op types; the ort path also blocks 1x1 Conv2d (_conv_lpbq)
 SCALE_BITS = 4  # per-block integer scales in [1, 16]: decompressed_bw 8 - 4 weight bits (AIMET's lpbq_utils)
 # The x86 HTP emulator of onnxruntime-qnn 2.7.0 crashes (SIGSEGV) running an LPBQ MatMul whose weight has 7, 8 or 9
 # blocks of 64 or 128 per channel (measured: K = 448, 512, 576 at 64 and 896, 1024, 1152 at 128; 1-6, 10-12, 16 and 24
@@ -45,10 +47,13 @@ def node_weight(node, initializers) -> str | None:
 def weight_override_entries(model, overrides: dict[str, str] | None, per_channel: bool,
                             where) -> dict[str, tuple[str, int | None]]:
     """weight_overrides (node -> weight type) as onnxruntime's quantizer takes them: weight initializer -> (type,
-    the per-channel axis or None). A Gather's table stays per-tensor. An unknown node raises ValueError naming it."""
+    the per-channel axis or None). A Gather's table stays per-tensor, also where a MatMul reads it too (a tied
+    embedding): the Gather's output would take per-channel parameters, whose DequantizeLinear QNN rejects. An unknown
+    node raises ValueError naming it."""
     from .errors import did_you_mean
     initializers = {i.name: len(i.dims) for i in model.graph.initializer}
     nodes = {n.name: n for n in model.graph.node if n.name}
+    tables = {node_weight(n, initializers) for n in model.graph.node if n.op_type == "Gather"}
     found = {}
     for name, wtype in (overrides or {}).items():
         node = nodes.get(name)
@@ -58,7 +63,7 @@ def weight_override_entries(model, overrides: dict[str, str] | None, per_channel
             raise ValueError(f"weight override names {name!r}, which is no node with a weight in {where} (after "
                              f"qnn_preprocess_model){did_you_mean(name, known)}")
         axis = None
-        if per_channel and node.op_type != "Gather":  # an override without an axis is per-tensor
+        if per_channel and weight not in tables:  # an override without an axis is per-tensor
             transposed = any(a.name == "transB" and a.i for a in node.attribute)
             axis = {"Conv": 0, "ConvTranspose": 1, "Gemm": 0 if transposed else 1}.get(
                 node.op_type, initializers[weight] - 1)  # MatMul: [..., K, N]
@@ -210,7 +215,7 @@ def apply_lpbq(qdq_model: Path, float_model, block_size: int, keep: dict[str, st
     replaced: dict[int, list] = {}  # id(node) -> nodes in its place
     dropped: set[int] = set()
     for node in model.graph.node:
-        if node.op_type not in BLOCKED_OPS or len(node.input) < 2:
+        if node.op_type not in (*BLOCKED_OPS, "Conv") or len(node.input) < 2:
             continue
         name = node.name or node.output[0]
         dq = producers.get(node.input[1])
@@ -218,6 +223,13 @@ def apply_lpbq(qdq_model: Path, float_model, block_size: int, keep: dict[str, st
             continue  # a weight that is no quantized initializer (a dynamic MatMul): nothing to block
         if name in keep:
             per_channel[name] = keep[name]
+            continue
+        if node.op_type == "Conv":
+            why = _conv_lpbq(node, dq, floats, inits, consumers, block_size, model, replaced)
+            if why:
+                per_channel[name] = why
+            else:
+                blocked.append(name)
             continue
         zero = inits.get(dq.input[2]) if len(dq.input) > 2 else None
         shared = len(consumers.get(node.input[1], [])) > 1
@@ -279,6 +291,59 @@ def apply_lpbq(qdq_model: Path, float_model, block_size: int, keep: dict[str, st
         nodes.extend(replaced.get(id(node), [node]))
     _save_with_nodes(model, nodes, Path(qdq_model))
     return {"block_size": block_size, "blocked": blocked, "per_channel": per_channel}
+
+
+def _conv_lpbq(conv, dq, floats: dict, inits: dict, consumers: dict, block_size: int, model,
+               replaced: dict) -> str | None:
+    """Block a Conv's per-channel int4 weight in place (replaced: id(node) -> the nodes in its place), or say why
+    it stays per-channel. onnxruntime-qnn 2.7.0 runs LPBQ only in a 1x1 Conv2d, and only from a blockwise
+    DequantizeLinear with float block scales [OC, IC/B, 1, 1] under enable_block_quant_weight_optimization=1: it
+    fuses no integer-scale pattern into a Conv, refuses the [OC, IC/B, kh, kw] scales ONNX gives a larger kernel,
+    computes wrong outputs on the emulator from [OC, IC/B, 1, 1] scales on one, and takes no blocks on a Conv1d
+    (measured: docs/block_quantization.md)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    zero = inits.get(dq.input[2]) if len(dq.input) > 2 else None
+    if zero is None or zero.data_type != TensorProto.INT4:
+        return "its weight is not int4"
+    if len(consumers.get(conv.input[1], [])) > 1:
+        return "a weight shared by two nodes"
+    source = floats.get(dq.input[0].removesuffix("_quantized"))
+    if source is None:
+        return "its float weight was not found"
+    w = numpy_helper.to_array(source)
+    group = next((helper.get_attribute_value(a) for a in conv.attribute if a.name == "group"), 1)
+    if w.ndim != 4:
+        return f"a Conv{w.ndim - 2}d (onnxruntime-qnn blocks only Conv2d weights)"
+    if w.shape[2:] != (1, 1):
+        return (f"a {w.shape[2]}x{w.shape[3]} kernel (onnxruntime-qnn 2.7.0 runs LPBQ correctly only in a 1x1 "
+                "Conv2d)")
+    if group != 1:
+        return f"a grouped Conv (group {group})"
+    reason = _unblockable(w.shape[1], block_size)
+    if reason:
+        return reason
+    oc, ic = w.shape[:2]
+    q, ints, scale = _lpbq_params(w.reshape(oc, ic).T, block_size)  # [IC, OC], [IC/B, OC], [OC]
+    blocks = (ints.astype(np.float32) * scale).T.reshape(oc, ic // block_size, 1, 1)  # exact multiples: lossless
+    base = f"{dq.input[0].removesuffix('_quantized')}_lpbq"
+    model.graph.initializer.extend([
+        _int4_tensor(f"{base}_q", np.ascontiguousarray(q.T).reshape(oc, ic, 1, 1)),
+        numpy_helper.from_array(blocks.astype(np.float32), f"{base}_scale"),
+        _int4_tensor(f"{base}_zero", np.zeros(blocks.shape, np.int8))])
+    replaced[id(dq)] = [helper.make_node("DequantizeLinear", [f"{base}_q", f"{base}_scale", f"{base}_zero"],
+                                         [dq.output[0]], name=f"{base}_DequantizeLinear", axis=1,
+                                         block_size=block_size)]
+    return None
+
+
+def float_scale_blocks(qdq_model) -> bool:
+    """Whether a QDQ model (onnx.ModelProto) has a blockwise DequantizeLinear with float block scales (a blocked
+    Conv): its compile needs enable_block_quant_weight_optimization=1, without which the EP runs that layer in
+    float16 (QNN encoding 11)."""
+    inits = {i.name for i in qdq_model.graph.initializer}
+    return any(n.op_type == "DequantizeLinear" and n.input[1] in inits
+               and any(a.name == "block_size" and a.i for a in n.attribute) for n in qdq_model.graph.node)
 
 
 def _gemm_as_matmul(gemm, weight: str, out_q, inits: dict, producers: dict, model, dropped: set) -> list:

@@ -343,3 +343,76 @@ def test_the_quantize_stage_is_cached_and_reruns_when_the_block_size_changes(bui
                                                        "Gemm_5_MatMul": 32, "Gemm_6": 0}, weights
     assert "out/ffn_lpbq/lpbq/SM8750: block 0.14 MB cosine" in changed.output
     assert changed.output.count("[LPBQ 3 of 4 weights]") == 2 * len(variants)
+
+
+@pytest.fixture(scope="module")
+def conv_built(tmp_path_factory):
+    import torch
+    repo = make_repo(tmp_path_factory.mktemp("conv-lpbq"), {"conv_lpbq": TEST_MODELS / "conv_lpbq"})
+    folder = repo / "models/conv_lpbq"
+    torch.manual_seed(0)
+    torch.save(runpy.run_path(str(folder / "hooks.py"))["module_class"]()().state_dict(), folder / "block.pt")
+    result = run_doit(repo)
+    assert result.code == 0, result.output
+    return repo, result
+
+
+def test_a_1x1_conv_is_blocked_and_runs_lpbq_on_the_htp_while_a_3x3_conv_stays_per_channel(conv_built):
+    """onnxruntime-qnn 2.7.0 runs LPBQ in a 1x1 Conv2d (a blockwise DequantizeLinear with float block scales and the
+    EP's block option, which the compile stage gives such a model), beside a MatMul in the integer-scale form."""
+    import onnx
+    from onnx import numpy_helper
+    repo, result = conv_built
+    log = (repo / "out/conv_lpbq/lpbq/block.quantize.log").read_text()
+    assert "LPBQ (block_size 16): 3 layer(s) blocked: /expand/Conv, /project/Conv, /head/Gemm" in log
+    assert ("/mix/Conv: per-channel (a 3x3 kernel (onnxruntime-qnn 2.7.0 runs LPBQ correctly only in a 1x1 "
+            "Conv2d))") in log
+    model = onnx.load(str(repo / "out/conv_lpbq/lpbq/block.qdq.onnx"))
+    inits = {i.name: i for i in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    blocks = {}
+    for conv in (n for n in model.graph.node if n.op_type == "Conv"):
+        dq = producers[conv.input[1]]
+        block = next((a.i for a in dq.attribute if a.name == "block_size"), 0)
+        scale = list(inits[dq.input[1]].dims) if dq.input[1] in inits else None
+        blocks[conv.name] = (block, scale)
+    # float block scales [OC, IC / 16, 1, 1], one per output channel and block
+    assert blocks == {"/expand/Conv": (16, [64, 2, 1, 1]), "/mix/Conv": (0, [64]),
+                      "/project/Conv": (16, [32, 4, 1, 1])}, blocks
+    scale = numpy_helper.to_array(inits[producers[next(n for n in model.graph.node
+                                                       if n.name == "/project/Conv").input[1]].input[1]])
+    per_channel = scale.max(axis=1, keepdims=True) / 16  # integer multiples (1..16) of a per-channel scale: LPBQ
+    ratios = scale / per_channel
+    assert abs(ratios - ratios.round()).max() < 1e-4 and ratios.min() >= 1 - 1e-4 and ratios.max() <= 16 + 1e-4
+    compiled = json.loads((repo / "out/conv_lpbq/lpbq/SM8750/block.compile.json").read_text())
+    assert compiled["weight_encodings"] == {"LPBQ": 3, "per-channel (bitwidth)": 1}, compiled
+    assert compiled["ops"]["cpu_io"] == ["x_QuantizeLinear", "y_DequantizeLinear"]
+    assert "[LPBQ 3 of 4 weights]" in result.output
+    check = json.loads((repo / "out/conv_lpbq/lpbq/SM8750/block.check.json").read_text())
+    assert [g["passed"] for g in check["gated"]] == [True] and check["float_ops"]["count"] == 0
+    # the outlier input channels cost per-channel int4 what blocks keep (measured 0.9950 against 0.9816)
+    per_channel_cosine = json.loads((repo / "out/conv_lpbq/w4a16/SM8750/block.check.json").read_text())
+    assert check["summary"]["cosine"] >= 0.99 > per_channel_cosine["summary"]["cosine"], (check["summary"],
+                                                                                          per_channel_cosine["summary"])
+
+
+def test_a_tied_table_that_a_gather_reads_stays_per_tensor_whatever_a_matmul_override_asks():
+    """Whisper's token table: a Gather and the logits MatMul read one initializer. An int8 override on the MatMul
+    (per-channel, axis 1) would give the Gather's output per-channel parameters, which QNN rejects."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from build_rules.block_quant import weight_override_entries
+    table = numpy_helper.from_array(np.zeros((8, 32), np.float32), "table")
+    other = numpy_helper.from_array(np.zeros((8, 8), np.float32), "other")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["emb"], name="gather", axis=1),
+         helper.make_node("MatMul", ["x", "table"], ["logits"], name="logits"),
+         helper.make_node("MatMul", ["x", "other"], ["y"], name="proj")], "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1]),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("emb", "logits", "y")], [table, other])
+    model = helper.make_model(graph)
+    for overrides in ({"gather": "int8", "logits": "int8"}, {"logits": "int8"}):
+        assert weight_override_entries(model, {**overrides, "proj": "int8"}, True, "g") == {
+            "table": ("int8", None), "other": ("int8", 1)}

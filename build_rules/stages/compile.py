@@ -44,7 +44,7 @@ def run(params: dict) -> dict:
     try:
         result = ort_qnn.compile_context_binary(
             Path(params["onnx"]), out_dir, params["graph"], soc_model=chip["soc_id"], vtcm_mb=chip["vtcm_mb"],
-            fp16=params["fp16"])
+            fp16=params["fp16"], block_quant=not params["fp16"] and _float_scale_blocks(params["onnx"]))
     except (ort_qnn.UnsupportedOpsError, ort_qnn.QnnCompileError) as e:
         if e.log:
             print("QNN's log of the failed compile:\n" + "\n".join(e.log), flush=True)  # into <graph>.compile.log
@@ -67,6 +67,13 @@ def run(params: dict) -> dict:
         atomic_write_json(params["outputs"]["report"], report)
     return values
 
+
+
+def _float_scale_blocks(path: str) -> bool:
+    """Whether the QDQ model has blocked Conv weights (float block scales): the EP needs its block option for them."""
+    import onnx
+    from ..block_quant import float_scale_blocks
+    return float_scale_blocks(onnx.load(path, load_external_data=False))
 
 
 def _lpbq_check(params: dict, encodings: dict | None) -> dict | None:

@@ -468,12 +468,14 @@ _GRAPH_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
 def compile_context_binary(model: Path, out_dir: Path, graph: str, *, soc_model: int, vtcm_mb: int, fp16: bool,
-                           trace_dir: Path | None = None) -> dict:
+                           trace_dir: Path | None = None, block_quant: bool = False) -> dict:
     """Compile `model` (float or QDQ ONNX) into a QNN HTP context binary for one SoC.
 
     Writes out_dir/<graph>.bin, the raw QNN context binary, and out_dir/<graph>_ctx.onnx, an EPContext model whose
     ep_cache_context is "<graph>.bin". It writes nothing else to out_dir. On failure, earlier outputs of this graph
     are removed, so a stale binary never passes for a new one.
+    block_quant: the model has blockwise weights with float block scales (block_quant.float_scale_blocks), which the
+    EP turns into LPBQ only with enable_block_quant_weight_optimization.
     When `trace_dir` is given, the EP's op-support trace is kept as trace_dir/<graph>_qnn_op_trace.json, and this
     happens even when the compile fails.
     Raises UnsupportedOpsError when any node except graph-input QuantizeLinear or graph-output DequantizeLinear would
@@ -511,6 +513,8 @@ def compile_context_binary(model: Path, out_dir: Path, graph: str, *, soc_model:
             "enable_framework_op_trace": "1",
             "framework_op_trace_dir": str(trace_work),
         }
+        if block_quant:
+            provider_options["enable_block_quant_weight_optimization"] = "1"
         if not fp16:  # the QNN graph as JSON: which ops still run in float (qnn_graph.py); the same binary bytes
             provider_options.update(dump_json_qnn_graph="1", json_qnn_graph_dir=str(work / "qnn_graph"))
         try:
