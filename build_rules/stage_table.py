@@ -76,8 +76,9 @@ STAGES: tuple[Stage, ...] = (
     Stage("quantize", "5 quantize: QDQ model per precision variant from the shared calibration ranges (fp16 "
           "variants skip this)", {"ort-qnn": "pipeline:_quantize_tasks", "qairt": "qairt:quantize"},
           # ort-qnn: 2: warns about graph outputs clamped by an activation; 3: an invalid QDQ model fails here;
-          # 4: LayerNorm scales stay uint8 under signed weights
-          {"ort-qnn": _w("quantize", 4, ("onnxruntime", "onnx", "numpy"), relocatable=True),
+          # 4: LayerNorm scales stay uint8 under signed weights; 5: LPBQ blocks 1x1 Conv2d weights, and a table a
+          # Gather reads stays per tensor whatever a MatMul's weight override asks (both change QDQ models)
+          {"ort-qnn": _w("quantize", 5, ("onnxruntime", "onnx", "numpy"), relocatable=True),
            "qairt/dlc": _q("quantize", "dlc_quantize", 1, ("numpy",))}),
     Stage("aimet", "5 aimet: QDQ model + encodings JSON per variant with quantizer = \"aimet\" (AIMET's "
           "techniques, HTP config)", {"any": "aimet:aimet_tasks"},
