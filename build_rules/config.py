@@ -14,14 +14,13 @@ import os
 import re
 from pathlib import Path
 
-from .aimet_techniques import NAMES as TECHNIQUE_NAMES, PARAMS as TECHNIQUE_DEFAULTS
-from .dtypes import ACTIVATION_TYPES, AIMET_WEIGHT_TYPES, WEIGHT_TYPES
+from .aimet_techniques import PARAMS as TECHNIQUE_PARAMS  # aimet-onnx's defaults of each technique's parameters
+from .dtypes import ACTIVATION_TYPES, WEIGHT_TYPES
 # The typed records (config_types.py) and the TOML reading helpers (toml_table.py), importable from here too.
 from .config_types import (BOUND_KEYS, Cache, CheckPolicy, Chip, ChipTable, Dist, ExportSettings, Graph,  # noqa: F401
                            Greedy, Model, Split, TensorSpec, Threshold, Tuning, Variant, gate_dicts)
 from .errors import BuildError, ConfigError  # noqa: F401
-from .quant_spec import (AIMET_CALIBRATION, CALIBRATION_METHODS, GRAPH_OVERRIDE_KEYS, QUANTIZERS,  # noqa: F401
-                         QuantSpec)
+from .quant_spec import CALIBRATION_METHODS, GRAPH_OVERRIDE_KEYS, QUANTIZERS, QuantSpec
 from .toml_table import (BARE_KEY, SAFE_NAME, TYPE_NAMES, TomlCache, _Table, package_folder, read_toml,  # noqa: F401
                          resolve_file, shown_key)
 
@@ -30,13 +29,6 @@ from .toml_table import (BARE_KEY, SAFE_NAME, TYPE_NAMES, TomlCache, _Table, pac
 MAX_CALIBRATION_SAMPLES = 10_000  # one file per sample and input; calibration saturates long before this
 MAX_INPUT_ELEMENTS = 1 << 28  # per graph input: 1 GiB of float32 (Whisper's mel input is 240,000)
 TENSOR_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "bool")
-# Who quantizes a variant: onnxruntime.quantization's min-max recipe ("ort"), or Qualcomm's AIMET ("aimet", the
-# aimet-onnx package of the `aimet` extra) with its HTP QuantSim config and the techniques below (quant_spec.py).
-# aimet only, applied in the order given (cle first: it edits the model); aimet_techniques.py: the table
-TECHNIQUES = TECHNIQUE_NAMES
-TECHNIQUE_PARAMS = TECHNIQUE_DEFAULTS  # aimet-onnx's defaults
-# AIMET's HTP configs quantize weights symmetrically: signed types only (dtypes.py: the quantized types' table).
-AIMET_WEIGHTS = AIMET_WEIGHT_TYPES
 TOOLCHAINS = ("ort-qnn", "qairt", "auto")
 EXPORTERS = ("dynamo", "torchscript")
 TUNING_SEARCHES = ("bisect", "exhaustive")  # [tuning] search: how sensitivity and tune measure (see Tuning)
