@@ -226,10 +226,11 @@ def test_always_execute_counts_every_task_from_the_first_line(tinynet_repo):
 
 
 def test_parallel_workers_share_the_time_left(tinynet_repo):
-    """`doit -n 2`: the time left is the work left over the two workers doit started (plan.workers)."""
+    """`doit -n 2` (worker processes, doit's default): the time left is the work left over the two workers doit
+    started before the first task (plan.workers)."""
     from build_rules.progress import format_seconds
     write_build_log(tinynet_repo, lambda n: 10.0)
     change_head_checkpoint(tinynet_repo)
-    result = run_doit(tinynet_repo, "-n", "2", "-P", "thread")
+    result = run_doit(tinynet_repo, "-n", "2")
     assert result.code == 0, result.output
     assert f"21 task(s) to run, about {format_seconds(21 * 10.0 / 2)} by out/.build-state/build.log\n" in result.output
