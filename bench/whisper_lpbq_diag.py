@@ -6,8 +6,9 @@
     python bench/whisper_lpbq_diag.py cosine REPO VARIANT[,VARIANT...]
         cosine against float of the encoder's outputs (cross K/V) per output, QDQ model on the CPU, 4 held-out clips
     python bench/whisper_lpbq_diag.py sensitivity REPO BLOCK CLIPS [all NODE...]
-        weight-only: each encoder MatMul/Gemm weight alone as LPBQ in blocks of BLOCK (block_quant's min-max), each
-        Conv weight alone as int4 per-channel, everything else float; the lowest cross K/V cosine over CLIPS clips.
+        weight-only: each encoder weight alone quantized as tune's per-layer search ranks it (weight_bits.fake_quantized:
+        MatMul/Gemm as LPBQ in blocks of BLOCK, a Conv1d int4 per channel), everything else float; the lowest cross
+        K/V cosine over CLIPS clips.
         With `all NODE...`: every weight quantized but the NODEs (a set of layers to keep at 8 bit).
 REPO is a repo the whisper_tiny_en model was built in (bench/aimet_whisper.py --keep DIR makes one: DIR/repo), with
 verify:whisper_tiny_en/encoder run (its out/whisper_tiny_en/float/encoder.evaluation.npz) for cosine and sensitivity.
@@ -80,24 +81,15 @@ def sensitivity(repo: Path, block: int, clips: int, keep: list[str] | None) -> N
     import onnx
     from onnx import numpy_helper
 
-    from build_rules import block_quant
+    from build_rules.stages.support import weight_bits
     from build_rules.toolchains import ort_qnn
     model = ort_qnn.preprocessed_model(_graph(repo, "float", "encoder"))  # the node names overrides use
     inits = {i.name: i for i in model.graph.initializer}
     run = _runner(repo, clips)
     ref = run(model.SerializeToString())
 
-    def quantized(node) -> "np.ndarray":
-        w = numpy_helper.to_array(inits[node.input[1]])
-        if node.op_type == "Conv":  # int4 per output channel, symmetric
-            scale = (np.abs(w).reshape(w.shape[0], -1).max(axis=1) / 7).reshape(-1, *[1] * (w.ndim - 1))
-            return (np.clip(np.round(w / scale), -8, 7) * scale).astype(np.float32)
-        transposed = any(a.name == "transB" and a.i for a in node.attribute)
-        m = w.T if transposed else w
-        q, ints, scale = block_quant._lpbq_params(m, block)
-        k = m.shape[0]
-        deq = (q.reshape(k // block, block, -1) * (ints * scale)[:, None, :]).reshape(m.shape).astype(np.float32)
-        return deq.T if transposed else deq
+    def quantized(node) -> "np.ndarray":  # as tune's per-layer search ranks it
+        return weight_bits.fake_quantized(node, numpy_helper.to_array(inits[node.input[1]]), block)
 
     targets = [n for n in model.graph.node
                if n.op_type in ("MatMul", "Gemm", "Conv") and len(n.input) > 1 and n.input[1] in inits]

@@ -91,7 +91,7 @@ def _int4_tensor(name: str, values):
     return helper.make_tensor(name, TensorProto.INT4, list(np.shape(values)), packed.tobytes(), raw=True)
 
 
-def _lpbq_params(w, block: int):
+def lpbq_params(w, block: int):
     """w: float weight [K, N] (input channels first). Returns (int4 weight [K, N], uint8 block scales [K/block, N],
     float per-channel scales [N]) as AIMET's LPBQ computes them: per-block min-max scales, quantized to integers in
     [1, 2**SCALE_BITS] of a per-channel scale (the largest block scale / 2**SCALE_BITS)."""
@@ -105,7 +105,7 @@ def _lpbq_params(w, block: int):
     return q, ints.astype(np.uint8), per_channel.astype(np.float32)
 
 
-def _unblockable(k: int, block_size: int) -> str | None:
+def why_unblockable(k: int, block_size: int) -> str | None:
     """Why a weight with k input channels cannot be blocked by block_size, or None."""
     if k % block_size:
         return f"{k} input channels are not a multiple of block_size {block_size}"
@@ -130,7 +130,7 @@ def unblockable(float_model, block_size: int) -> dict[str, str]:
         if len(dims) != 2:
             found[node.name] = f"its weight has {len(dims)} dimensions (2 needed)"
             continue
-        reason = _unblockable(dims[1] if transposed else dims[0], block_size)
+        reason = why_unblockable(dims[1] if transposed else dims[0], block_size)
         if reason:
             found[node.name] = reason
     return found
@@ -252,7 +252,7 @@ def apply_lpbq(qdq_model: Path, float_model, block_size: int, keep: dict[str, st
             continue
         if attrs.get("transB", 0):
             w = w.T
-        reason = _unblockable(w.shape[0], block_size)
+        reason = why_unblockable(w.shape[0], block_size)
         if reason:
             per_channel[name] = reason
             continue
@@ -263,7 +263,7 @@ def apply_lpbq(qdq_model: Path, float_model, block_size: int, keep: dict[str, st
             if out_q is None:
                 per_channel[name] = "its output is not quantized"
                 continue
-        q, ints, scale = _lpbq_params(w, block_size)
+        q, ints, scale = lpbq_params(w, block_size)
         base = f"{dq.input[0].removesuffix('_quantized')}_lpbq"
         model.graph.initializer.extend([
             _int4_tensor(f"{base}_q", q),
@@ -320,11 +320,11 @@ def _conv_lpbq(conv, dq, floats: dict, inits: dict, consumers: dict, block_size:
                 "Conv2d)")
     if group != 1:
         return f"a grouped Conv (group {group})"
-    reason = _unblockable(w.shape[1], block_size)
+    reason = why_unblockable(w.shape[1], block_size)
     if reason:
         return reason
     oc, ic = w.shape[:2]
-    q, ints, scale = _lpbq_params(w.reshape(oc, ic).T, block_size)  # [IC, OC], [IC/B, OC], [OC]
+    q, ints, scale = lpbq_params(w.reshape(oc, ic).T, block_size)  # [IC, OC], [IC/B, OC], [OC]
     blocks = (ints.astype(np.float32) * scale).T.reshape(oc, ic // block_size, 1, 1)  # exact multiples: lossless
     base = f"{dq.input[0].removesuffix('_quantized')}_lpbq"
     model.graph.initializer.extend([

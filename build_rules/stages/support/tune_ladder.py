@@ -2,7 +2,8 @@
 quantizers, techniques and bit widths, and keep the smallest binary that meets every graph's target.
 
 Rungs, from a variant's own weights / per-channel / calibration:
-  W4A16 aimet seq_mse | W4A16 LPBQ 64 ort | W4A16 LPBQ 64 aimet seq_mse | W8A8 ort | W8A8 aimet | W8A8 aimet seq_mse
+  W4A16 aimet seq_mse | W4A16 LPBQ 64 ort | W4A16 LPBQ 64 aimet seq_mse | W4A16 LPBQ 64 ort with the fewest weights
+  at int8 that meet (weight_bits.py: a per-layer search) | W8A8 ort | W8A8 aimet | W8A8 aimet seq_mse
   (aimet rungs need aimet-onnx)
 They run only when the variant misses a target. A rung is quantized (onnxruntime from the shared ranges, AIMET
 from the shared calibration files), compiled for the tuning chip (its size: the context binaries' bytes) and run on
@@ -25,6 +26,7 @@ from ...aimet_techniques import PARAMS as TECHNIQUE_PARAMS
 from ...dtypes import TYPES
 from ...files import atomic_write_json, atomic_write_text
 from ...quant_spec import QuantSpec
+from . import weight_bits
 from .precision import Candidates, clean, meets
 
 # The weight type an AIMET rung uses for a variant's weights (dtypes.py: AIMET's HTP configs take signed <= 8 bit).
@@ -44,6 +46,9 @@ def rungs(variant: QuantSpec) -> list[dict]:
             {"name": "w4a16_lpbq_ort", "changes": {**ORT, "weights": "int4", "activations": "uint16", "block_size": 64}},
             {"name": "w4a16_lpbq_aimet_seq_mse",
              "changes": {**SEQ_MSE, "weights": "int4", "activations": "uint16", "block_size": 64}},
+            # the LPBQ ort rung with the fewest weights at int8 (weight_bits.py), when it missed
+            {"name": "w4a16_lpbq_ort_int8_layers", "per_layer_of": "w4a16_lpbq_ort",
+             "changes": {**ORT, "weights": "int4", "activations": "uint16", "block_size": 64}},
             {"name": "w8a8_ort", "changes": {**ORT, "weights": w8, "activations": "uint8"}},
             {"name": "w8a8_aimet", "changes": {**SEQ_MSE, "techniques": (), "technique_params": {}, "weights": eight,
                                                "activations": "uint8"}},
@@ -55,10 +60,12 @@ def w8a16(variant: QuantSpec) -> dict:
                                              "activations": "uint16"}}
 
 
-def rung_spec(rung: dict, variant: QuantSpec) -> QuantSpec:
+def rung_spec(rung: dict, variant: QuantSpec, graph: str | None = None) -> QuantSpec:
     """The rung's spec for one graph: the variant's (its overrides too) with the rung's fields; no blocks unless the
-    rung has them."""
-    return variant.replace(**{"block_size": None, **rung["changes"]})
+    rung has them; the weights a per-layer rung keeps at int8 for `graph` as weight overrides."""
+    spec = variant.replace(**{"block_size": None, **rung["changes"]})
+    eight = rung.get("weight_bits", {}).get(graph)
+    return spec.replace(weight_overrides={**spec.weight_overrides, **{n: "int8" for n in eight}}) if eight else spec
 
 
 def aimet_installed() -> bool:
@@ -80,7 +87,7 @@ class Ladder:
         return next(g for g in self.params["graphs"] if g["name"] == name)
 
     def quantize(self, rung: dict, graph: dict) -> Path:
-        spec = rung_spec(rung, QuantSpec.from_settings(graph["variant"]))
+        spec = rung_spec(rung, QuantSpec.from_settings(graph["variant"]), graph["name"])
         problems = spec.problems()
         if problems:  # the same judgement as model.toml's (quant_spec.py): a rung that could not be a variant
             path, message = problems[0]
@@ -186,6 +193,14 @@ def search(params: dict) -> dict:
     order = missed + [g["name"] for g in params["graphs"] if g["name"] not in missed]
     variant = QuantSpec.from_settings(params["graphs"][0]["variant"])
     for rung in rungs(variant):
+        if rung.get("per_layer_of"):
+            result = _per_layer(rung, found, ladder, variant, base, missed, order)
+            if result is not None:
+                found["rungs"].append(result)
+                if result.pop("met"):
+                    found["chosen"] = result
+                    break
+            continue
         if rung["changes"]["quantizer"] == "aimet" and not aimet_installed():
             from ..errors import AIMET_INSTALL
             found["notes"].append(f"{rung['name']}: skipped (aimet-onnx is not installed: {AIMET_INSTALL})")
@@ -204,6 +219,23 @@ def search(params: dict) -> dict:
             g.pop("path", None)
     found["seconds"] = round(time.perf_counter() - started, 1)
     return found
+
+
+def _per_layer(rung: dict, found: dict, ladder: Ladder, variant: QuantSpec, base: dict, missed: list[str],
+               order: list[str]) -> dict | None:
+    """The per-layer weight-bit search from the whole rung it refines (tried above, or the variant itself)."""
+    whole = next((r for r in found["rungs"] if r["name"] == rung["per_layer_of"]), None)
+    if whole is None and _same_as_variant(rung, variant):  # the variant is that rung: what it missed is known
+        whole = {"name": rung["per_layer_of"], "changes": rung["changes"],
+                 "graphs": {n: {"missed": True} for n in missed}}
+    if whole is None:
+        found["notes"].append(f"{rung['name']}: not tried ({rung['per_layer_of']} was not tried)")
+        return None
+    errors = [g for g, r in whole["graphs"].items() if "error" in r]
+    if errors:
+        found["notes"].append(f"{rung['name']}: not tried ({rung['per_layer_of']} failed to build {errors[0]})")
+        return None
+    return weight_bits.search(ladder, whole, order, lambda line: print(line, flush=True))
 
 
 def _same_as_variant(rung: dict, variant: QuantSpec) -> bool:
@@ -255,6 +287,11 @@ def toml_lines(found: dict, name: str, base_name: str, graphs: list[dict]) -> tu
             lines.append(f"#   {rung['name']}: failed: {'; '.join(errors)}")
             continue
         status = "chosen" if rung is found["chosen"] else "misses a target"
+        if "probes" in rung:  # the per-layer search: what each probe kept at int8 and what it measured
+            lines.append(f"#   {rung['name']}: {status}: " + "; ".join(
+                f"{p['graph']} {p['int8']} weights at int8 {_probe(p)}" for p in rung["probes"]))
+            lines += [f"#     {g} at int8: {', '.join(n)}" for g, n in rung["weight_bits"].items() if n]
+            continue
         values = ", ".join(f"{g} {k} {json.dumps(_short(m))}" for g, r in rung["graphs"].items()
                            for k, m in (("full", r.get("full")), ("subset", r.get("subset"))) if m) or "-"
         lines.append(f"#   {rung['name']}: {rung['bytes'] / 1e3:.1f} KB, {status} ({values})")
@@ -268,8 +305,20 @@ def toml_lines(found: dict, name: str, base_name: str, graphs: list[dict]) -> tu
         lines.append(f"#   {rung['name']} is not written as a variant: [variants.{base_name}] has block_size = "
                      f"{base.block_size}, which a variant that inherits it cannot unset; copy the table and drop it")
         return lines, []
-    section = [f"[variants.{name}]", f"inherits = {json.dumps(base_name)}", *spec.toml_lines(base)]
-    return lines, section + [""]
+    section = [f"[variants.{name}]", f"inherits = {json.dumps(base_name)}", *spec.toml_lines(base), ""]
+    for graph, nodes in rung.get("weight_bits", {}).items():  # the per-layer rung's int8 weights
+        if nodes:
+            pairs = ", ".join(f"{json.dumps(n)} = \"int8\"" for n in nodes)
+            section += [f"[variants.{name}.graphs.{graph}]", f"weight_overrides = {{ {pairs} }}", ""]
+    return lines, section
+
+
+def _probe(probe: dict) -> str:
+    if "error" in probe:
+        return f"failed: {probe['error']}"
+    measured = probe.get("full") or probe.get("subset") or {}
+    return (f"{probe.get('bytes', 0) / 1e3:.1f} KB {json.dumps(_short(measured))} "
+            f"{'meets' if probe['meets'] else 'misses'}")
 
 
 def _short(summary: dict) -> dict:
@@ -304,8 +353,8 @@ def write(params: dict, found: dict, started: float) -> dict:
     atomic_write_json(params["outputs"]["json"], tuned)
     chip = params["chip"]
     comments, section = toml_lines(found, params["new_name"], params["variant"], params["graphs"])
-    text = [f"# Found by `doit tune:{params['model']}/{params['variant']}`: the smallest whole variant that meets every",
-            f"# graph's target on the HTP emulator ({chip['name']}, soc {chip['soc_id']}), full evaluation set: "
+    text = [f"# Found by `doit tune:{params['model']}/{params['variant']}`: the first rung of the ladder (fewest weight bits",
+            f"# first) that meets every graph's target on the HTP emulator ({chip['name']}, soc {chip['soc_id']}), full evaluation set: "
             f"{rung['name']}, {rung['bytes'] / 1e3:.1f} KB.",
             "# Other chips can differ slightly: the gate still checks every chip when you build it.", *comments,
             f"# Keep it: python -m build_rules.tuning apply {params['final_outputs']['toml']}", "", *section]

@@ -1,0 +1,161 @@
+"""Per-layer weight bits for `doit tune` (not a stage): when the whole LPBQ int4 rung misses a graph's target, keep
+the fewest weights at int8 that make it meet, the rest LPBQ int4 (issue 30: "8 bits where it matters").
+
+1. Rank (CPU, seconds): each weight alone quantized as the rung would (LPBQ blocks where its input channels divide,
+   else int4 per channel), every other weight float; onnxruntime's CPU session on the tuning samples; the lowest
+   output cosine against the float reference. Lowest first = most harm at 4 bit. As cpu_ranking.py's numbers, these
+   only order the emulator's work: they never decide a result.
+2. Search (emulator): the top k weights at int8 (a weight override each), bisected over k in [1, half the weights]
+   on the tuning chip with the ladder's own quantize / compile / measure: first k = half (if even that misses, the
+   search stops: past half the weights the binary is nearly W8's), then the smallest k that meets, assuming more
+   int8 weights never hurt. Each probe is judged on the tuning samples, then the full evaluation set.
+Graphs are searched one by one (their quantization is independent); a graph the LPBQ rung already meets keeps k = 0.
+"""
+from __future__ import annotations
+
+import time
+
+from ...block_quant import BLOCKED_OPS, lpbq_params, why_unblockable
+from ...quant_spec import QuantSpec
+
+WEIGHT_OPS = (*BLOCKED_OPS, "Conv")  # the layers whose weights the rung makes int4
+
+
+def fake_quantized(node, w, block: int):
+    """The float values of weight `w` (numpy) of `node` as the LPBQ rung stores it (block_quant.apply_lpbq): LPBQ in
+    blocks of `block` input channels where they divide (MatMul, Gemm, 1x1 Conv2d), else symmetric int4 per output
+    channel."""
+    import numpy as np
+    transposed = node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
+    group = next((a.i for a in node.attribute if a.name == "group"), 1)
+    if node.op_type == "Conv" and w.ndim == 4 and w.shape[2:] == (1, 1) and group == 1:
+        m = w.reshape(w.shape[:2]).T  # [IC, OC]
+    else:
+        m = None if node.op_type == "Conv" or w.ndim != 2 else (w.T if transposed else w)  # [K input channels, N]
+    if m is not None and why_unblockable(m.shape[0], block) is None:
+        q, ints, scale = lpbq_params(m, block)
+        k = m.shape[0]
+        deq = (q.reshape(k // block, block, -1) * (ints * scale)[:, None, :]).reshape(m.shape).astype(np.float32)
+        if node.op_type == "Conv":
+            return np.ascontiguousarray(deq.T).reshape(w.shape)
+        return deq.T if transposed else deq
+    axis = 0 if node.op_type == "Conv" or transposed else w.ndim - 1  # the output channels
+    moved = np.moveaxis(w, axis, 0)
+    scale = np.maximum(np.abs(moved).reshape(moved.shape[0], -1).max(axis=1) / 7.0, 1e-12)
+    scale = scale.reshape(-1, *[1] * (moved.ndim - 1))
+    return np.moveaxis(np.clip(np.round(moved / scale), -8, 7) * scale, 0, axis).astype(np.float32)
+
+
+def rank(float_onnx: str, inputs: list[dict], reference: list[dict], block: int, skip=()) -> list[tuple[str, float]]:
+    """[(node, lowest output cosine with that weight alone at 4 bit)], lowest first: the layers with a constant
+    weight (after qnn_preprocess_model, whose node names weight_overrides use), except `skip`."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    from ...toolchains import ort_qnn
+    model = ort_qnn.preprocessed_model(float_onnx)
+    inits = {i.name: i for i in model.graph.initializer}
+    outputs = [o.name for o in model.graph.output]
+
+    def lowest_cosine() -> float:
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        runs = [dict(zip(outputs, session.run(outputs, x))) for x in inputs]
+        return min(_cosine([r[n] for r in runs], [r[n] for r in reference]) for n in outputs)
+
+    ranked = []
+    for node in model.graph.node:
+        if node.op_type not in WEIGHT_OPS or len(node.input) < 2 or node.input[1] not in inits or node.name in skip:
+            continue
+        weight = inits[node.input[1]]
+        kept = onnx.TensorProto()
+        kept.CopyFrom(weight)
+        values = numpy_helper.to_array(weight)
+        if values.dtype != np.float32:
+            continue
+        weight.CopyFrom(numpy_helper.from_array(fake_quantized(node, values, block), weight.name))
+        ranked.append((node.name, lowest_cosine()))
+        weight.CopyFrom(kept)
+    return sorted(ranked, key=lambda pair: pair[1])
+
+
+def _cosine(got: list, want: list) -> float:
+    import numpy as np
+    a = np.concatenate([np.asarray(g, np.float64).ravel() for g in got])
+    b = np.concatenate([np.asarray(w, np.float64).ravel() for w in want])
+    norm = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(a @ b / norm) if norm else 1.0
+
+
+def search(ladder, base: dict, order: list[str], log) -> dict:
+    """The per-layer rung: `base` is the whole LPBQ rung ({"name", "changes"}; its "graphs" hold what the ladder built
+    and measured of it, if it was tried). Returns a rung record ({"name", "changes", "weight_bits": {graph: [nodes at
+    int8]}, "graphs", "probes", "met"}) that tune_ladder lists, and chooses when every graph met."""
+    started = time.perf_counter()
+    rung = {"name": f"{base['name']}_int8_layers", "changes": base["changes"], "weight_bits": {}, "graphs": {},
+            "probes": [], "met": True}
+    for name in order:
+        graph = ladder._graph(name)
+        found = _graph_search(ladder, base, graph, rung, log) if name in ladder.candidates else None
+        if found is None and name in ladder.candidates:
+            rung["met"] = False
+            break
+        if found is None:  # no target: only its size counts
+            tried = base.get("graphs", {}).get(name) or {}
+            found = ([], dict(tried) if "bytes" in tried else ladder.build_graph(base, graph))
+        rung["weight_bits"][name], rung["graphs"][name] = found
+    rung["seconds"] = round(time.perf_counter() - started, 1)
+    return rung
+
+
+def _graph_search(ladder, base: dict, graph: dict, rung: dict, log):
+    """The smallest k whose top-k int8 probe meets the graph's target: (nodes, its built record), or None."""
+    from .precision import meets
+    memo = {}
+    name = graph["name"]
+
+    def probe(k: int, nodes: list[str]) -> bool:
+        trial = {"name": f"{rung['name']}_{name}_top{k}", "changes": base["changes"], "weight_bits": {name: nodes},
+                 "graphs": {}}
+        ok = ladder.try_rung(trial, [name])
+        built = trial["graphs"].get(name, {})
+        memo[k] = (ok, nodes, built)
+        rung["probes"].append({"graph": name, "int8": k, "meets": ok,
+                               **{key: built[key] for key in ("bytes", "subset", "full", "error") if key in built}})
+        return ok
+
+    tried = base.get("graphs", {}).get(name) or {}
+    if "error" in tried:
+        return None
+    if tried.get("full") and meets(graph["target"], tried["full"]):  # the whole LPBQ rung meets this graph
+        return [], tried if "bytes" in tried else {**ladder.build_graph(base, graph), "full": tried["full"]}
+    missed = tried.get("missed") or any(tried.get(s) and not meets(graph["target"], tried[s]) for s in ("subset", "full"))
+    if not missed and probe(0, []):  # not known to miss: measured as it is first
+        return [], memo[0][2]
+    spec = QuantSpec.from_settings(graph["variant"])
+    c = ladder.candidates[name]
+    eight = {n for n, t in spec.weight_overrides.items() if t != "int4"}  # already 8 bit by the variant
+    scored = rank(graph["onnx"], [c.inputs[i] for i in c.subset], [c.reference[i] for i in c.subset],
+                  base["changes"]["block_size"], skip=eight)
+    rung.setdefault("ranked", {})[name] = [[n, round(cos, 6)] for n, cos in scored]
+    log(f"ladder {rung['name']}: {name}: {len(scored)} weights ranked on the CPU (each alone at 4 bit, lowest output "
+        "cosine): " + ", ".join(f"{n} {cos:.4f}" for n, cos in scored[:5]) + (" ..." if len(scored) > 5 else ""))
+    ranked = [n for n, _ in scored]
+    if not ranked:
+        return None
+    high = max(1, len(ranked) // 2)
+    if not probe(high, ranked[:high]):
+        log(f"ladder {rung['name']}: {name}: misses with its {high} most harmed weights of {len(ranked)} at int8: "
+            "no per-layer mix tried past half")
+        return None
+    low = 0  # the whole LPBQ rung: missed
+    while high - low > 1:
+        middle = (low + high) // 2
+        if probe(middle, ranked[:middle]):
+            high = middle
+        else:
+            low = middle
+    _, nodes, built = memo[high]
+    return nodes, built
+
