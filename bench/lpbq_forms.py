@@ -208,27 +208,7 @@ def _feeds_and_reference(float_model, hooks_file):
 
 
 def _measure(tag, model, samples, reference, extra=None):
-    import onnxruntime as ort
-    r = compile_and_dump(model, f"/tmp/lpbq_forms/{tag}", 69, extra or {})
-    if "ctx" in r:
-        code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import lpbq_forms as b, pickle; "
-                f"print('COS', b.cosine(b.run_ctx({r['ctx']!r}, pickle.load(open(sys.argv[1], 'rb'))), "
-                "pickle.load(open(sys.argv[2], 'rb'))))")
-        import pickle
-        import tempfile
-        with tempfile.TemporaryDirectory() as tmp:
-            pickle.dump(samples, open(f"{tmp}/s", "wb"))
-            pickle.dump(reference, open(f"{tmp}/r", "wb"))
-            run = subprocess.run([sys.executable, "-c", code, f"{tmp}/s", f"{tmp}/r"], capture_output=True, text=True)
-        found = [line for line in run.stdout.splitlines() if line.startswith("COS")]
-        r["cosine"] = float(found[0].split()[1]) if found else f"emulator died (exit {run.returncode})"
-        cpu = ort.InferenceSession(str(model))
-        r["cpu_cosine"] = cosine([np.concatenate([v.ravel() for v in cpu.run(None, s)]) for s in samples], reference)
-    r.pop("ctx", None)
-    r.pop("dump", None)
-    r["unsupported"] = [(u["node_name"], u["reason"][:70]) for u in r.get("unsupported") or []
-                        if "graph input" not in u["reason"] and "graph output" not in u["reason"]]
-    print(tag, json.dumps(r), flush=True)
+    _measure_in(Path("/tmp/lpbq_forms"), tag, model, samples, reference, extra)
 
 
 def _model(qdq, float_model, hooks_file, blocks):

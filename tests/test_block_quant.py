@@ -278,11 +278,13 @@ def test_tune_keeps_the_fewest_weights_at_int8_when_lpbq_misses(built, tmp_path,
     for name in [n for n in expected if "lpbq" in n and "int8" not in n]:
         cosine = rungs[name]["graphs"]["block"]["subset"]["cosine"]
         assert 0.99 < cosine < 0.997, (name, cosine)
-    # the CPU ranking puts the projection that cannot be blocked (96 input channels: per-channel int4) first; the
-    # bisection probes half the 4 weights at int8, then one: one meets (0.9971 measured)
+    # the CPU ranking puts the projection that cannot be blocked (96 input channels: per-channel int4) first; all 4
+    # weights at int8 make a binary as large as W8A8's, so the search probes the top 3, then bisects: one meets
+    # (0.9971 measured)
     chosen = rungs["w4a16_lpbq_ort_int8_layers"]
     assert [n for n, _ in chosen["ranked"]["block"]][0] == "Gemm_1" and len(chosen["ranked"]["block"]) == 4
-    assert [(p["int8"], p["meets"]) for p in chosen["probes"]] == [(2, True), (1, True)]
+    assert [(p["int8"], p["meets"]) for p in chosen["probes"]] == [(3, True), (1, True)]
+    assert all(p["bytes"] < chosen["ceiling_bytes"]["block"] for p in chosen["probes"])
     assert chosen["weight_bits"] == {"block": ["Gemm_1"]}
     assert chosen["graphs"]["block"]["full"]["cosine"] >= 0.997
     assert rungs["w4a16_lpbq_ort"]["bytes"] < chosen["bytes"] < chosen["probes"][0]["bytes"]
@@ -461,3 +463,20 @@ def test_the_per_layer_ranking_quantizes_a_weight_as_the_lpbq_rung_stores_it():
     kernel = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)  # a 3x3 Conv: per output channel
     assert max(len(np.unique(fake_quantized(helper.make_node("Conv", ["x", "w"], ["y"]), kernel, 64)[o]))
                for o in range(8)) <= 16
+
+
+def test_the_per_layer_search_stops_below_the_8_bit_binary_size():
+    """weight_bits._largest_below: the most int8 weights whose binary is still smaller than the 8-bit rung's, found
+    by compiling only (sizes grow with k); a k that does not build counts as too large."""
+    from build_rules.stages.support.weight_bits import _largest_below
+    sizes = [100, 110, 120, 130, 140, 150]  # k = 0..5 weights at int8
+    compiled = []
+
+    def size(k):
+        compiled.append(k)
+        return sizes[k]
+    assert _largest_below(size, 5, 135) == 3 and len(compiled) <= 3
+    assert _largest_below(size, 5, 1000) == 5
+    assert _largest_below(size, 5, 105) == 0
+    assert _largest_below(size, 5, None) == 5
+    assert _largest_below(lambda k: None if k >= 2 else sizes[k], 5, 1000) == 1

@@ -5,10 +5,11 @@ the fewest weights at int8 that make it meet, the rest LPBQ int4 (issue 30: "8 b
    else int4 per channel), every other weight float; onnxruntime's CPU session on the tuning samples; the lowest
    output cosine against the float reference. Lowest first = most harm at 4 bit. As cpu_ranking.py's numbers, these
    only order the emulator's work: they never decide a result.
-2. Search (emulator): the top k weights at int8 (a weight override each), bisected over k in [1, half the weights]
-   on the tuning chip with the ladder's own quantize / compile / measure: first k = half (if even that misses, the
-   search stops: past half the weights the binary is nearly W8's), then the smallest k that meets, assuming more
-   int8 weights never hurt. Each probe is judged on the tuning samples, then the full evaluation set.
+2. Search (emulator): the top k weights at int8 (a weight override each), with the ladder's own quantize / compile /
+   measure on the tuning chip. The largest k worth trying is the largest whose binary is still smaller than the
+   graph's W8A8 one (the next rung: past that size it is the smaller candidate; found by compiling, without the
+   emulator); if that k misses, the search stops; else the smallest k that meets is bisected, assuming one more int8
+   weight never hurts. Each probe is judged on the tuning samples, then the full evaluation set.
 Graphs are searched one by one (their quantization is independent); a graph the LPBQ rung already meets keeps k = 0.
 """
 from __future__ import annotations
@@ -88,41 +89,51 @@ def _cosine(got: list, want: list) -> float:
     return float(a @ b / norm) if norm else 1.0
 
 
-def search(ladder, base: dict, order: list[str], log) -> dict:
+def search(ladder, base: dict, ceiling: dict, order: list[str], log) -> dict:
     """The per-layer rung: `base` is the whole LPBQ rung ({"name", "changes"}; its "graphs" hold what the ladder built
-    and measured of it, if it was tried). Returns a rung record ({"name", "changes", "weight_bits": {graph: [nodes at
-    int8]}, "graphs", "probes", "met"}) that tune_ladder lists, and chooses when every graph met."""
+    and measured of it, if it was tried), `ceiling` the 8-bit rung whose binary size bounds the search. Returns a
+    rung record ({"name", "changes", "weight_bits": {graph: [nodes at int8]}, "graphs", "probes", "met"}) that
+    tune_ladder lists, and chooses when every graph met."""
     started = time.perf_counter()
     rung = {"name": f"{base['name']}_int8_layers", "changes": base["changes"], "weight_bits": {}, "graphs": {},
             "probes": [], "met": True}
     for name in order:
         graph = ladder._graph(name)
-        found = _graph_search(ladder, base, graph, rung, log) if name in ladder.candidates else None
+        found = _graph_search(ladder, base, ceiling, graph, rung, log) if name in ladder.candidates else None
         if found is None and name in ladder.candidates:
             rung["met"] = False
             break
         if found is None:  # no target: only its size counts
             tried = base.get("graphs", {}).get(name) or {}
             found = ([], dict(tried) if "bytes" in tried else ladder.build_graph(base, graph))
+            if "error" in found[1]:
+                rung["met"] = False
         rung["weight_bits"][name], rung["graphs"][name] = found
     rung["seconds"] = round(time.perf_counter() - started, 1)
     return rung
 
 
-def _graph_search(ladder, base: dict, graph: dict, rung: dict, log):
+def _graph_search(ladder, base: dict, ceiling: dict, graph: dict, rung: dict, log):
     """The smallest k whose top-k int8 probe meets the graph's target: (nodes, its built record), or None."""
     from .precision import meets
-    memo = {}
     name = graph["name"]
+    built_by_k: dict[int, dict] = {}
+
+    def trial(k: int, nodes: list[str]) -> dict:
+        return {"name": f"{rung['name']}_{name}_top{k}", "changes": base["changes"], "weight_bits": {name: nodes},
+                "graphs": {name: built_by_k[k]} if k in built_by_k else {}}
+
+    def size(k: int) -> int | None:  # compile only
+        if k not in built_by_k:
+            built_by_k[k] = ladder.build_graph(trial(k, ranked[:k]), graph)
+        return built_by_k[k].get("bytes")
 
     def probe(k: int, nodes: list[str]) -> bool:
-        trial = {"name": f"{rung['name']}_{name}_top{k}", "changes": base["changes"], "weight_bits": {name: nodes},
-                 "graphs": {}}
-        ok = ladder.try_rung(trial, [name])
-        built = trial["graphs"].get(name, {})
-        memo[k] = (ok, nodes, built)
-        rung["probes"].append({"graph": name, "int8": k, "meets": ok,
-                               **{key: built[key] for key in ("bytes", "subset", "full", "error") if key in built}})
+        attempt = trial(k, nodes)
+        ok = ladder.try_rung(attempt, [name])
+        built_by_k[k] = attempt["graphs"].get(name, {})
+        rung["probes"].append({"graph": name, "int8": k, "meets": ok, **{key: built_by_k[k][key] for key in (
+            "bytes", "subset", "full", "error") if key in built_by_k[k]}})
         return ok
 
     tried = base.get("graphs", {}).get(name) or {}
@@ -132,7 +143,7 @@ def _graph_search(ladder, base: dict, graph: dict, rung: dict, log):
         return [], tried if "bytes" in tried else {**ladder.build_graph(base, graph), "full": tried["full"]}
     missed = tried.get("missed") or any(tried.get(s) and not meets(graph["target"], tried[s]) for s in ("subset", "full"))
     if not missed and probe(0, []):  # not known to miss: measured as it is first
-        return [], memo[0][2]
+        return [], built_by_k[0]
     spec = QuantSpec.from_settings(graph["variant"])
     c = ladder.candidates[name]
     eight = {n for n, t in spec.weight_overrides.items() if t != "int4"}  # already 8 bit by the variant
@@ -142,12 +153,16 @@ def _graph_search(ladder, base: dict, graph: dict, rung: dict, log):
     log(f"ladder {rung['name']}: {name}: {len(scored)} weights ranked on the CPU (each alone at 4 bit, lowest output "
         "cosine): " + ", ".join(f"{n} {cos:.4f}" for n, cos in scored[:5]) + (" ..." if len(scored) > 5 else ""))
     ranked = [n for n, _ in scored]
-    if not ranked:
+    limit = ladder.build_graph(ceiling, graph).get("bytes")  # the 8-bit rung's binary (that rung reuses it)
+    rung.setdefault("ceiling_bytes", {})[name] = limit
+    high = _largest_below(size, len(ranked), limit)
+    if high == 0:
+        log(f"ladder {rung['name']}: {name}: one weight at int8 already makes a binary as large as {ceiling['name']}'s "
+            f"({limit} bytes): no per-layer mix tried")
         return None
-    high = max(1, len(ranked) // 2)
     if not probe(high, ranked[:high]):
-        log(f"ladder {rung['name']}: {name}: misses with its {high} most harmed weights of {len(ranked)} at int8: "
-            "no per-layer mix tried past half")
+        log(f"ladder {rung['name']}: {name}: misses with its {high} most harmed weights of {len(ranked)} at int8 "
+            f"(more would make a binary as large as {ceiling['name']}'s)")
         return None
     low = 0  # the whole LPBQ rung: missed
     while high - low > 1:
@@ -156,6 +171,20 @@ def _graph_search(ladder, base: dict, graph: dict, rung: dict, log):
             high = middle
         else:
             low = middle
-    _, nodes, built = memo[high]
-    return nodes, built
+    return ranked[:high], built_by_k[high]
 
+
+def _largest_below(size, count: int, limit: int | None) -> int:
+    """The largest k in [0, count] whose size(k) is under `limit` (sizes grow with k; no limit: count). A k that
+    does not build counts as too large."""
+    if limit is None:
+        return count
+    low, high = 0, count + 1  # size(low) < limit (k = 0 is the LPBQ rung, smaller), size(high) >= limit
+    while high - low > 1:
+        middle = (low + high) // 2
+        bytes_ = size(middle)
+        if bytes_ is not None and bytes_ < limit:
+            low = middle
+        else:
+            high = middle
+    return low
