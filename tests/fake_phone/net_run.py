@@ -206,30 +206,37 @@ def _keep_profile(csv_path: Path, log: Path) -> None:
 
 
 def _read_list(fs: Path, cwd: str, args, contract: dict) -> list[dict]:
-    import numpy as np
     from build_rules import dist
-    by_qnn = {t["qnn_name"]: t for t in contract["inputs"]}
+    return _parse_list(fs, cwd, args.input_list, [
+        (t["qnn_name"], t["name"], t["shape"], dist.NUMPY_DTYPES[t["dtype"]] if args.use_native_input_files else "float32")
+        for t in contract["inputs"]])
+
+
+def _parse_list(fs: Path, cwd: str, input_list: str, inputs: list[tuple]) -> list[dict]:
+    """qnn-net-run's input list: a line per inference, `name:=path` entries (or paths in input order); inputs are
+    (QNN name, the sample's key, shape, numpy dtype of the raw file)."""
+    import numpy as np
+    by_qnn = {qnn: (key, shape, dtype) for qnn, key, shape, dtype in inputs}
     samples = []
-    for number, line in enumerate(_host(fs, cwd, args.input_list).read_text().splitlines(), start=1):
+    for number, line in enumerate(_host(fs, cwd, input_list).read_text().splitlines(), start=1):
         if not line.strip() or line.startswith("#"):
             continue
         sample = {}
         for position, entry in enumerate(line.split()):
             name, sep, path = entry.partition(":=")
             if not sep:
-                name, path = contract["inputs"][position]["qnn_name"], entry
+                name, path = inputs[position][0], entry
             if name not in by_qnn:
                 raise Fail(f"[ ERROR ] input list line {number}: no graph input '{name}' (inputs: {', '.join(by_qnn)})")
-            tensor = by_qnn[name]
+            key, shape, dtype = by_qnn[name]
             file = _host(fs, cwd, path)
             if not file.is_file():
                 raise Fail(f"[ ERROR ] input list line {number}: cannot open {path}")
-            dtype = np.dtype(dist.NUMPY_DTYPES[tensor["dtype"]]) if args.use_native_input_files else np.float32
-            data = np.fromfile(file, dtype=dtype)
-            if data.size != int(np.prod(tensor["shape"])):
-                raise Fail(f"[ ERROR ] {path}: {data.size} values of {dtype}, input '{name}' has {tensor['shape']}")
-            sample[tensor["name"]] = data.reshape(tensor["shape"])
-        if set(sample) != {t["name"] for t in contract["inputs"]}:
+            data = np.fromfile(file, dtype=np.dtype(dtype))
+            if data.size != int(np.prod(shape)):
+                raise Fail(f"[ ERROR ] {path}: {data.size} values of {dtype}, input '{name}' has {list(shape)}")
+            sample[key] = data.reshape(shape)
+        if len(sample) != len(by_qnn):
             raise Fail(f"[ ERROR ] input list line {number}: {len(sample)} of {len(by_qnn)} inputs given")
         samples.append(sample)
     if not samples:
@@ -246,28 +253,8 @@ def _run_qairt_stand_in(args, fs: Path, cwd: str, binary: Path, arch: str, tools
     if f"V{meta['dsp_arch']}" != arch:
         raise Fail(f"[ ERROR ] Failed to create context from binary: binary is for v{meta['dsp_arch']} (soc "
                    f"{meta['soc_id']}), this device's HTP is {arch.lower()}; QNN_CONTEXT_ERROR_CREATE_FROM_BINARY")
-    by_qnn = {t["name"]: t for t in meta["inputs"]}
-    samples = []
-    for number, line in enumerate(_host(fs, cwd, args.input_list).read_text().splitlines(), start=1):
-        if not line.strip() or line.startswith("#"):
-            continue
-        sample = {}
-        for position, entry in enumerate(line.split()):
-            name, sep, path = entry.partition(":=")
-            if not sep:
-                name, path = meta["inputs"][position]["name"], entry
-            if name not in by_qnn:
-                raise Fail(f"[ ERROR ] input list line {number}: no graph input '{name}' (inputs: {', '.join(by_qnn)})")
-            data = np.fromfile(_host(fs, cwd, path), dtype=np.float32)
-            dims = by_qnn[name]["dims"]
-            if data.size != int(np.prod(dims)):
-                raise Fail(f"[ ERROR ] {path}: {data.size} float32 values, input '{name}' has {dims}")
-            sample[name] = data.reshape(dims)
-        if set(sample) != set(by_qnn):
-            raise Fail(f"[ ERROR ] input list line {number}: {len(sample)} of {len(by_qnn)} inputs given")
-        samples.append(sample)
-    if not samples:
-        raise Fail("[ ERROR ] the input list is empty")
+    samples = _parse_list(fs, cwd, args.input_list, [(t["name"], t["name"], t["dims"], "float32")
+                                                     for t in meta["inputs"]])
     started = time.perf_counter()
     session = ort.InferenceSession(meta["source"], providers=["CPUExecutionProvider"])
     rows = [("QNN (load binary) time", (time.perf_counter() - started) * 1e6)]
