@@ -60,8 +60,10 @@ def weight_override_entries(model, overrides: dict[str, str] | None, per_channel
         weight = node_weight(node, initializers) if node is not None else None
         if weight is None:
             known = [n for n, node in nodes.items() if node_weight(node, initializers)]
+            hint = did_you_mean(name, known) or (f"; nodes with a weight: {', '.join(known[:12])}"
+                                                 + (f" and {len(known) - 12} more" if len(known) > 12 else ""))
             raise ValueError(f"weight override names {name!r}, which is no node with a weight in {where} (after "
-                             f"qnn_preprocess_model){did_you_mean(name, known)}")
+                             f"qnn_preprocess_model){hint}")
         axis = None
         if per_channel and weight not in tables:  # an override without an axis is per-tensor
             transposed = any(a.name == "transB" and a.i for a in node.attribute)
@@ -205,9 +207,7 @@ def apply_lpbq(qdq_model: Path, float_model, block_size: int, keep: dict[str, st
     from onnx import TensorProto, helper, numpy_helper
 
     model = onnx.load(str(qdq_model))
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if opset < 21:
-        raise ValueError(f"{qdq_model}: opset {opset}; DequantizeLinear's block_size needs opset 21")
+    _opset_21(model, qdq_model)
     floats = {i.name: i for i in float_model.graph.initializer}
     inits, producers, consumers = _graph_index(model)
     keep = dict(keep or {})
@@ -335,6 +335,20 @@ def _conv_lpbq(conv, dq, floats: dict, inits: dict, consumers: dict, block_size:
                                          [dq.output[0]], name=f"{base}_DequantizeLinear", axis=1,
                                          block_size=block_size)]
     return None
+
+
+def _opset_21(model, where) -> None:
+    """DequantizeLinear's block_size needs opset 21. onnxruntime's quantizer moves a model to 21 for 16-bit
+    activations, not for 8-bit ones (an LPBQ W4A8 variant, tune's 8-bit mixed-precision candidates): raise the
+    import to 21 where that changes no op's meaning (19-21 add types and options, except GroupNormalization-21's
+    scale shape and GridSample-20's mode names)."""
+    opset = next((o for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset.version >= 21:
+        return
+    if opset.version < 19 or any(n.op_type in ("GroupNormalization", "GridSample") for n in model.graph.node):
+        raise ValueError(f"{where}: opset {opset.version}; DequantizeLinear's block_size needs opset 21 (export the "
+                         "model at opset 19 or newer)")
+    opset.version = 21
 
 
 def float_scale_blocks(qdq_model) -> bool:

@@ -121,10 +121,12 @@ STAGES: tuple[Stage, ...] = (
           {"any": _w("report", 6, ("onnxruntime", "numpy", "matplotlib"), sdk=True)}),
     Stage("sensitivity", "10 sensitivity: rank each graph's activation tensors by what 8 bit costs (HTP emulator) "
           "-> table + plot", {"any": "tuning:sensitivity_tasks"},
-          {"any": _w("sensitivity", 2, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),
+          # 3: candidates keep the variant's weight overrides and LPBQ blocks
+          {"any": _w("sensitivity", 3, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),
     Stage("tune", "11 tune: fewest 16-bit tensors meeting each graph's target -> "
           "out/<model>/tuning/<variant>.tuned.toml", {"any": "tuning:tune_tasks"},
-          {"any": _w("tune", 3, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
+          # 4: the ladder judges the variant as built, then per-layer weight bits; candidates keep the variant's weights
+          {"any": _w("tune", 4, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
     Stage("diagnose", "7c diagnose: where a binary loses accuracy, tensor by tensor (emulator vs CPU QDQ vs float) "
           "-> <graph>.diagnose.md", {"any": "diagnose:diagnose_tasks"},
           {"any": _w("diagnose", 1, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),

@@ -28,8 +28,11 @@ def apply(tuned_toml: Path, model_toml: Path | None = None, name: str | None = N
     found = re.search(r"^\[variants\.(\"[^\"]+\"|[A-Za-z0-9_.-]+?)\]\s*$", text, re.M)
     if not found:
         nothing = "Nothing to add:" in text  # the tune found the variant good as it is
+        by_hand = "Nothing to apply:" in text  # the chosen variant cannot be written as one that inherits
         raise ConfigError(f"{tuned_toml}: no [variants.<name>] section"
-                          + (": the tuned variant meets its targets as it is, nothing to apply" if nothing else ""))
+                          + (": the tuned variant meets its targets as it is, nothing to apply" if nothing else "")
+                          + (": the proposal cannot inherit from the variant; its comments say what to write "
+                             "into model.toml by hand" if by_hand else ""))
     old = found.group(1)
     old_name = json.loads(old) if old.startswith('"') else old
     if model_toml is None:

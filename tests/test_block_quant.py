@@ -480,3 +480,33 @@ def test_the_per_layer_search_stops_below_the_8_bit_binary_size():
     assert _largest_below(size, 5, 105) == 0
     assert _largest_below(size, 5, None) == 5
     assert _largest_below(lambda k: None if k >= 2 else sizes[k], 5, 1000) == 1
+
+
+def test_tune_judges_the_variant_as_built_before_trying_others(built, tmp_path, monkeypatch):
+    """A variant that passes its gate as built (LPBQ weights, 16-bit activations) is not sent down the ladder: tune
+    measures it exactly as model.toml has it, not the mixed-precision search's 8-bit start."""
+    repo = tmp_path / "repo"
+    shutil.copytree(built[0], repo, symlinks=True)
+    toml = repo / "models/ffn_lpbq/model.toml"
+    toml.write_text(toml.read_text() + '\n[tuning]\nchip = "SM8750"\nsamples = 8\n')
+    result = run_doit(repo, "tune:ffn_lpbq/lpbq")
+    assert result.code == 0, result.output
+    tuned = json.loads((repo / "out/ffn_lpbq/tuning/lpbq.tuned.json").read_text())
+    assert tuned["ladder"]["notes"] == ["the variant meets every target: no other variant tried"], tuned["ladder"]
+    assert tuned["ladder"]["rungs"] == []
+    # the mixed-precision search starts from the variant's own weights (LPBQ, the head int8) at 8-bit activations,
+    # which meet the target too: the proposal is the LPBQ variant at 8-bit activations (W4A8, opset raised to 21 for
+    # the blocks), and built, it checks at the cosine tune measured
+    block = tuned["graphs"]["block"]
+    assert block["sixteen_bit"] == [] and block["note"] == "the variant already meets the target"
+    text = (repo / "out/ffn_lpbq/tuning/lpbq.tuned.toml").read_text()
+    assert '[variants.lpbq_tuned]\ninherits = "lpbq"\nactivations = "uint8"' in text
+    from build_rules import tuning
+    monkeypatch.chdir(repo)
+    assert tuning.apply(Path("out/ffn_lpbq/tuning/lpbq.tuned.toml")) == "lpbq_tuned"
+    result = run_doit(repo, "check:ffn_lpbq/block/lpbq_tuned@SM8750")
+    assert result.code == 0, result.output
+    check = json.loads((repo / "out/ffn_lpbq/lpbq_tuned/SM8750/block.check.json").read_text())
+    assert check["summary"]["cosine"] == pytest.approx(block["base"]["cosine"], abs=1e-4)
+    compiled = json.loads((repo / "out/ffn_lpbq/lpbq_tuned/SM8750/block.compile.json").read_text())
+    assert compiled["weight_encodings"]["LPBQ"] == 2, compiled

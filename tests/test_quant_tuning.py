@@ -118,6 +118,15 @@ def test_node_and_per_graph_overrides_reach_only_their_graph(tinynet_repo):
     edit(toml, '"node_conv9" = "uint16"', '"node_conv2d_l" = "uint16"')  # a typo: the closest node is offered
     result = run_doit(tinynet_repo, "quantize")
     assert "has no node of that name; did you mean 'node_conv2d_1'? (fix overrides" in result.output
+    # a weight override naming no layer: the nodes that have a weight are listed when none is close, and the key
+    # to fix is weight_overrides
+    edit(toml, '"node_conv2d_l" = "uint16"', '"node_conv2d_1" = "uint16"')
+    edit(toml, '[variants.mixed.graphs.encoder]\n', '[variants.mixed.graphs.encoder]\nweight_overrides = { head = "int8" }\n')
+    result = run_doit(tinynet_repo, "quantize")
+    assert result.code != 0
+    assert "weight override names 'head', which is no node with a weight in" in result.output
+    assert "(after qnn_preprocess_model); nodes with a weight: node_conv2d, node_conv2d_1" in result.output
+    assert "(fix weight_overrides of [variants.mixed] in models/tinynet/model.toml)" in result.output
 
 
 @pytest.mark.parametrize("extra, message", [

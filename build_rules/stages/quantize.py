@@ -30,8 +30,8 @@ def run(params: dict) -> dict:
         where = ""
         if "override" in str(e):  # name the key to fix
             names = params["names"]
-            where = (f" (fix overrides / node_overrides of [variants.{names['variant']}] in "
-                     f"models/{names['model']}/model.toml)")
+            keys = "weight_overrides" if "weight override" in str(e) else "overrides / node_overrides"
+            where = f" (fix {keys} of [variants.{names['variant']}] in models/{names['model']}/model.toml)"
         raise BuildError(f"{params['name']}: {e}{where}") from e
     values["calibration"] = "reused" if params.get("ranges") else "ran"
     check_quantized(params["outputs"]["onnx"], params["onnx"], params["name"], params["final_outputs"]["onnx"])

@@ -116,14 +116,13 @@ class Candidates:
 
     def quantize(self, sixteen, path: Path, extra_outputs=None) -> Path:
         """The graph at 8-bit activations with `sixteen` (and the variant's pinned overrides) at 16 bit, by
-        onnxruntime from the shared ranges. The variant's weight overrides and LPBQ blocks are not applied: the
-        search is over activation types only."""
+        onnxruntime from the shared ranges; the weights as the variant has them (its weight overrides and LPBQ
+        blocks too): the search is over activation types only."""
         from ..quantize import write_qdq
         overrides = dict(self.pinned)
         overrides.update({t: SIXTEEN for t in sixteen})
         spec = QuantSpec.from_settings(self.graph["variant"]).replace(
-            activations="uint8", overrides=overrides, weight_overrides={}, block_size=None, quantizer="ort",
-            techniques=(), technique_params={})
+            activations="uint8", overrides=overrides, quantizer="ort", techniques=(), technique_params={})
         write_qdq(spec, self.graph["onnx"], path, [], ranges=self.graph["ranges"], extra_outputs=extra_outputs)
         return path
 

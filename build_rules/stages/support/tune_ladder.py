@@ -141,6 +141,19 @@ class Ladder:
         self.seconds += time.perf_counter() - started
         return summary
 
+    def as_is(self) -> dict:
+        """Each targeted graph's summary metrics for the variant exactly as model.toml has it (its 16-bit
+        activations, blocks and weight overrides; not the mixed-precision search's 8-bit start), full set."""
+        own = {"name": "as_built", "changes": {"block_size": QuantSpec.from_settings(
+            self.params["graphs"][0]["variant"]).block_size}}
+        found = {}
+        for name in self.candidates:
+            built = self.build_graph(own, self._graph(name))
+            if "error" in built:
+                raise RuntimeError(f"{self.params['name']}: {name} as the variant has it: {built['error']}")
+            found[name] = self.measure(Path(built["path"]), name, full=True)
+        return found
+
     def build_graph(self, rung: dict, graph: dict) -> dict:
         """Quantize + compile one graph for a rung: {"path", "bytes"} or {"error"}; once per rung name and graph (the
         per-layer search compiles the 8-bit rung for its size, and that rung reuses the binary)."""
@@ -187,7 +200,7 @@ def search(params: dict) -> dict:
     started = time.perf_counter()
     ladder = Ladder(params)
     found = {"rungs": [], "chosen": None, "notes": [], "ladder": ladder, "candidates": ladder.candidates}
-    base = {name: c.measure(set(), full=True) for name, c in ladder.candidates.items()}  # the variant as it is
+    base = ladder.as_is()
     missed = [name for name, summary in base.items() if not meets(ladder._graph(name)["target"], summary)]
     if not missed:
         found["notes"].append("the variant meets every target: no other variant tried")
@@ -230,9 +243,10 @@ def _per_layer(rung: dict, found: dict, ladder: Ladder, variant: QuantSpec, base
                order: list[str]) -> dict | None:
     """The per-layer weight-bit search from the whole rung it refines (tried above, or the variant itself)."""
     whole = next((r for r in found["rungs"] if r["name"] == rung["per_layer_of"]), None)
-    if whole is None and _same_as_variant(rung, variant):  # the variant is that rung: what it missed is known
+    if whole is None and _same_as_variant(rung, variant):  # the variant is that rung: measured as it is
         whole = {"name": rung["per_layer_of"], "changes": rung["changes"],
-                 "graphs": {n: {"missed": True} for n in missed}}
+                 "graphs": {n: {**ladder.build_graph({"name": "as_built"}, ladder._graph(n)), "full": clean(summary),
+                                "missed": n in missed} for n, summary in base.items()}}
     if whole is None:
         found["notes"].append(f"{rung['name']}: not tried ({rung['per_layer_of']} was not tried)")
         return None
@@ -363,6 +377,8 @@ def write(params: dict, found: dict, started: float) -> dict:
             f"# first) that meets every graph's target on the HTP emulator ({chip['name']}, soc {chip['soc_id']}), full evaluation set: "
             f"{rung['name']}, {rung['bytes'] / 1e3:.1f} KB.",
             "# Other chips can differ slightly: the gate still checks every chip when you build it.", *comments,
-            f"# Keep it: python -m build_rules.tuning apply {params['final_outputs']['toml']}", "", *section]
+            f"# Keep it: python -m build_rules.tuning apply {params['final_outputs']['toml']}" if section else
+            "# Nothing to apply: write that variant into model.toml by hand (above: why it is not written here).",
+            "", *section]
     atomic_write_text(params["outputs"]["toml"], "\n".join(text))
     return {"chosen": rung["name"], "bytes": rung["bytes"]}

@@ -139,9 +139,10 @@ def _graph_search(ladder, base: dict, ceiling: dict, graph: dict, rung: dict, lo
     tried = base.get("graphs", {}).get(name) or {}
     if "error" in tried:
         return None
-    if tried.get("full") and meets(graph["target"], tried["full"]):  # the whole LPBQ rung meets this graph
+    known = tried.get("missed")  # set when the whole rung is the variant itself, measured as it is
+    if known is False or (known is None and tried.get("full") and meets(graph["target"], tried["full"])):
         return [], tried if "bytes" in tried else {**ladder.build_graph(base, graph), "full": tried["full"]}
-    missed = tried.get("missed") or any(tried.get(s) and not meets(graph["target"], tried[s]) for s in ("subset", "full"))
+    missed = known or any(tried.get(s) and not meets(graph["target"], tried[s]) for s in ("subset", "full"))
     if not missed and probe(0, []):  # not known to miss: measured as it is first
         return [], built_by_k[0]
     spec = QuantSpec.from_settings(graph["variant"])
