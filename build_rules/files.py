@@ -14,11 +14,18 @@ import tempfile
 from pathlib import Path
 
 
+# mkstemp makes its file 0600; an output gets the mode open() would give it (0644 under the usual umask 022), as
+# the files stages write themselves have: tune's proposals and the bundles' JSON are read by other users and tools.
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

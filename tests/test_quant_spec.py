@@ -49,7 +49,7 @@ def test_a_rung_that_could_not_be_a_variant_is_refused_like_one():
     model.toml's message instead of reaching AIMET unchecked."""
     base = QuantSpec(activations="uint16", weights="uint8", calibration_samples=8, weight_overrides={"Gemm_6": "uint8"})
     ladder = tune_ladder.Ladder.__new__(tune_ladder.Ladder)
-    ladder.params = {"name": "tune:m/v"}
+    ladder.params, ladder._built = {"name": "tune:m/v"}, {}  # no Candidates: nothing is measured here
     graph = {"name": "g", "variant": base.settings("g"), "onnx": "unused.onnx"}
     aimet_rung = next(r for r in tune_ladder.rungs(base) if r["name"] == "w8a8_aimet")
     built = ladder.build_graph(aimet_rung, graph)
