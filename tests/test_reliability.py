@@ -30,8 +30,10 @@ def fresh_tinynet(tmp_path: Path) -> Path:
 
 def start_doit(repo: Path, *args: str, log_name: str = "doit.log") -> subprocess.Popen:
     log = open(repo / log_name, "w")
+    # SIGINT as a terminal's doit has it: a test run started in the background of a non-interactive shell ignores
+    # SIGINT, and an ignored signal stays ignored across exec (doit then rightly leaves it alone)
     return subprocess.Popen([sys.executable, "-m", "doit", *args], cwd=repo, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def finished_tasks(repo: Path) -> set[str]:
