@@ -83,6 +83,7 @@ class Ladder:
                            for g in params["graphs"] if g.get("target")}
         self.seconds = 0.0
         self._built: dict[tuple[str, str], dict] = {}
+        self.as_built: dict[str, dict] = {}  # graph -> the variant's own build (as_is)
 
     def _graph(self, name: str) -> dict:
         return next(g for g in self.params["graphs"] if g["name"] == name)
@@ -148,7 +149,7 @@ class Ladder:
             self.params["graphs"][0]["variant"]).block_size}}
         found = {}
         for name in self.candidates:
-            built = self.build_graph(own, self._graph(name))
+            self.as_built[name] = built = self.build_graph(own, self._graph(name))
             if "error" in built:
                 raise RuntimeError(f"{self.params['name']}: {name} as the variant has it: {built['error']}")
             found[name] = self.measure(Path(built["path"]), name, full=True)
@@ -245,8 +246,8 @@ def _per_layer(rung: dict, found: dict, ladder: Ladder, variant: QuantSpec, base
     whole = next((r for r in found["rungs"] if r["name"] == rung["per_layer_of"]), None)
     if whole is None and _same_as_variant(rung, variant):  # the variant is that rung: measured as it is
         whole = {"name": rung["per_layer_of"], "changes": rung["changes"],
-                 "graphs": {n: {**ladder.build_graph({"name": "as_built"}, ladder._graph(n)), "full": clean(summary),
-                                "missed": n in missed} for n, summary in base.items()}}
+                 "graphs": {n: {**ladder.as_built[n], "full": clean(summary), "missed": n in missed}
+                            for n, summary in base.items()}}
     if whole is None:
         found["notes"].append(f"{rung['name']}: not tried ({rung['per_layer_of']} was not tried)")
         return None

@@ -55,6 +55,7 @@ def rank(float_onnx: str, inputs: list[dict], reference: list[dict], block: int,
     import onnxruntime as ort
     from onnx import numpy_helper
 
+    from ...samples import compare
     from ...toolchains import ort_qnn
     model = ort_qnn.preprocessed_model(float_onnx)
     inits = {i.name: i for i in model.graph.initializer}
@@ -63,7 +64,7 @@ def rank(float_onnx: str, inputs: list[dict], reference: list[dict], block: int,
     def lowest_cosine() -> float:
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         runs = [dict(zip(outputs, session.run(outputs, x))) for x in inputs]
-        return min(_cosine([r[n] for r in runs], [r[n] for r in reference]) for n in outputs)
+        return min(m["cosine"] for m in compare(reference, runs).values())
 
     ranked = []
     for node in model.graph.node:
@@ -79,14 +80,6 @@ def rank(float_onnx: str, inputs: list[dict], reference: list[dict], block: int,
         ranked.append((node.name, lowest_cosine()))
         weight.CopyFrom(kept)
     return sorted(ranked, key=lambda pair: pair[1])
-
-
-def _cosine(got: list, want: list) -> float:
-    import numpy as np
-    a = np.concatenate([np.asarray(g, np.float64).ravel() for g in got])
-    b = np.concatenate([np.asarray(w, np.float64).ravel() for w in want])
-    norm = float(np.linalg.norm(a) * np.linalg.norm(b))
-    return float(a @ b / norm) if norm else 1.0
 
 
 def search(ladder, base: dict, ceiling: dict, order: list[str], log) -> dict:
@@ -117,23 +110,19 @@ def _graph_search(ladder, base: dict, ceiling: dict, graph: dict, rung: dict, lo
     """The smallest k whose top-k int8 probe meets the graph's target: (nodes, its built record), or None."""
     from .precision import meets
     name = graph["name"]
-    built_by_k: dict[int, dict] = {}
+    ranked: list[str] = []
 
-    def trial(k: int, nodes: list[str]) -> dict:
-        return {"name": f"{rung['name']}_{name}_top{k}", "changes": base["changes"], "weight_bits": {name: nodes},
-                "graphs": {name: built_by_k[k]} if k in built_by_k else {}}
+    def trial(k: int) -> dict:  # a name per k: the ladder compiles each once (sizing, then probing, reuse it)
+        return {"name": f"{rung['name']}_{name}_top{k}", "changes": base["changes"],
+                "weight_bits": {name: ranked[:k]}, "graphs": {}}
 
-    def size(k: int) -> int | None:  # compile only
-        if k not in built_by_k:
-            built_by_k[k] = ladder.build_graph(trial(k, ranked[:k]), graph)
-        return built_by_k[k].get("bytes")
+    def built(k: int) -> dict:
+        return ladder.build_graph(trial(k), graph)
 
-    def probe(k: int, nodes: list[str]) -> bool:
-        attempt = trial(k, nodes)
-        ok = ladder.try_rung(attempt, [name])
-        built_by_k[k] = attempt["graphs"].get(name, {})
-        rung["probes"].append({"graph": name, "int8": k, "meets": ok, **{key: built_by_k[k][key] for key in (
-            "bytes", "subset", "full", "error") if key in built_by_k[k]}})
+    def probe(k: int) -> bool:
+        ok = ladder.try_rung(trial(k), [name])
+        rung["probes"].append({"graph": name, "int8": k, "meets": ok, **{key: built(k)[key] for key in (
+            "bytes", "subset", "full", "error") if key in built(k)}})
         return ok
 
     tried = base.get("graphs", {}).get(name) or {}
@@ -143,8 +132,8 @@ def _graph_search(ladder, base: dict, ceiling: dict, graph: dict, rung: dict, lo
     if known is False or (known is None and tried.get("full") and meets(graph["target"], tried["full"])):
         return [], tried if "bytes" in tried else {**ladder.build_graph(base, graph), "full": tried["full"]}
     missed = known or any(tried.get(s) and not meets(graph["target"], tried[s]) for s in ("subset", "full"))
-    if not missed and probe(0, []):  # not known to miss: measured as it is first
-        return [], built_by_k[0]
+    if not missed and probe(0):  # not known to miss: measured as it is first
+        return [], built(0)
     spec = QuantSpec.from_settings(graph["variant"])
     c = ladder.candidates[name]
     eight = {n for n, t in spec.weight_overrides.items() if t != "int4"}  # already 8 bit by the variant
@@ -153,26 +142,26 @@ def _graph_search(ladder, base: dict, ceiling: dict, graph: dict, rung: dict, lo
     rung.setdefault("ranked", {})[name] = [[n, round(cos, 6)] for n, cos in scored]
     log(f"ladder {rung['name']}: {name}: {len(scored)} weights ranked on the CPU (each alone at 4 bit, lowest output "
         "cosine): " + ", ".join(f"{n} {cos:.4f}" for n, cos in scored[:5]) + (" ..." if len(scored) > 5 else ""))
-    ranked = [n for n, _ in scored]
+    ranked[:] = [n for n, _ in scored]
     limit = ladder.build_graph(ceiling, graph).get("bytes")  # the 8-bit rung's binary (that rung reuses it)
     rung.setdefault("ceiling_bytes", {})[name] = limit
-    high = _largest_below(size, len(ranked), limit)
+    high = _largest_below(lambda k: built(k).get("bytes"), len(ranked), limit)  # compiles only
     if high == 0:
         log(f"ladder {rung['name']}: {name}: one weight at int8 already makes a binary as large as {ceiling['name']}'s "
             f"({limit} bytes): no per-layer mix tried")
         return None
-    if not probe(high, ranked[:high]):
+    if not probe(high):
         log(f"ladder {rung['name']}: {name}: misses with its {high} most harmed weights of {len(ranked)} at int8 "
             f"(more would make a binary as large as {ceiling['name']}'s)")
         return None
     low = 0  # the whole LPBQ rung: missed
     while high - low > 1:
         middle = (low + high) // 2
-        if probe(middle, ranked[:middle]):
+        if probe(middle):
             high = middle
         else:
             low = middle
-    return ranked[:high], built_by_k[high]
+    return ranked[:high], built(high)
 
 
 def _largest_below(size, count: int, limit: int | None) -> int:
