@@ -222,11 +222,8 @@ def reference_metrics(params: dict) -> tuple[dict, dict]:
 
 def run_binary(ctx_model: str | list, inputs: list[dict]) -> list[dict]:
     """A context binary's outputs on the HTP emulator; a split graph's parts in order (build_rules/chain.py)."""
-    if isinstance(ctx_model, list):
-        from .. import chain
-        return chain.run_on_emulator(ctx_model, inputs)
-    from ..toolchains import ort_qnn
-    return ort_qnn.run_context_binary(ctx_model, inputs)
+    from .. import emulator_runs
+    return emulator_runs.run_outputs(ctx_model, inputs)
 
 
 def _inherited(proof: dict | None) -> str:
