@@ -58,9 +58,8 @@ def test_keys_are_unique_and_each_names_its_toolchain():
             assert worker.sdk or not where.startswith("qairt"), (stage.name, where)
 
 
-def import_graph() -> dict[str, set[str]]:
-    """build_rules' modules and the build_rules modules each imports (also inside functions), as
-    /work/shared/tools/import_cycles.py reads them."""
+def package_modules() -> dict[str, Path]:
+    """build_rules' modules by dotted name (a package by its __init__.py), templates left out (they are copied)."""
     modules = {}
     for path in PACKAGE.rglob("*.py"):
         if "templates" in path.parts:
@@ -69,6 +68,31 @@ def import_graph() -> dict[str, set[str]]:
         if parts[-1] == "__init__":
             parts = parts[:-1]
         modules[".".join(parts)] = path
+    return modules
+
+
+def package_imports(modules: dict[str, Path]):
+    """Every import statement of build_rules (also inside functions), as (module, path, line, imported module,
+    names): `import a.b` gives ("a.b", []), `from ..x import y, z` gives (the resolved "build_rules...x", ["y", "z"])."""
+    for module, path in modules.items():
+        base = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    yield module, path, node.lineno, alias.name, []
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    b = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                    prefix = ".".join(b + ([node.module] if node.module else []))
+                else:
+                    prefix = node.module or ""
+                yield module, path, node.lineno, prefix, [a.name for a in node.names]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """build_rules' modules and the build_rules modules each imports (also inside functions), as
+    /work/shared/tools/import_cycles.py reads them."""
+    modules = package_modules()
 
     def resolve(name):
         while name and name not in modules:
@@ -76,25 +100,59 @@ def import_graph() -> dict[str, set[str]]:
         return name or None
 
     edges = {m: set() for m in modules}
-    for module, path in modules.items():
-        base = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    b = base[: len(base) - (node.level - 1)] if node.level > 1 else base
-                    prefix = ".".join(b + ([node.module] if node.module else []))
-                else:
-                    prefix = node.module or ""
-                targets = [prefix] + [f"{prefix}.{a.name}" for a in node.names]
-            else:
-                continue
-            for target in targets:
-                found = resolve(target) if target.split(".")[0] == "build_rules" else None
-                if found and found != module and found != "build_rules":
-                    edges[module].add(found)
+    for module, _, _, imported, names in package_imports(modules):
+        for target in [imported] + [f"{imported}.{n}" for n in names]:
+            found = resolve(target) if target.split(".")[0] == "build_rules" else None
+            if found and found != module and found != "build_rules":
+                edges[module].add(found)
     return edges
+
+
+def top_level_names(path: Path) -> set[str] | None:
+    """The names a module defines at its top level (also inside a top-level if/try), or None when it cannot be told
+    from the source (a star import or a module __getattr__)."""
+    names = set()
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for alias in node.names:
+                    if alias.name == "*":
+                        return False
+                    names.add(alias.asname or alias.name.split(".")[0])
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):
+                blocks = [node.body, getattr(node, "orelse", []), getattr(node, "finalbody", [])]
+                blocks += [h.body for h in getattr(node, "handlers", [])]
+                if not all(visit(b) is not False for b in blocks):
+                    return False
+        return True
+    if visit(ast.parse(path.read_text(), str(path)).body) is False or "__getattr__" in names:
+        return None
+    return names
+
+
+def missing_imports() -> list[str]:
+    """Each import of a build_rules module that does not exist, or of a name its module does not define: such an
+    import fails only when its line runs (a relative import one level off inside a function, say)."""
+    modules = package_modules()
+    found = []
+    for module, path, line, imported, names in package_imports(modules):
+        if imported.split(".")[0] != "build_rules":
+            continue
+        where = f"{path.relative_to(ROOT)}:{line}"
+        if imported not in modules:
+            found.append(f"{where}: no module {imported}")
+            continue
+        defined = top_level_names(modules[imported])
+        for name in names:
+            if f"{imported}.{name}" not in modules and defined is not None and name not in defined:
+                found.append(f"{where}: {imported} has no {name!r}")
+    return found
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -141,6 +199,27 @@ def test_the_cycle_finder_finds_a_circle():
 def test_build_rules_has_no_import_circles():
     found = cycles(import_graph())
     assert found == [], "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_missing_import_finder_finds_a_missing_module_and_a_missing_name(tmp_path, monkeypatch):
+    package = tmp_path / "build_rules"
+    (package / "stages" / "support").mkdir(parents=True)
+    for init in (package, package / "stages", package / "stages" / "support"):
+        (init / "__init__.py").write_text("")
+    (package / "errors.py").write_text("AIMET_INSTALL = 'pip install aimet-onnx'\n")
+    (package / "stages" / "support" / "ladder.py").write_text(
+        "def f():\n    from ..errors import AIMET_INSTALL\n    from ...errors import AIMET_INSTALL, NOPE\n"
+        "    from ... import errors, nothing\n    import build_rules.errors\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
+    assert missing_imports() == [
+        "build_rules/stages/support/ladder.py:2: no module build_rules.stages.errors",
+        "build_rules/stages/support/ladder.py:3: build_rules.errors has no 'NOPE'",
+        "build_rules/stages/support/ladder.py:4: build_rules has no 'nothing'"]
+
+
+def test_every_import_of_build_rules_names_a_module_and_a_name_that_exist():
+    assert missing_imports() == []
 
 
 def test_no_lower_layer_imports_the_stages_or_the_task_generators():
