@@ -55,10 +55,33 @@ def run_doit(repo: Path, *args: str) -> DoitRun:
         os.chdir(old_cwd)
         tasks.project.cache_clear()
         collector.resume()  # a `doit list` run leaves collection paused (its process would exit next)
-    text = out.getvalue()
+    return doit_run(code, out.getvalue())
+
+
+def doit_run(code: int, text: str) -> DoitRun:
     ran = set(re.findall(r"^\.  \[\d+/\d+\] (\S+)", text, re.M))
     skipped = set(re.findall(r"^-- (\S+)$", text, re.M))
     return DoitRun(code, text, ran, skipped)
+
+
+SHIMS = Path(__file__).resolve().parent / "shims"
+
+
+def environment_without(*modules: str) -> dict[str, str]:
+    """The environment of a subprocess in which these installed modules are missing, as for a user without an extra
+    (tests/shims/sitecustomize.py hides them from import, find_spec and importlib.metadata), with this checkout's
+    build_rules first on the path. doit's stage processes inherit it."""
+    path = os.pathsep.join(p for p in (str(SHIMS), str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, "HIDDEN_PACKAGES": " ".join(modules)}
+
+
+def run_doit_process(repo: Path, *args: str, env: dict[str, str]) -> DoitRun:
+    """Run `python -m doit <args>` in a new process in the repo, with `env` (environment_without(...))."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "doit", *args], cwd=repo, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    return doit_run(done.returncode, done.stdout)
 
 
 def make_repo(dest: Path, models: dict[str, Path], chips: str | None = None) -> Path:

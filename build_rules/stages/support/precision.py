@@ -132,6 +132,14 @@ class Candidates:
         names = [o.name for o in session.get_outputs()]
         return [dict(zip(names, session.run(names, self.inputs[i]))) for i in indices]
 
+    def metrics(self, indices: list[int], outputs: list[dict]) -> dict:
+        """check.measure of `outputs` (for the evaluation samples `indices`: a binary's, a candidate's on the CPU)
+        against the float reference, the score hook given those samples' inputs and labels. Every measurement of
+        tune and sensitivity goes through here, so none can leave the labels out."""
+        inputs, reference = [self.inputs[i] for i in indices], [self.reference[i] for i in indices]
+        labels = None if self.labels is None else [self.labels[i] for i in indices]
+        return measure(self.hooks, self.graph["name"], self.data_dir, inputs, reference, outputs, labels)
+
     def measure(self, sixteen, full: bool = False) -> dict:
         """Summary metrics (cosine, sqnr, max_abs, task metrics) with `sixteen` at 16 bit."""
         key = (frozenset(sixteen), full)
@@ -143,10 +151,9 @@ class Candidates:
         outputs = self.run(model, indices)
         names = list(self.reference[0])
         outputs = [{n: o[n] for n in names} for o in outputs]
-        inputs, reference = [self.inputs[i] for i in indices], [self.reference[i] for i in indices]
+        reference = [self.reference[i] for i in indices]
         try:
-            labels = None if self.labels is None else [self.labels[i] for i in indices]
-            metrics = measure(self.hooks, self.graph["name"], self.data_dir, inputs, reference, outputs, labels)
+            metrics = self.metrics(indices, outputs)
         except Exception as e:  # a score hook may insist on the whole evaluation set: no task metrics on a subset
             if full:
                 raise

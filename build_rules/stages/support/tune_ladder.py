@@ -119,7 +119,7 @@ class Ladder:
 
     def measure(self, path: Path, graph: str, full: bool) -> dict:
         """The graph's summary metrics for a QDQ model on the emulator (as Candidates.measure does for its own)."""
-        from ..check import measure, summarize
+        from ..check import summarize
         from ...samples import compare
         c = self.candidates[graph]
         started = time.perf_counter()
@@ -127,16 +127,15 @@ class Ladder:
         outputs = c.run(path, indices)
         names = list(c.reference[0])
         outputs = [{n: o[n] for n in names} for o in outputs]
-        inputs, reference = [c.inputs[i] for i in indices], [c.reference[i] for i in indices]
         if full or c.score_on_subset:
             try:
-                metrics = measure(c.hooks, graph, c.data_dir, inputs, reference, outputs)
+                metrics = c.metrics(indices, outputs)
             except Exception:  # a score hook may insist on the whole evaluation set (Candidates.measure says so)
                 if full:
                     raise
                 c.score_on_subset = False
         if not (full or c.score_on_subset):
-            metrics = {"samples": len(indices), "outputs": compare(reference, outputs)}
+            metrics = {"samples": len(indices), "outputs": compare([c.reference[i] for i in indices], outputs)}
         summary = summarize(metrics)
         summary["_float_score"] = metrics.get("float_score", {})
         self.seconds += time.perf_counter() - started
@@ -203,6 +202,10 @@ def search(params: dict) -> dict:
     found = {"rungs": [], "chosen": None, "notes": [], "ladder": ladder, "candidates": ladder.candidates}
     base = ladder.as_is()
     missed = [name for name, summary in base.items() if not meets(ladder._graph(name)["target"], summary)]
+    for name, summary in base.items():
+        metrics = gates.metrics(ladder._graph(name)["target"])
+        print(f"{params['variant']} as built: {name}: {', '.join(f'{m} = {summary[m]:.5g}' for m in metrics)} on all "
+              f"samples: {'misses' if name in missed else 'meets'} {' and '.join(metrics)}", flush=True)
     if not missed:
         found["notes"].append("the variant meets every target: no other variant tried")
         return found
