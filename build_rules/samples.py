@@ -161,13 +161,23 @@ def compare(reference: list[dict], actual: list[dict], frames: bool = False) -> 
     return metrics
 
 
+ZERO_FRAME = 1e-3  # a frame whose norm is at most this fraction of its output's largest frame is a zero frame
+
+
 def _frame_cosine(reference: np.ndarray, actual: np.ndarray) -> float:
+    """The lowest cosine over the frames of one sample's output. A frame of (near) zeros has no direction: two zero
+    frames agree (1.0), a zero frame against one that is not disagrees (0.0). Zero means a norm at most ZERO_FRAME of
+    the largest frame's norm in either tensor (a sparse per-pixel map's background, where float rounding leaves
+    1e-7s in one and exact zeros in the other)."""
     ref = reference.astype(np.float64).reshape(-1, reference.shape[-1] if reference.ndim else 1)
     act = actual.astype(np.float64).reshape(ref.shape)
-    norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(act, axis=1)
+    ref_norms, act_norms = np.linalg.norm(ref, axis=1), np.linalg.norm(act, axis=1)
+    floor = ZERO_FRAME * max(ref_norms.max(initial=0.0), act_norms.max(initial=0.0))
+    ref_zero, act_zero = ref_norms <= floor, act_norms <= floor
+    norms = ref_norms * act_norms
     dots = np.einsum("ij,ij->i", ref, act)
-    both_zero = (norms == 0) & np.all(ref == act, axis=1)  # two zero frames agree
-    cosines = np.where(norms > 0, dots / np.where(norms > 0, norms, 1), np.where(both_zero, 1.0, 0.0))
+    cosines = np.where(ref_zero | act_zero, np.where(ref_zero & act_zero, 1.0, 0.0),
+                       dots / np.where(norms > 0, norms, 1))
     return float(cosines.min())
 
 

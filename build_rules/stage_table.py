@@ -60,7 +60,8 @@ STAGES: tuple[Stage, ...] = (
           {"any": _w("simplify", 3, ("onnx", "onnxsim"), relocatable=True)}),
     Stage("verify", "3 verify: ONNX Runtime CPU vs PyTorch on real inputs, within the model's tolerance",
           {"any": "pipeline:_verify_tasks"},
-          {"any": _w("verify", 2, ("onnxruntime", "torch", "numpy"), relocatable=True)}),  # 2: frame_cosine
+          # 2: frame_cosine; 3: two zero frames agree (samples.ZERO_FRAME)
+          {"any": _w("verify", 3, ("onnxruntime", "torch", "numpy"), relocatable=True)}),
     Stage("size", "3b size: a graph's estimated context binary per variant against the budget (max_context_mb), "
           "before compiling", {"any": "split:size_tasks"},
           {"any": _w("size", 1, ("onnx", "numpy"), in_process=True)}),
@@ -101,8 +102,9 @@ STAGES: tuple[Stage, ...] = (
            "qairt": _q("compile", "context_binary", 2)}),
     Stage("check", "7 check: run each binary on the HTP emulator vs the float model; fail below the graph's gate",
           {"ort-qnn": "pipeline:_check_tasks", "qairt": "qairt:check"},
-          {"ort-qnn": _w("check", 3, ("onnxruntime", "numpy"), sdk=True, relocatable=True),
-           "qairt": _q("check", "qairt_check", 2, ("numpy", "onnxruntime"))}),
+          # ort-qnn 4, qairt 3: two zero frames agree in frame_cosine (samples.ZERO_FRAME)
+          {"ort-qnn": _w("check", 4, ("onnxruntime", "numpy"), sdk=True, relocatable=True),
+           "qairt": _q("check", "qairt_check", 3, ("numpy", "onnxruntime"))}),
     Stage("evaluate", "7b evaluate: the model's evaluate hook over all graphs (e.g. WER): float on CPU, each binary "
           "on the emulator", {"ort-qnn": "pipeline:_evaluate_tasks"},
           {"ort-qnn": _w("evaluate", 2, ("onnxruntime", "numpy"), sdk=True)}),
@@ -146,7 +148,7 @@ STAGES: tuple[Stage, ...] = (
     # adb, so doit's own check never calls it (uptodate False) and these versions are the rows' only.
     Stage("device_check", "14 device_check: [devices.<name>] in devices.toml: the binary on the phone's NPU, judged "
           "by the graph's gates", {"any": "device:device_check_tasks"},
-          {"any": Worker(module=None, key="device_check", version=1, in_process=True)}),
+          {"any": Worker(module=None, key="device_check", version=2, in_process=True)}),  # 2: frame_cosine's zero frames
     Stage("profile", "14b profile: on the phone: context load, first and steady-state latency (qnn-profile-viewer)",
           {"any": "device:profile_tasks"}, {"any": Worker(module=None, key="profile", version=1, in_process=True)}),
     Stage("power", "14c power: on the phone: the model in a loop, CPU share and battery drain "

@@ -216,6 +216,40 @@ def test_one_bad_frame_fails_frame_cosine_but_not_whole_tensor_cosine():
     assert "frame_cosine" not in compare([{"out": reference}], [{"out": actual}])["out"]
 
 
+def test_frame_cosine_of_a_sparse_map_counts_zero_frames_that_agree():
+    """Issue 35: a per-pixel text map is 96 % exact zeros, so most frames are zero vectors; frame_cosine was 0 on
+    every line, even for float vs float (max_abs 2.9e-5). Two (near) zero frames agree, one zero frame against one
+    that is not disagrees, other frames keep their cosine."""
+    import numpy as np
+    from build_rules.samples import ZERO_FRAME, compare
+    rng = np.random.default_rng(0)
+    reference = np.zeros((1, 1, 96, 128), np.float32)
+    reference[0, 0, 40:44, 10:90] = rng.uniform(0.5, 1.0, (4, 80))  # one line of text: 4 rows of the map
+    float_again = reference + rng.uniform(-2.9e-5, 2.9e-5, reference.shape).astype(np.float32) * (reference > 0)
+    noise_only = reference.copy()
+    noise_only[0, 0, 0] = 1e-7  # ONNX Runtime's rounding where PyTorch gave an exact 0
+    for actual in (reference, float_again, noise_only):
+        metrics = compare([{"map": reference}], [{"map": actual}], frames=True)["map"]
+        assert metrics["frame_cosine"] == pytest.approx(1.0, abs=1e-9)
+    # a frame of text lost (zero where the reference has text), or text where the reference is zero: 0
+    lost = reference.copy()
+    lost[0, 0, 41] = 0
+    ghost = reference.copy()
+    ghost[0, 0, 5, :20] = 0.5
+    for actual in (lost, ghost):
+        assert compare([{"map": reference}], [{"map": actual}], frames=True)["map"]["frame_cosine"] == 0.0
+    # a frame below ZERO_FRAME of the largest one is a zero frame: it agrees with an exact zero; above, it does not
+    largest = float(np.linalg.norm(reference[0, 0], axis=1).max())
+    faint, visible = reference.copy(), reference.copy()
+    faint[0, 0, 5, 0] = 0.9 * ZERO_FRAME * largest
+    visible[0, 0, 5, 0] = 1.1 * ZERO_FRAME * largest
+    assert compare([{"map": reference}], [{"map": faint}], frames=True)["map"]["frame_cosine"] == pytest.approx(1.0)
+    assert compare([{"map": reference}], [{"map": visible}], frames=True)["map"]["frame_cosine"] == 0.0
+    # all zeros in both (an empty page): they agree
+    empty = np.zeros_like(reference)
+    assert compare([{"map": empty}], [{"map": empty}], frames=True)["map"]["frame_cosine"] == 1.0
+
+
 def test_verify_gate_on_frame_cosine_names_the_metric(tinynet_repo):
     toml = tinynet_repo / "models/tinynet/model.toml"
     text = toml.read_text()

@@ -21,7 +21,7 @@ from ..samples import compare, load_evaluation, load_hooks, load_labels, score, 
 
 # The version of this stage's measurement memo (results.py): a new one re-measures, a task key's version
 # (stage_table.py) does not have to.
-MEASUREMENT_VERSION = 2  # 2: frame_cosine measured; worst output per metric in the report
+MEASUREMENT_VERSION = 3  # 2: frame_cosine measured; worst output per metric in the report; 3: zero frames agree
 
 
 def run(params: dict) -> dict:
