@@ -107,9 +107,7 @@ def results(gates, measured: dict, reference: dict | None = None) -> list[dict]:
         entry = {"gate": describe(gate), "metric": metric, "value": None, "passed": None}
         found.append(entry)
         if metric not in measured:
-            entry["failure"] = (f"gate metric '{metric}' was not measured (measured: {', '.join(measured) or 'none'})"
-                                f"{did_you_mean(metric, measured)}; a task metric needs a score() hook (per graph) or "
-                                "evaluate() (per model) that returns it")
+            entry["failure"] = not_measured(metric, measured)
             continue
         value = entry["value"] = float(measured[metric])
         ref = None
@@ -124,6 +122,14 @@ def results(gates, measured: dict, reference: dict | None = None) -> list[dict]:
         if not entry["passed"]:
             entry["failure"] = _failure(gate, value, low, high, ref)
     return found
+
+
+def not_measured(metric: str, measured) -> str:
+    """Why a gate on `metric` cannot be judged when only `measured` (metric names) were: verify says it before any
+    binary is made (the float model's score on the CPU), check on the binary's."""
+    return (f"gate metric '{metric}' was not measured (measured: {', '.join(measured) or 'none'})"
+            f"{did_you_mean(metric, measured)}; a task metric needs a score() hook (per graph) or "
+            "evaluate() (per model) that returns it")
 
 
 def _failure(gate: dict, value: float, low: float | None, high: float | None, ref: float | None) -> str:

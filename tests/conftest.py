@@ -102,6 +102,14 @@ def write_tinynet_checkpoints(folder: Path, seed: int = 0) -> None:
         torch.save(cls().state_dict(), folder / f"{graph}.pt")
 
 
+def labelled_repo(dest: Path) -> Path:
+    """tests/models/labelled: a classifier whose evaluation samples are (inputs, label) pairs and whose score() takes
+    the labels (the float model's own classes, so its accuracy is 1)."""
+    repo = make_repo(dest, {"labelled": TEST_MODELS / "labelled"})
+    runpy.run_path(str(repo / "models/labelled/hooks.py"))["write_weights"](repo / "models/labelled/classifier.npz")
+    return repo
+
+
 @pytest.fixture(scope="session")
 def built_tinynet(tmp_path_factory) -> Path:
     """The tiny two-graph model, fully built once; tests take copies of it."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TEST_MODELS, environment_without, make_repo, run_doit, run_doit_process
+from conftest import ROOT, environment_without, labelled_repo, make_repo, run_doit, run_doit_process
 
 GRAPHS = ("encoder", "head")
 CHIPS = ("SM8550", "SM8750")
@@ -430,15 +430,6 @@ def test_tuning_a_variant_that_already_meets_its_targets_at_8_bit_proposes_nothi
     with pytest.raises(ConfigError, match="no \\[variants.<name>\\] section: the tuned variant meets its targets as "
                                           "it is, nothing to apply"):
         tuning.apply(tuned, model_toml=toml, chips_toml=tinynet_repo / "chips.toml")
-
-
-def labelled_repo(dest: Path) -> Path:
-    """tests/models/labelled: a classifier whose evaluation samples are (inputs, label) pairs and whose score() takes
-    the labels (the float model's own classes, so its accuracy is 1)."""
-    import runpy
-    repo = make_repo(dest, {"labelled": TEST_MODELS / "labelled"})
-    runpy.run_path(str(repo / "models/labelled/hooks.py"))["write_weights"](repo / "models/labelled/classifier.npz")
-    return repo
 
 
 def test_tune_without_aimet_scores_with_the_labels_and_skips_the_aimet_rungs(tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_MODELS, make_repo, run_doit, write_tinynet_checkpoints
+from conftest import TEST_MODELS, labelled_repo, make_repo, run_doit, write_tinynet_checkpoints
 
 ONLY_SM8750 = 'default = ["SM8750"]\n'
 
@@ -297,15 +297,34 @@ def test_a_user_metric_gates_by_its_bound_and_an_unmeasured_one_lists_what_was(b
     assert result.code != 0
     assert "check:recurrent/cell/w8a16@SM8750: gate failed: state_cosine = " in result.output
     assert "needs >= 1.5 (short by " in result.output
+    assert "verify:recurrent/cell" in result.up_to_date  # a new bound: verify does not ask the score hook again
+    # a metric the score hook does not return: verify says so from the float model's score, before any binary
     edit(toml, 'gate = { metric = "state_cosine", min = 1.5 }', 'gate = { metric = "pitch_agreement", min = 0.9 }')
     result = run_doit(repo, "check:recurrent/cell/w8a16@SM8750")
-    assert result.code != 0
-    assert ("check:recurrent/cell/w8a16@SM8750: gate metric 'pitch_agreement' was not measured (measured: cosine, "
-            "sqnr, max_abs, frame_cosine, state_cosine)") in result.output
+    assert result.code != 0 and "verify:recurrent/cell" in result.ran and not result.ran_stage("check")
+    assert ("verify:recurrent/cell: models/recurrent/model.toml [graphs.cell.gate]: gate metric 'pitch_agreement' "
+            "was not measured (measured: cosine, sqnr, max_abs, frame_cosine, state_cosine)") in result.output
     edit(toml, 'metric = "pitch_agreement"', 'metric = "state_cosin"')
     result = run_doit(repo, "check:recurrent/cell/w8a16@SM8750")
     assert result.code != 0
     assert "frame_cosine, state_cosine); did you mean 'state_cosine'?; a task metric needs" in result.output
+
+
+def test_a_gate_metric_the_score_hook_does_not_return_fails_verify_before_any_binary(tmp_path):
+    """Issue 35: a typo in a gate's metric was found by the check, after the emulator ran (~10 min for fp16). The
+    score hook's metric names are known from the float model's score on the CPU: verify fails on them, and no
+    quantize, compile or check runs."""
+    repo = labelled_repo(tmp_path / "repo")
+    edit(repo / "models/labelled/model.toml", 'metric = "accuracy"', 'metric = "acuracy"')
+    result = run_doit(repo)
+    assert result.code != 0
+    assert ("verify:labelled/classifier: models/labelled/model.toml [graphs.classifier.gate]: gate metric 'acuracy' "
+            "was not measured (measured: cosine, sqnr, max_abs, frame_cosine, accuracy); did you mean 'accuracy'?; a "
+            "task metric needs a score() hook (per graph) or evaluate() (per model) that returns it (the float "
+            "model's score on the CPU, before any binary is built)") in result.output
+    assert "verify:labelled/classifier" in result.ran
+    assert not {t for t in result.ran if t.split(":")[0] in ("quantize", "compile", "check")}, result.ran
+    assert not (repo / "out/labelled/float/classifier.evaluation.npz").exists()
 
 
 # --- 4 + 5. ONNX-only models ----------------------------------------------------------------------------------

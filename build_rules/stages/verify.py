@@ -11,8 +11,9 @@ from pathlib import Path
 from .. import gates
 from ..errors import BuildError
 from ..files import atomic_write_json
-from ..samples import (build_module, check_sample, compare, label_arrays, load_hooks, save_arrays, split_labels,
-                     transformed, worst)
+from ..config import COMPARISON_METRICS
+from ..samples import (build_module, check_sample, compare, label_arrays, load_hooks, save_arrays, score,
+                       split_labels, transformed, worst)
 
 
 def evaluation_samples(hooks, params) -> tuple[list[dict], list | None]:
@@ -86,6 +87,20 @@ def _export_warnings(params: dict) -> str:
     return f"; the export says: {lines[0].removeprefix('warning: ')}" if lines else ""
 
 
+def _gated_metrics_returned(hooks, params: dict, samples: list[dict], outputs: list[dict], labels) -> dict:
+    """The float model's task metrics (the score hook on the CPU's outputs); fails when a gate names a metric it does
+    not return, with check's message (gates.not_measured), before any binary is compiled or run on the emulator."""
+    graph = params["graph"]
+    found = score(hooks, graph, samples, outputs, outputs, labels, f"{params['hooks']}: score({graph!r})") \
+        if hasattr(hooks, "score") else {}
+    measured = [*COMPARISON_METRICS, *found]
+    missing = [gates.not_measured(m, measured) for m in params["gate_metrics"] if m not in measured]
+    if missing:
+        raise BuildError(f"{params['name']}: {params['model_toml']} [graphs.{graph}.gate]: {'; '.join(missing)} "
+                         "(the float model's score on the CPU, before any binary is built)")
+    return found
+
+
 def run(params: dict) -> dict:
     import numpy as np
 
@@ -111,6 +126,8 @@ def run(params: dict) -> dict:
         raise BuildError(f"{params['name']}: ONNX Runtime vs source {threshold['metric']} = {value:.3g}, "
                          f"allowed {relation} {bound:g} (per output: {metrics}); "
                          f"{_worst_sample(source_outputs, onnx_outputs)}{_export_warnings(params)}")
+    if params.get("gate_metrics"):
+        report["float_score"] = _gated_metrics_returned(hooks, params, samples, onnx_outputs, labels)
     atomic_write_json(params["outputs"]["report"], report)
     arrays = {}
     for i, (sample, reference) in enumerate(zip(samples, onnx_outputs)):

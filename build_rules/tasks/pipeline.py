@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 
-from .. import layout
-from ..config import Model, gate_dicts
+from .. import gates, layout
+from ..config import COMPARISON_METRICS, Model, gate_dicts
 from ..project import (chip_params, calibration_files, checkpoint_files, model_data,
                        hook_files, input_specs, model_graphs, project, quantized_variants, ranges_file, reference_chip,
                        rel, source_onnx, stage_task, task_key, variant_builds)
@@ -93,6 +93,9 @@ def _verify_tasks():
                   "inputs": input_specs(graph), "output_names": list(graph.outputs),
                   "verify": graph.verify.as_dict(), "default_evaluation_count": 8, "outputs": outputs,
                   "model_toml": rel(model.toml_path), "trusted_checkpoints": model.trusted_checkpoints}
+        task_metrics = [m for m in gates.metrics(gate_dicts(graph.gates)) if m not in COMPARISON_METRICS]
+        if task_metrics:  # the score hook must return them: verify asks it of the float model, before any binary
+            params["gate_metrics"] = task_metrics  # names only: a new bound does not re-run verify
         data_params, data_dep = model_data(model)
         params.update(data_params)
         file_dep = [sim, *hook_files(model), *checkpoints, *data_dep] + ([params["source_onnx"]] if model.onnx else [])
