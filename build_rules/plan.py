@@ -15,7 +15,11 @@ The time left is the sum over the tasks still to run of their seconds in out/.bu
 time each ran; a task never seen counts as the median of its stage (or of the kind its task names, see Plan.kind),
 else of all: the estimate says how many),
 minus what the running ones have done, divided by the number of jobs. A task whose outputs the local build cache
-holds (see cache_hits) counts as its last restore from the cache, a fraction of a second, not as its work.
+holds (see cache_hits) counts as its last restore from the cache, a fraction of a second, not as its work. A check
+that runs again on inputs its measurement memo was made from (a new gate, a failed check judged again: see
+remembered) re-judges the saved numbers without the emulator: it counts as REMEMBERED_SECONDS, not as its last
+measurement. Parallel work inside one task (emulator workers) shows in the seconds the log has for it; doit's own
+jobs divide the sum in one place, Plan.time_left.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 
 class Plan:
@@ -39,6 +44,7 @@ class Plan:
         self.started: set[str] = set()
         self.seconds, self.restore_seconds = last_seconds(log_rows)
         self.hits = cache_hits(tasks, self.to_run) if self.seconds or self.restore_seconds else set()
+        self.remembered = remembered(tasks, self.to_run) - self.hits if self.seconds or self.restore_seconds else set()
 
     def start(self, name: str) -> tuple[int, int]:
         """[k/N] of a task that starts now."""
@@ -49,6 +55,7 @@ class Plan:
             self.to_run |= predict(self.tasks, self.selected, lambda task: True,
                                    {n: True for n, run in self.decided.items() if run})
             self.hits = set()  # -a re-runs the stages themselves
+            self.remembered = set()
         self.jobs = max(self.jobs, workers())
         self.started.add(name)
         self.to_run.add(name)  # a task the plan thought up to date (an uptodate that changed meanwhile)
@@ -73,9 +80,11 @@ class Plan:
     def guessed(self, running: dict[str, float]) -> int:
         """How many of the tasks left (not started, or running) never ran here: their time is another task's."""
         left = [n for n in self.to_run if n not in self.started] + [n for n in running if n in self.to_run]
-        return sum(n not in self.hits and n not in self.seconds for n in left)
+        return sum(n not in self.hits and n not in self.remembered and n not in self.seconds for n in left)
 
     def estimate(self, name: str) -> float:
+        if name in self.remembered:  # re-judges the numbers its memo keeps: no emulator run
+            return min(self.seconds.get(name, REMEMBERED_SECONDS), REMEMBERED_SECONDS)
         if name in self.hits:  # a copy from the build cache: the last restore's time, or a typical one
             if name in self.restore_seconds:
                 return self.restore_seconds[name]
@@ -94,6 +103,50 @@ class Plan:
 
 
 RESTORE_SECONDS = 0.05  # a restore when the build log has none yet (copying a few files)
+REMEMBERED_SECONDS = 1.0  # a check judging its memo's numbers: a stage process that reads them (measured 0.3-0.9 s)
+
+
+def remembered(tasks: dict, to_run: set[str]) -> set[str]:
+    """The planned checks whose numbers are remembered: none of their inputs is made again in this run, and their
+    measurement memo (meta["memo"], stages/check.py) was measured from the binaries, evaluation set and hooks they
+    have now; another chip's check (estimate_as "check (equality proof)") also needs its proof in the memo, made from
+    its binary as it is. They run again for a new gate or key, and judge the saved numbers in a second. (A new
+    measurement version, which only a new build_rules brings, is not seen here: that first estimate is low.)"""
+    from .hashing import stat_cache
+    producer = {target: task.name for task in tasks.values() for target in task.targets}
+    found = set()
+    for name in to_run:
+        task = tasks[name]
+        meta = getattr(task, "meta", None) or {}
+        if not meta.get("memo") or any(producer.get(f) in to_run for f in task.file_dep):
+            continue  # no memo, or an input made again (its bytes may differ: measured again)
+        try:
+            saved = json.loads(Path(meta["memo"]).read_text())
+            current = {stat_cache().digest(f, os.stat(f)) for f in task.file_dep}
+        except (OSError, ValueError):
+            continue
+        if not isinstance(saved, dict):
+            continue
+        made_from = _digests(saved.get("key"))
+        if meta.get("estimate_as") == "check (equality proof)":
+            proof = saved.get("proof_made_from")
+            if not (isinstance(proof, list) and proof and _digests({"binary": proof[0]}) <= current):
+                continue
+        if made_from and made_from <= current:
+            found.add(name)
+    return found
+
+
+def _digests(key) -> set[str]:
+    """The file digests a measurement key names (stages/check.py measurement_key: the binaries, the evaluation set,
+    the hooks files, the data stage's record)."""
+    if not isinstance(key, dict):
+        return set()
+    found = set()
+    for field in ("ctx_model", "binary", "evaluation", "hooks", "data"):
+        value = key.get(field)
+        found.update(v for v in (value if isinstance(value, list) else [value]) if isinstance(v, str))
+    return found
 
 
 def last_seconds(rows) -> tuple[dict[str, float], dict[str, float]]:

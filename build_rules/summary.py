@@ -95,7 +95,9 @@ class SummaryReporter(ConsoleReporter):
         if left is None:
             return ""
         hits, guessed = len(self.plan.hits), self.plan.guessed(self.started)
+        judged = len(self.plan.remembered)
         basis = ([f"{hits} in the build cache"] if hits else []) + \
+            ([f"{judged} judged again on remembered numbers, without the emulator"] if judged else []) + \
             ([f"{guessed} never ran here: each counted as the median of its stage"] if guessed else [])
         return f", about {_duration(left)} by {BUILD_LOG}" + (f" ({'; '.join(basis)})" if basis else "")
 

@@ -235,8 +235,10 @@ def _check_tasks():
                 task = stage_task("check", f"{model.name}/{graph.name}/{variant.name}@{chip.name}", params,
                                   [*binaries, evaluation, *hook_files(model), *data_dep], [report],
                                   layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.check.log"))
+                # the time left (build_rules/plan.py): the memo that keeps its numbers, and what it is timed like
+                task["meta"] = {"memo": layout.memo_file(report)}
                 if "reference" in params:
-                    task["meta"] = {"estimate_as": "check (equality proof)"}  # the time left: build_rules/plan.py
+                    task["meta"]["estimate_as"] = "check (equality proof)"
                 yield task
 
 
