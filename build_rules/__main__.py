@@ -1,10 +1,11 @@
-"""python -m build_rules init [DIR] | run <ctx.onnx|bin> --input NAME=FILE.npy ...  (see README.md)"""
+"""python -m build_rules init [--empty] [DIR] | run <ctx.onnx|bin> --input NAME=FILE.npy ...  (see README.md)"""
 from __future__ import annotations
 
 import sys
 
 COMMANDS = {
-    "init": ("build_rules.init_repo", "write dodo.py, chips.toml and an example models/ folder into an empty folder"),
+    "init": ("build_rules.init_repo", "write dodo.py, chips.toml and models/ (with an example model; --empty: "
+                                      "none) into an empty folder"),
     "run": ("build_rules.run_binary", "run a compiled binary on the x86 HTP emulator; outputs as .npy"),
 }
 

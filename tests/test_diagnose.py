@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from conftest import ROOT, TEST_MODELS, make_repo, run_doit
+from conftest import ROOT, TEST_MODELS, environment_without, make_repo, run_doit, run_doit_process
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -158,7 +160,9 @@ def test_init_writes_a_model_repo_that_doit_lists_and_refuses_a_folder_in_use(tm
     repo = tmp_path / "my-models"
     assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file()) == [
         ".gitignore", "chips.toml", "dodo.py", "models/mtcnn/export.py", "models/mtcnn/model.toml"]
-    assert "pip install --no-deps facenet-pytorch==2.6.0 && pip install scikit-image" in done.stdout
+    assert done.stdout.splitlines()[-1] == (
+        "Your own model: a folder models/<name>/ with a model.toml and a hooks file, as models/mtcnn/ is (build_rules' "
+        "README.md, 'A repo of your own'; every key: docs/model-toml.md); remove models/mtcnn/ to build yours alone")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     listed = subprocess.run([sys.executable, "-m", "doit", "list", "--all"], cwd=repo, env=env, capture_output=True,
                             text=True, timeout=600)
@@ -169,6 +173,35 @@ def test_init_writes_a_model_repo_that_doit_lists_and_refuses_a_folder_in_use(tm
     assert again.returncode == 1
     assert ("my-models is not empty (it has .gitignore, chips.toml, dodo.py, models/, out/): init writes only into "
             "an empty folder") in again.stderr
+
+
+SUBTASK = re.compile(r"^\S+:\S+", re.M)  # a task of a model in `doit list --all` (export:mtcnn/onet ...)
+
+
+@pytest.mark.parametrize("empty", [False, True], ids=["without-facenet", "empty"])
+def test_init_without_the_examples_package_or_empty_gives_a_repo_that_lists(tmp_path, empty):
+    """Issue 35: a fresh `init` repo failed `doit list` until the example's package was installed (`package
+    'facenet_pytorch' is not installed`). Without it (hidden from the processes here: tests/shims/sitecustomize.py),
+    init leaves the example out and says why; `--empty` leaves it out anyway. Either repo lists, with no model."""
+    env = environment_without("facenet_pytorch")
+    done = subprocess.run([sys.executable, "-m", "build_rules", "init", *(["--empty"] if empty else []), "my-models"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    repo = tmp_path / "my-models"
+    assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*")) == [".gitignore", "chips.toml", "dodo.py", "models"]
+    left_out = ("left out the example model (models/mtcnn/): it needs facenet-pytorch, not installed here (pip install "
+                "--no-deps facenet-pytorch==2.6.0 && pip install scikit-image; then `python -m build_rules init` into a "
+                "new folder writes it)")
+    assert (left_out in done.stdout) != empty
+    assert done.stdout.splitlines()[-2:] == [
+        "Then: cd my-models && doit list  (no model yet: it lists the stages and builds nothing)",
+        "Your own model: a folder models/<name>/ with a model.toml and a hooks file (build_rules' README.md, 'A repo "
+        "of your own'; every key: docs/model-toml.md)"]
+    listed = run_doit_process(repo, "list", "--all", env=env)
+    assert listed.code == 0, listed.output
+    assert "compile " in listed.output and SUBTASK.findall(listed.output) == []
+    built = run_doit_process(repo, env=env)
+    assert built.code == 0 and "no work to do" in built.output, built.output
 
 
 def test_the_init_template_is_this_repos_example():
