@@ -774,3 +774,46 @@ def test_a_transform_hook_of_a_pytorch_model_is_refused_at_export(tmp_path):
     assert result.code != 0
     assert ("models/tinynet/hooks.py: transform(model) is a hook of ONNX-only models ([model] onnx = ... in "
             "models/tinynet/model.toml); change the module in build() instead") in result.output
+
+
+def strided_skip_graph():
+    """A detector's neck in four nodes, as Paddle's exporter names them: two stride-2 Convs, a stride-2 ConvTranspose
+    back up, and an Add with the first Conv's output (the skip connection); the input's height and width are dynamic.
+    It takes only inputs whose height and width 4 divides (30 wide: 15 against 16 at the Add)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+
+    def weight(name, shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+    nodes = [helper.make_node("Conv", ["image", "w1"], ["down1"], name="p2o.Conv.0", pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Conv", ["down1", "w2"], ["down2"], name="p2o.Conv.1", pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("ConvTranspose", ["down2", "w3"], ["up"], name="p2o.ConvTranspose.0", strides=[2, 2]),
+             helper.make_node("Add", ["down1", "up"], ["map"], name="p2o.Add.250")]
+    graph = helper.make_graph(
+        nodes, "det", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, "h", "w"])],
+        [helper.make_tensor_value_info("map", TensorProto.FLOAT, [1, 4, "h2", "w2"])],
+        [weight("w1", (4, 3, 3, 3)), weight("w2", (4, 4, 3, 3)), weight("w3", (4, 4, 2, 2))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], producer_name="PaddlePaddle")
+
+
+def test_an_input_shape_the_strides_do_not_divide_names_the_node_and_the_dims_to_declare(tmp_path):
+    """Issue 35: a DBNet pinned to [1, 3, 384, 500] was told to pin its inputs, repeating the line it had; the cause
+    was an Add broadcasting 63 against 64. The message names the node, its op, its inputs' shapes and the dims the
+    model's strides divide; with those, simplify passes."""
+    repo = onnx_only_repo(tmp_path, "det.onnx", "image", [1, 3, 32, 30], W8A8, write=strided_skip_graph)
+    result = run_doit(repo, "simplify:det/net")
+    assert result.code != 0
+    assert ("simplify:det/net" in result.ran and "models/det/det.onnx: node 'p2o.Add.250' (Add) cannot take its inputs "
+            "'down1' [1, 4, 16, 15] and 'up' [1, 4, 16, 16] (ONNX shape inference: Incompatible dimensions) at the "
+            "declared input shape(s) image [1, 3, 32, 30]: this input needs dims that the model's strides divide "
+            "(multiples of 4 in its last 2 dims) -- declare e.g. image = { shape = [1, 3, 32, 32] } in "
+            "models/det/model.toml [graphs.net] inputs\n") in result.output
+    assert "pin the inputs" not in result.output
+    toml = repo / "models/det/model.toml"
+    edit(toml, "shape = [1, 3, 32, 30]", "shape = [1, 3, 32, 32]")
+    edit(repo / "models/det/hooks.py", "SHAPE = (1, 3, 32, 30)", "SHAPE = (1, 3, 32, 32)")
+    result = run_doit(repo, "simplify:det/net")
+    assert result.code == 0, result.output
+    io = json.loads((repo / "out/det/float/net.io.json").read_text())
+    assert io["outputs"] == [{"name": "map", "shape": [1, 4, 16, 16], "dtype": "float32"}]

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..errors import BuildError
 from ..files import atomic_write_json
 from ..lean_imports import onnxsim_simplify
+from ..shape_break import shape_break
 
 
 # Element types a graph input or output may have on QNN HTP (int64 has its own message: export it as int32).
@@ -97,6 +98,9 @@ def run(params: dict) -> dict:
             model, overwrite_input_shapes={n: s["shape"] for n, s in declared.items()} or None)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__  # the rest: its C++ stack
+        broken = shape_break(model, declared, params["where"]) if declared else ""
+        if broken:
+            raise BuildError(f"{source}: {broken}") from e
         raise BuildError(f"{source}: onnxsim failed: {first}{_control_flow(model)}") from e
     if not ok:
         raise BuildError(f"{source}: onnxsim could not validate the simplified model")
@@ -129,6 +133,11 @@ def run(params: dict) -> dict:
                 problems.append(f"{kind} '{t['name']}' has a dynamic shape {t['shape']}")
             if t["dtype"] == "int64":
                 problems.append(f"{kind} '{t['name']}' is int64 (QNN HTP has no int64: use int32)")
+    if problems and declared and all(not p.startswith("input") for p in problems):
+        # static inputs, yet an output is not: a node the declared shapes break (a stride that does not divide them)
+        broken = shape_break(model, declared, params["where"])
+        if broken:
+            raise BuildError(f"{source}: {broken}")
     if problems:
         raise BuildError(f"{source}: " + "; ".join(problems) + f" -- {_io_fix(params['where'], inputs)}")
     expected_outputs = params["output_names"]
