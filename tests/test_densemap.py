@@ -137,3 +137,29 @@ def test_diagnose_finds_the_loss_in_the_int4_weights_and_its_override_passes_the
     assert fixed.ran_stage("quantize") == {"quantize:densemap/det/w4a16"}  # only that variant is redone
     check = json.loads((repo / "out/densemap/w4a16/SM8750/det.check.json").read_text())
     assert all(g["passed"] for g in check["gated"]) and check["summary"]["text_iou"] >= 0.95
+
+
+def test_the_report_figure_shows_the_gated_metrics_of_every_variant_against_their_thresholds(built):
+    """`doit report` on the built model (no emulator run): its PNG is 1200 x 700 and shows text_iou and line_recall
+    per variant with the gates' thresholds, not SQNR (stages/report.py figure(), tests/test_report_figure.py)."""
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    from build_rules.stages.report import figure
+    repo, _ = built
+    result = run_doit(repo, "report")
+    assert result.code == 0, result.output
+    assert Image.open(repo / "out/densemap/report.png").size == (1200, 700)
+    report = json.loads((repo / "out/densemap/report.json").read_text())
+    fig = figure(report)
+    try:
+        axes = fig.get_axes()
+        assert [ax.get_title() for ax in axes] == ["det: text_iou", "det: line_recall"]
+        assert [t.get_text() for t in axes[0].get_xticklabels()] == ["w8a16", "w8a8", "w4a16"]
+        assert [round(line.get_ydata()[0], 4) for line in axes[0].get_lines()] == [0.9]
+        recall = json.loads((repo / "out/densemap/w8a16/SM8750/det.check.json").read_text())["float_score"]["line_recall"]
+        assert sorted(round(line.get_ydata()[0], 4) for line in axes[1].get_lines()) == \
+            [round(recall - 0.05, 4), round(recall, 4)]  # max_decrease 0.05 below the float model, and the float model
+        assert [t.get_text() for t in fig.legends[0].get_texts()] == ["SM8750", "gate threshold", "float model"]
+    finally:
+        plt.close(fig)
