@@ -4,8 +4,10 @@ note, a compile that fails on an int4 weight names the node and the weight_overr
 what one failure kept from running, and `doit diagnose` proposes the weight override that makes w4a16 pass."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +70,23 @@ def test_int4_weights_the_htp_refuses_stay_int8_with_a_note_and_the_variant_comp
     assert set(types.values()) == {"INT4"} and len(types) == 7  # 5 Convs and the other 2 ConvTransposes
 
 
+@pytest.mark.skipif(importlib.util.find_spec("aimet_onnx") is None, reason="aimet-onnx is not installed")
+def test_aimet_keeps_the_same_int4_weights_at_int8(built, tmp_path):
+    repo, _ = built
+    copy = Path(shutil.copytree(repo, tmp_path / "repo", symlinks=True))
+    _toml(copy).write_text(_toml(copy).read_text() + '\n[variants.w4a16_aimet]\nactivations = "uint16"\n'
+                                                    'weights = "int4"\nquantizer = "aimet"\n'
+                                                    'calibration = { samples = 16 }\n')
+    result = run_doit(copy, "compile:densemap/det/w4a16_aimet@SM8750")
+    assert result.code == 0, result.output  # before, QNN refused /up1/ConvTranspose as with onnxruntime's quantizer
+    assert ("  note: aimet:densemap/det/w4a16_aimet: 1 weight(s) kept at int8, not int4 (the HTP refuses them at "
+            "int4): /up1/ConvTranspose (int4 weights of a convolution only per channel, and it has one output "
+            "channel); the other weights are int4\n") in result.output
+    report = json.loads((copy / "out/densemap/w4a16_aimet/det.aimet.json").read_text())
+    assert report["int4_kept"] == {"/up1/ConvTranspose": "int4 weights of a convolution only per channel, and it "
+                                                         "has one output channel"}
+
+
 def test_which_convolutions_take_no_int4_weight():
     """block_quant.int4_refused on the cases measured on the HTP emulator (the comment above it)."""
     from onnx import TensorProto, helper
@@ -97,7 +116,6 @@ def test_an_int4_weight_the_htp_refuses_fails_the_compile_with_the_override_to_a
     """A weight override asking int4 where the HTP takes none wins over quantize's own choice: QNN refuses the node
     and the message names it with the model.toml line; the stopped build says what else it kept from running."""
     repo, _ = built
-    import shutil
     copy = Path(shutil.copytree(repo, tmp_path / "repo", symlinks=True))  # sources, outputs and build state
     toml = _toml(copy)
     toml.write_text(toml.read_text() + '\n[variants.w4a16.graphs.det]\nweight_overrides = '
