@@ -103,6 +103,26 @@ def int4_refused(model, per_channel: bool) -> dict[str, str]:
     return found
 
 
+WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+
+
+def weight_types(model) -> dict[str, str]:
+    """node -> the type of the quantized weight it reads, as model.toml spells it ("int4", "int8", "uint8",
+    "uint16"): the initializer of the DequantizeLinear feeding input 1 of a Conv, ConvTranspose, MatMul or Gemm of a
+    QDQ model (LPBQ's block-scale DequantizeLinear reads its int4 weight the same way)."""
+    from onnx import TensorProto
+    initializers = {i.name: i.data_type for i in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    found = {}
+    for node in model.graph.node:
+        if node.op_type not in WEIGHTED_OPS or len(node.input) < 2:
+            continue
+        dq = producers.get(node.input[1])
+        if dq is not None and dq.op_type == "DequantizeLinear" and dq.input[0] in initializers:
+            found[node.name] = TensorProto.DataType.Name(initializers[dq.input[0]]).lower()
+    return found
+
+
 def check_block_size(value) -> str | None:
     """None if the HTP takes `value` as a block size, else what is wrong (config.py raises it naming the key)."""
     if isinstance(value, bool) or not isinstance(value, int) or value not in BLOCK_SIZES:

@@ -120,7 +120,8 @@ STAGES: tuple[Stage, ...] = (
           "out/<model>/report.md + .png", {"any": "tuning:report_tasks"},
           # 5: cells not measured yet are marked (never measured here); equal-chip cells; model metrics beside float
           # 6: the phones' real-time factor and per-op cycles tables; 7: the figure shows the gated metrics per
-          # variant and chip with their thresholds (not SQNR), and the phones' latency, at 1200 x 700
+          # variant and chip with their thresholds (not SQNR), and the phones' latency, at 1200 x 700; the weights
+          # column counts the weights of another type than the variant's (read from the QDQ models)
           {"any": _w("report", 7, ("onnxruntime", "numpy", "matplotlib"), sdk=True)}),
     Stage("sensitivity", "10 sensitivity: rank each graph's activation tensors by what 8 bit costs (HTP emulator) "
           "-> table + plot", {"any": "tuning:sensitivity_tasks"},

@@ -168,6 +168,9 @@ def test_the_report_figure_shows_the_gated_metrics_of_every_variant_against_thei
     result = run_doit(repo, "report")
     assert result.code == 0, result.output
     assert Image.open(repo / "out/densemap/report.png").size == (1200, 700)
+    # the table says what w4a16 is: two weights int8 by its weight_overrides, /up1/ConvTranspose by quantize
+    assert "| w4a16 | ort minmax | int4/uint16 (3 int8 of 8 weights) | SM8750 |" in \
+        (repo / "out/densemap/report.md").read_text()
     report = json.loads((repo / "out/densemap/report.json").read_text())
     fig = figure(report)
     try:

@@ -284,10 +284,12 @@ def _quantized_tensors(model) -> list[Tensor]:
     """Every activation QuantizeLinear of a QDQ model (not the converts between 8 and 16 bit), in graph order."""
     import numpy as np
     from onnx import numpy_helper
+    from ..block_quant import weight_types
     producers = {o: n for n in model.graph.node for o in n.output}
     initializers = {i.name: i for i in model.graph.initializer}
     outputs = {o.name for o in model.graph.output}
     consumers = _consumers(model)
+    weights = weight_types(model)  # node -> its weight's type ("int4", ...)
     tensors, seen = [], set()
     for node in model.graph.node:
         if node.op_type != "QuantizeLinear" or node.input[0] in initializers:
@@ -311,23 +313,8 @@ def _quantized_tensors(model) -> list[Tensor]:
         seen.add(name)
         node_name, op_type = (source.name, source.op_type) if source is not None else ("(graph input)", "input")
         tensors.append(Tensor(name, node.output[0], node_name, op_type, 8 * np.dtype(zero.dtype).itemsize,
-                              scale.reshape(()), zero.reshape(()), zero.dtype, _weight_type(source, producers,
-                                                                                             initializers)))
+                              scale.reshape(()), zero.reshape(()), zero.dtype, weights.get(node_name)))
     return tensors
-
-
-def _weight_type(node, producers: dict, initializers: dict) -> str | None:
-    """The type of the quantized weight a node reads as its input 1 ("int4", "int8", "uint8", "uint16"): the
-    initializer of the DequantizeLinear before it (through an LPBQ block-scale DequantizeLinear too)."""
-    from onnx import TensorProto
-    names = {TensorProto.INT4: "int4", TensorProto.UINT4: "uint4", TensorProto.INT8: "int8",
-             TensorProto.UINT8: "uint8", TensorProto.INT16: "int16", TensorProto.UINT16: "uint16"}
-    if node is None or len(node.input) < 2 or node.op_type not in ("Conv", "ConvTranspose", "MatMul", "Gemm"):
-        return None
-    dq = producers.get(node.input[1])
-    if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in initializers:
-        return None
-    return names.get(initializers[dq.input[0]].data_type)
 
 
 def _float_tensors(model) -> list[Tensor]:

@@ -53,8 +53,24 @@ def _compiled(path: str | list) -> dict:
             "part_bytes": [r["bytes"] for r in reports], "float_ops": combine([r.get("float_ops") for r in reports])}
 
 
+def weight_counts(qdq: str | None, memo: dict) -> dict[str, int] | None:
+    """How many of a QDQ model's weights are of each type ({"int4": 7, "int8": 1}): what a variant really is when
+    some weights are not its `weights` type (overrides, weights the HTP takes at no int4). None for fp16."""
+    if not qdq or not Path(qdq).is_file():
+        return None
+    if qdq not in memo:
+        import onnx
+
+        from ..block_quant import weight_types
+        counts: dict[str, int] = {}
+        for wtype in weight_types(onnx.load(qdq, load_external_data=False)).values():
+            counts[wtype] = counts.get(wtype, 0) + 1
+        memo[qdq] = dict(sorted(counts.items()))
+    return memo[qdq]
+
+
 def run(params: dict) -> dict:
-    rows = []
+    rows, weights_memo = [], {}
     for cell in params["cells"]:
         compiled = _compiled(cell["compile"])
         metrics, source = _cell_metrics(cell, params["hooks"], params.get("data_dir"))
@@ -63,6 +79,7 @@ def run(params: dict) -> dict:
                "compile_seconds": compiled["seconds"],
                **({"part_bytes": compiled["part_bytes"]} if "part_bytes" in compiled else {}),
                "gates": cell["gates"], "measured_by": source, "float_ops": compiled.get("float_ops"),
+               "weight_types": weight_counts(cell.get("qdq"), weights_memo),
                "mostly_float": mostly_float(compiled.get("float_ops")) or None}
         if metrics is None:  # its check has not run: marked, with the command that measures it
             row.update({"samples": 0, "summary": {}, "float_score": {}, "gated": [], "passed": None,
@@ -169,6 +186,17 @@ def _beside_float(metrics: dict, baseline: dict) -> str:
     return ", ".join(parts) or "–"
 
 
+def _other_weights(rows: list[dict], weights: str | None) -> str:
+    """' (3 of 8 weights int8)' when some of the variant's weights are of another type than its `weights`."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        for wtype, n in (row.get("weight_types") or {}).items():
+            counts[wtype] = counts.get(wtype, 0) + n
+    total = sum(counts.values())
+    others = [f"{n} {wtype}" for wtype, n in counts.items() if wtype != weights]
+    return f" ({', '.join(others)} of {total} weights)" if others else ""
+
+
 def _task_metrics(row: dict) -> str:
     parts = []
     for name, value in row["summary"].items():
@@ -212,6 +240,7 @@ def markdown(report: dict) -> str:
                             + ([f"not measured: {', '.join(unmeasured)}"] if unmeasured else [])) or "pass"
         settings = report["variants"].get(variant, {})
         bits = "fp16" if settings.get("precision") == "fp16" else f"{settings.get('weights')}/{settings.get('activations')}"
+        bits += _other_weights(list(cells.values()), settings.get("weights"))
         lines.append(f"| {variant} | {report.get('quantizers', {}).get(variant, '–')} | {bits} | {chip} | {size:.3f} | "
                      f"{seconds:.2f} | " + " | ".join(values) + f" | {verdict} |")
     lines += ["", "## Per graph", "",
