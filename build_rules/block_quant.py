@@ -74,10 +74,11 @@ def weight_override_entries(model, overrides: dict[str, str] | None, per_channel
 
 
 # The convolutions whose int4 weight the HTP refuses (onnxruntime-qnn 2.7.0, QNN 2.51, SM8750, measured one layer at a
-# time: bench/int4_convolutions.py; tests/test_densemap.py): a 2-D Conv or ConvTranspose whose int4 weight is per tensor (per_channel = false, or
-# one output channel per group, as a DBNet head's last ConvTranspose to a one-channel map or a depthwise ConvTranspose
-# has) is "not selected by that EP", and a 3-D Conv fails to finalize. Per-channel 2-D Conv / ConvTranspose (depthwise
-# Conv included), 1-D Conv / ConvTranspose (per tensor too), MatMul and Gemm take int4.
+# time: bench/int4_convolutions.py; tests/test_densemap.py): a 2-D Conv or ConvTranspose whose int4 weight is per
+# tensor (per_channel = false, or one output channel per group, as a DBNet head's last ConvTranspose to a one-channel
+# map or a depthwise ConvTranspose has) is "not selected by that EP", and a 3-D Conv fails to finalize. Per-channel
+# 2-D Conv / ConvTranspose (depthwise Conv included), 1-D Conv / ConvTranspose (per tensor too), MatMul and Gemm take
+# int4.
 INT4_CONVOLUTIONS = ("Conv", "ConvTranspose")
 INT4_FALLBACK = "int8"  # what such a weight is quantized to instead
 
@@ -92,7 +93,7 @@ def int4_refused(model, per_channel: bool) -> dict[str, str]:
         if weight is None:
             continue
         dims = initializers[weight]
-        channels = dims[1] if node.op_type == "ConvTranspose" else dims[0]  # the per-channel axis (weight_override_entries)
+        channels = dims[1] if node.op_type == "ConvTranspose" else dims[0]  # weight_override_entries' axis
         if len(dims) == 5:
             found[node.name] = "a 3-D convolution's int4 weight fails to finalize"
         elif len(dims) != 4:

@@ -282,8 +282,9 @@ def _duration(seconds: float) -> str:
     return format_seconds(seconds)
 
 
-TUNING_STAGES = ("report", "sensitivity", "tune")
-VARIANT_STAGES = ("size", "quantize", "aimet", "fp16_lint", "compile", "check", "evaluate", "package")  # <variant>[@chip]  # they build no binary: the summary lists no results for them
+TUNING_STAGES = ("report", "sensitivity", "tune")  # they build no binary: the summary lists no results for them
+# stages whose tasks are named <model>/.../<variant>[@<chip>]: a stopped build names the variants they were of
+VARIANT_STAGES = ("size", "quantize", "aimet", "fp16_lint", "compile", "check", "evaluate", "package")
 
 
 def _variant_of(task: str) -> str | None:

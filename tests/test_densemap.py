@@ -180,7 +180,8 @@ def test_the_report_figure_shows_the_gated_metrics_of_every_variant_against_thei
         assert [ax.get_title() for ax in axes] == ["det: text_iou", "det: line_recall"]
         assert [t.get_text() for t in axes[0].get_xticklabels()] == ["w8a16", "w8a8", "w4a16"]
         assert [round(line.get_ydata()[0], 4) for line in axes[0].get_lines()] == [0.9]
-        recall = json.loads((repo / "out/densemap/w8a16/SM8750/det.check.json").read_text())["float_score"]["line_recall"]
+        check = json.loads((repo / "out/densemap/w8a16/SM8750/det.check.json").read_text())
+        recall = check["float_score"]["line_recall"]
         assert sorted(round(line.get_ydata()[0], 4) for line in axes[1].get_lines()) == \
             [round(recall - 0.05, 4), round(recall, 4)]  # max_decrease 0.05 below the float model, and the float model
         assert [t.get_text() for t in fig.legends[0].get_texts()] == ["SM8750", "gate threshold", "float model"]

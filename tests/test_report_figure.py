@@ -27,7 +27,8 @@ def synthetic_report(with_profile: bool) -> dict:
                    {**_gated(recall, low=0.77, ref=0.82), "metric": "line_recall"}]
             measured = not (variant == "w8a8" and chip == "SM8850")
             cells.append({"graph": "det", "variant": variant, "chip": chip, "gated": det if measured else [],
-                          "gates": [{"metric": "text_iou", "min": 0.9}, {"metric": "line_recall", "max_decrease": 0.05}],
+                          "gates": [{"metric": "text_iou", "min": 0.9},
+                                    {"metric": "line_recall", "max_decrease": 0.05}],
                           "summary": {"text_iou": iou, "line_recall": recall, "cosine": 0.99} if measured else {},
                           "measured_by": "check" if measured else "not measured", "passed": None})
             cells.append({"graph": "rec", "variant": variant, "chip": chip, "gated": [], "gates": [],
@@ -35,7 +36,8 @@ def synthetic_report(with_profile: bool) -> dict:
     timings = []
     if with_profile:
         timings = [{"kind": "profile", "variant": variant, "chip": "SM8750", "device": "s25",
-                    "graphs": {"det": {"median_ms": 3.0 + v, "cpu": {"measured": variant == "fp16", "median_ms": 41.0}}}}
+                    "graphs": {"det": {"median_ms": 3.0 + v,
+                                       "cpu": {"measured": variant == "fp16", "median_ms": 41.0}}}}
                    for v, variant in enumerate(VARIANTS)]
     return {"model": "densemap", "cells": cells, "evaluate": {}, "device_timings": timings}
 

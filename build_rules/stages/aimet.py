@@ -81,7 +81,8 @@ def htp_config(arch: str, per_channel: bool, folder: Path) -> tuple[Path, dict]:
 def run(params: dict) -> dict:
     report = quantize(params)
     atomic_write_json(params["outputs"]["report"], report)
-    values = {"config": report["config"]["file"], **{f"{t}_seconds": r["seconds"] for t, r in report["techniques"].items()}}
+    values = {"config": report["config"]["file"],
+              **{f"{t}_seconds": r["seconds"] for t, r in report["techniques"].items()}}
     if report.get("int4_kept"):  # the summary's note: these weights are not int4
         from .quantize import int4_note
         values["notes"] = [int4_note(params["name"], report["int4_kept"])]
@@ -136,7 +137,8 @@ def quantize(params: dict) -> dict:
         _apply_overrides(sim, params, model)
         if spec.weights == "int4":  # weights the HTP takes at no int4 stay 8 bit, as the quantize stage keeps them
             from ..block_quant import INT4_FALLBACK, int4_refused
-            kept = {n: why for n, why in int4_refused(model, spec.per_channel).items() if n not in spec.weight_overrides}
+            kept = {n: why for n, why in int4_refused(model, spec.per_channel).items()
+                    if n not in spec.weight_overrides}
             if kept:
                 spec = spec.replace(weight_overrides={**{n: INT4_FALLBACK for n in kept}, **spec.weight_overrides})
                 report["int4_kept"] = kept

@@ -360,7 +360,8 @@ def figure(report: dict):
         pad = (high - low) * 0.12 or abs(high) * 0.05 or 0.05
         for point in panel["points"]:
             x = variants.index(point["variant"]) + (chips.index(point["chip"]) - (len(chips) - 1) / 2) * spread
-            color, marker = colors[chips.index(point["chip"]) % len(colors)], markers[chips.index(point["chip"]) % len(markers)]
+            at = chips.index(point["chip"])
+            color, marker = colors[at % len(colors)], markers[at % len(markers)]
             if point["value"] is None:
                 unmeasured_any = True
                 ax.scatter(x, low - pad * 0.6, marker="x", color="grey", s=40, zorder=3)

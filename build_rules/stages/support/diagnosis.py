@@ -197,11 +197,13 @@ def _weight_fix(drop: dict, rows: dict, params: dict) -> list[str]:
     others = (f" and the weights of the {len(nodes) - 1} later {row['weight']} layer(s) below the floor that lose >= "
               f"{OWN_DROP_DB:g} dB themselves" if len(nodes) > 1 else "")
     return [f"The loss is in the weights: node '{row['node']}' ({row['op_type']}) reads {row['weight']} weights, and "
-            f"its output is {row['bits']} bit" + (", so an activation override cannot help" if row["bits"] == 16 else "")
-            + f". Keep its weight{others} at 8 bit, in {params['model_toml']}:\n" + weight_overrides_line(params, nodes),
-            f"Then `doit check:{params['model']}/{params['graph_name']}/{params['variant_name']}@{params['chip']['name']}`"
-            f" measures it, and `doit tune:{params['model']}/{params['variant_name']}` finds the fewest weights at int8 "
-            "that meet the gate (its per-layer weight bits, docs/tuning.md)."]
+            f"its output is {row['bits']} bit" + (", so an activation override cannot help" if row["bits"] == 16
+                                                  else "")
+            + f". Keep its weight{others} at 8 bit, in {params['model_toml']}:\n"
+            + weight_overrides_line(params, nodes),
+            f"Then `doit check:{params['model']}/{params['graph_name']}/{params['variant_name']}@"
+            f"{params['chip']['name']}` measures it, and `doit tune:{params['model']}/{params['variant_name']}` finds "
+            "the fewest weights at int8 that meet the gate (its per-layer weight bits, docs/tuning.md)."]
 
 
 def _measure_it(params: dict) -> str:
