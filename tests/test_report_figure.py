@@ -15,9 +15,10 @@ def _gated(value, low=None, high=None, ref=None):
     return {"metric": None, "value": value, "low": low, "high": high, "float": ref, "passed": passed}
 
 
-def synthetic_report(with_profile: bool) -> dict:
+def synthetic_report(extra: str = "") -> dict:
     """Two graphs: det gated on text_iou (absolute) and line_recall (relative to float); rec without gates (its
-    cosine); w4a16 fails text_iou on every chip; one cell not measured yet."""
+    cosine); w4a16 fails text_iou on every chip; one cell not measured yet. extra: "profile" adds the phones'
+    latencies, "evaluate" a model-level gate (wer, at most 0.03 above float's)."""
     cells = []
     for v, variant in enumerate(VARIANTS):
         for chip in CHIPS:
@@ -33,13 +34,18 @@ def synthetic_report(with_profile: bool) -> dict:
                           "measured_by": "check" if measured else "not measured", "passed": None})
             cells.append({"graph": "rec", "variant": variant, "chip": chip, "gated": [], "gates": [],
                           "summary": {"cosine": 0.9999 - 0.001 * v}, "measured_by": "check", "passed": None})
-    timings = []
-    if with_profile:
+    timings, evaluate = [], {}
+    if extra == "evaluate":
+        evaluate = {f"{variant}@{chip}": {"metrics": {"wer": 0.05 + 0.01 * v}, "passed": True,
+                                          "gated": [{"metric": "wer", "value": 0.05 + 0.01 * v, "low": None,
+                                                     "high": 0.08, "float": 0.05, "passed": 0.05 + 0.01 * v <= 0.08}]}
+                    for v, variant in enumerate(VARIANTS) for chip in CHIPS}
+    if extra == "profile":
         timings = [{"kind": "profile", "variant": variant, "chip": "SM8750", "device": "s25",
                     "graphs": {"det": {"median_ms": 3.0 + v,
                                        "cpu": {"measured": variant == "fp16", "median_ms": 41.0}}}}
                    for v, variant in enumerate(VARIANTS)]
-    return {"model": "densemap", "cells": cells, "evaluate": {}, "device_timings": timings}
+    return {"model": "densemap", "cells": cells, "evaluate": evaluate, "device_timings": timings}
 
 
 def _texts(fig) -> list:
@@ -57,21 +63,21 @@ def _assert_nothing_clipped(fig):
             f"text {text.get_text()!r} is cut off at the figure's edge: {box}"
 
 
-@pytest.mark.parametrize("with_profile", [False, True])
-def test_the_figure_shows_each_gated_metric_per_variant_and_chip_readably(tmp_path, with_profile):
+@pytest.mark.parametrize("extra", ["", "profile", "evaluate"])
+def test_the_figure_shows_each_gated_metric_per_variant_and_chip_readably(tmp_path, extra):
     import matplotlib.pyplot as plt
     from PIL import Image
 
     from build_rules.stages.report import figure, plot
 
-    report = synthetic_report(with_profile)
+    report = synthetic_report(extra)
     fig = figure(report)
     try:
         assert fig._suptitle.get_text() == "densemap: gated metrics per variant and chip (HTP emulator vs float model)"
         axes = fig.get_axes()
         titles = [ax.get_title() for ax in axes]
         assert titles == ["det: text_iou", "det: line_recall", "rec: cosine"] + (
-            ["latency on phones (doit profile)"] if with_profile else [])
+            {"profile": ["latency on phones (doit profile)"], "evaluate": ["model: wer"]}.get(extra, []))
         assert [ax.get_ylabel() for ax in axes[:3]] == ["text_iou (higher is better)", "line_recall (higher is better)",
                                                        "cosine"]
         for ax in axes[:3]:
@@ -86,7 +92,11 @@ def test_the_figure_shows_each_gated_metric_per_variant_and_chip_readably(tmp_pa
                   for c in axes[0].collections]
         assert sum(n for _, n in points) == len(VARIANTS) * len(CHIPS)
         assert sum(edge == (1.0, 0.0, 0.0, 1.0) for edge, _ in points) == len(CHIPS)
-        if with_profile:
+        if extra == "evaluate":  # the [evaluate] gate: lower is better, its bound float + 0.03, w4a16 above it
+            assert axes[3].get_ylabel() == "wer (lower is better)"
+            assert sorted(round(line.get_ydata()[0], 6) for line in axes[3].get_lines()) == [0.05, 0.08]
+            assert sum(len(c.get_offsets()) for c in axes[3].collections) == len(VARIANTS) * len(CHIPS)
+        if extra == "profile":
             latency = axes[3]
             assert [t.get_text() for t in latency.get_yticklabels()] == [f"{v}@SM8750 det (s25)" for v in VARIANTS]
             assert latency.get_xlabel() == "median latency (ms)"
@@ -96,4 +106,4 @@ def test_the_figure_shows_each_gated_metric_per_variant_and_chip_readably(tmp_pa
         plt.close(fig)
     path = tmp_path / "report.png"
     plot(report, str(path))
-    assert Image.open(path).size == ((1200, 700) if not with_profile else (1200, 1060))
+    assert Image.open(path).size == ((1200, 700) if not extra else (1200, 1060))  # a second row of panels
