@@ -28,8 +28,8 @@ def rejection(model_path: str, error, names: dict | None = None) -> str:
 
 
 def _int4_fix(model, nodes: list[str], names: dict) -> str:
-    """' -- fix: ...' with the weight_overrides line that keeps each named node's int4 weight at 8 bit, when the
-    refused nodes read int4 weights (a weight the HTP takes at no int4 that quantize does not know of yet, or one a
+    """' -- the HTP refuses the int4 weight of ...' with the weight_overrides line that keeps each named node's int4
+    weight at 8 bit, when the refused nodes read int4 weights (a weight the HTP takes at no int4 that quantize does not know of yet, or one a
     weight override asked int4 for); '' otherwise."""
     import onnx
     from ..block_quant import INT4_FALLBACK

@@ -187,7 +187,7 @@ def _beside_float(metrics: dict, baseline: dict) -> str:
 
 
 def _other_weights(rows: list[dict], weights: str | None) -> str:
-    """' (3 of 8 weights int8)' when some of the variant's weights are of another type than its `weights`."""
+    """' (3 int8 of 8 weights)' when some of the variant's weights are of another type than its `weights`."""
     counts: dict[str, int] = {}
     for row in rows:
         for wtype, n in (row.get("weight_types") or {}).items():
@@ -293,11 +293,11 @@ def panels(report: dict) -> list[dict]:
     gates shows its cosine. Points of cells not measured yet have value None."""
     found: dict[tuple[str, str], dict] = {}
     rows = report["cells"]
-    entries = [(r["graph"], r["variant"], r["chip"], r["summary"], r["gated"], r["measured_by"]) for r in rows]
+    entries = [(r["graph"], r["variant"], r["chip"], r["summary"], r["gated"]) for r in rows]
     for name, value in (report.get("evaluate") or {}).items():
         variant, chip = name.split("@", 1)
-        entries.append(("model", variant, chip, value.get("metrics") or {}, value.get("gated") or [], "evaluate"))
-    for graph, variant, chip, measured, gated, source in entries:
+        entries.append(("model", variant, chip, value.get("metrics") or {}, value.get("gated") or []))
+    for graph, variant, chip, measured, gated in entries:
         metrics = ([g["metric"] for g in gated] or (_gated_metrics(rows, graph) if graph != "model" else []))
         for metric in dict.fromkeys(metrics):
             panel = found.setdefault((graph, metric), {"title": f"{graph}: {metric}", "metric": metric, "points": []})
@@ -306,7 +306,7 @@ def panels(report: dict) -> list[dict]:
             panel["points"].append({"variant": variant, "chip": chip,
                                     "value": float(value) if isinstance(value, (int, float)) else None,
                                     "passed": gate.get("passed"), "low": gate.get("low"), "high": gate.get("high"),
-                                    "float": gate.get("float"), "equal_to": source.startswith("equal to ")})
+                                    "float": gate.get("float")})
     return list(found.values())
 
 
@@ -354,6 +354,7 @@ def figure(report: dict):
     for index, panel in enumerate(shown):
         ax = fig.add_subplot(grid[index // columns, index % columns])
         values = [p["value"] for p in panel["points"] if p["value"] is not None and math.isfinite(p["value"])]
+        # (inf: identical outputs' SQNR, drawn at the axis's edge; nan: nothing to draw)
         limits = {p[k] for p in panel["points"] for k in ("low", "high") if p[k] is not None}
         span = [*values, *limits] or [0.0, 1.0]
         low, high = min(span), max(span)
@@ -362,7 +363,7 @@ def figure(report: dict):
             x = variants.index(point["variant"]) + (chips.index(point["chip"]) - (len(chips) - 1) / 2) * spread
             at = chips.index(point["chip"])
             color, marker = colors[at % len(colors)], markers[at % len(markers)]
-            if point["value"] is None:
+            if point["value"] is None or math.isnan(point["value"]):
                 unmeasured_any = True
                 ax.scatter(x, low - pad * 0.6, marker="x", color="grey", s=40, zorder=3)
                 continue
@@ -373,7 +374,7 @@ def figure(report: dict):
                        edgecolors="red" if failed else "none", linewidths=2.2)
             if len(chips) <= 2:  # the value beside its point (more chips: their values would overlap)
                 ax.annotate(f"{point['value']:.4g}", (x, y), xytext=(7, -3), textcoords="offset points", fontsize=9)
-        for bound in sorted(limits):  # the gate's threshold(s); a relative gate's differs by float value: the lowest
+        for bound in sorted(limits):  # the gate's threshold(s): a lower and an upper one for max_change
             ax.axhline(bound, color="black", linestyle="--", linewidth=1.2, zorder=2)
         floats = {p["float"] for p in panel["points"] if p["float"] is not None}
         for ref in floats:
