@@ -73,6 +73,60 @@ def weight_override_entries(model, overrides: dict[str, str] | None, per_channel
     return found
 
 
+# The convolutions whose int4 weight the HTP refuses (onnxruntime-qnn 2.7.0, QNN 2.51, SM8750, measured one layer at a
+# time: bench/int4_convolutions.py; tests/test_densemap.py): a 2-D Conv or ConvTranspose whose int4 weight is per
+# tensor (per_channel = false, or one output channel per group, as a DBNet head's last ConvTranspose to a one-channel
+# map or a depthwise ConvTranspose has) is "not selected by that EP", and a 3-D Conv fails to finalize. Per-channel
+# 2-D Conv / ConvTranspose (depthwise Conv included), 1-D Conv / ConvTranspose (per tensor too), MatMul and Gemm take
+# int4.
+INT4_CONVOLUTIONS = ("Conv", "ConvTranspose")
+INT4_FALLBACK = "int8"  # what such a weight is quantized to instead
+
+
+def int4_refused(model, per_channel: bool) -> dict[str, str]:
+    """node -> why the HTP takes no int4 weight there, for the named Conv / ConvTranspose nodes of `model` (after
+    qnn_preprocess_model) with a weight initializer: the quantize stage keeps those weights at INT4_FALLBACK."""
+    initializers = {i.name: list(i.dims) for i in model.graph.initializer}
+    found = {}
+    for node in model.graph.node:
+        weight = node_weight(node, initializers) if node.op_type in INT4_CONVOLUTIONS and node.name else None
+        if weight is None:
+            continue
+        dims = initializers[weight]
+        channels = dims[1] if node.op_type == "ConvTranspose" else dims[0]  # weight_override_entries' axis
+        if len(dims) == 5:
+            found[node.name] = "a 3-D convolution's int4 weight fails to finalize"
+        elif len(dims) != 4:
+            continue  # a 1-D convolution takes int4 weights, per tensor too
+        elif not per_channel:
+            found[node.name] = "int4 weights of a convolution only per channel (per_channel = false)"
+        elif channels == 1:
+            found[node.name] = "int4 weights of a convolution only per channel, and it has one output channel" + (
+                " per group" if node.op_type == "ConvTranspose" and dims[1] == 1 and any(
+                    a.name == "group" and a.i > 1 for a in node.attribute) else "")
+    return found
+
+
+WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+
+
+def weight_types(model) -> dict[str, str]:
+    """node -> the type of the quantized weight it reads, as model.toml spells it ("int4", "int8", "uint8",
+    "uint16"): the initializer of the DequantizeLinear feeding input 1 of a Conv, ConvTranspose, MatMul or Gemm of a
+    QDQ model (LPBQ's block-scale DequantizeLinear reads its int4 weight the same way)."""
+    from onnx import TensorProto
+    initializers = {i.name: i.data_type for i in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    found = {}
+    for node in model.graph.node:
+        if node.op_type not in WEIGHTED_OPS or len(node.input) < 2:
+            continue
+        dq = producers.get(node.input[1])
+        if dq is not None and dq.op_type == "DequantizeLinear" and dq.input[0] in initializers:
+            found[node.name] = TensorProto.DataType.Name(initializers[dq.input[0]]).lower()
+    return found
+
+
 def check_block_size(value) -> str | None:
     """None if the HTP takes `value` as a block size, else what is wrong (config.py raises it naming the key)."""
     if isinstance(value, bool) or not isinstance(value, int) or value not in BLOCK_SIZES:

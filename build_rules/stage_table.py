@@ -78,13 +78,15 @@ STAGES: tuple[Stage, ...] = (
           "variants skip this)", {"ort-qnn": "pipeline:_quantize_tasks", "qairt": "qairt:quantize"},
           # ort-qnn: 2: warns about graph outputs clamped by an activation; 3: an invalid QDQ model fails here;
           # 4: LayerNorm scales stay uint8 under signed weights; 5: LPBQ blocks 1x1 Conv2d weights, and a table a
-          # Gather reads stays per tensor whatever a MatMul's weight override asks (both change QDQ models)
-          {"ort-qnn": _w("quantize", 5, ("onnxruntime", "onnx", "numpy"), relocatable=True),
+          # Gather reads stays per tensor whatever a MatMul's weight override asks (both change QDQ models); 6: under
+          # int4 weights, the convolutions the HTP takes at no int4 stay int8 (block_quant.int4_refused)
+          {"ort-qnn": _w("quantize", 6, ("onnxruntime", "onnx", "numpy"), relocatable=True),
            "qairt/dlc": _q("quantize", "dlc_quantize", 1, ("numpy",))}),
     Stage("aimet", "5 aimet: QDQ model + encodings JSON per variant with quantizer = \"aimet\" (AIMET's "
           "techniques, HTP config)", {"any": "aimet:aimet_tasks"},
-          # 2: qnn_preprocess_model first; a step graph's state pairs share one encoding
-          {"any": _w("aimet", 2, ("aimet-onnx", "onnxruntime", "onnx", "numpy", "torch"), relocatable=True)}),
+          # 2: qnn_preprocess_model first; a step graph's state pairs share one encoding; 3: under int4 weights, the
+          # convolutions the HTP takes at no int4 stay int8 (block_quant.int4_refused)
+          {"any": _w("aimet", 3, ("aimet-onnx", "onnxruntime", "onnx", "numpy", "torch"), relocatable=True)}),
     Stage("fp16_lint", "5 fp16 lint: where an fp16 variant's float model cannot be represented in fp16 (build "
           "summary warnings)", {"any": "pipeline:_fp16_lint_tasks"},
           {"any": _w("fp16_lint", 1, ("onnxruntime", "onnx", "numpy"))}),
@@ -119,8 +121,10 @@ STAGES: tuple[Stage, ...] = (
     Stage("report", "9 report: variants x chips per model (size, compile time, emulator metrics) -> "
           "out/<model>/report.md + .png", {"any": "tuning:report_tasks"},
           # 5: cells not measured yet are marked (never measured here); equal-chip cells; model metrics beside float
-          # 6: the phones' real-time factor and per-op cycles tables
-          {"any": _w("report", 6, ("onnxruntime", "numpy", "matplotlib"), sdk=True)}),
+          # 6: the phones' real-time factor and per-op cycles tables; 7: the figure shows the gated metrics per
+          # variant and chip with their thresholds (not SQNR), and the phones' latency, at 1200 x 700; the weights
+          # column counts the weights of another type than the variant's (read from the QDQ models)
+          {"any": _w("report", 7, ("onnxruntime", "numpy", "matplotlib"), sdk=True)}),
     Stage("sensitivity", "10 sensitivity: rank each graph's activation tensors by what 8 bit costs (HTP emulator) "
           "-> table + plot", {"any": "tuning:sensitivity_tasks"},
           # 3: candidates keep the variant's weight overrides and LPBQ blocks
@@ -131,7 +135,8 @@ STAGES: tuple[Stage, ...] = (
           {"any": _w("tune", 4, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
     Stage("diagnose", "7c diagnose: where a binary loses accuracy, tensor by tensor (emulator vs CPU QDQ vs float) "
           "-> <graph>.diagnose.md", {"any": "diagnose:diagnose_tasks"},
-          {"any": _w("diagnose", 1, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),
+          # 2: a drop at a layer reading int4 weights proposes the weight_overrides line; the weight type per row
+          {"any": _w("diagnose", 2, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),
     Stage("multi_soc", "12 multi_soc: [dist] multi_soc = true: one Flexible Context Binary per graph for all the "
           "variant's chips", {"any": "dist:multi_soc_tasks"},
           {"any": _w("multi_soc", 1, ("onnxruntime", "onnx"), sdk=True)}),

@@ -36,6 +36,7 @@ class SummaryReporter(ConsoleReporter):
         self.seconds: dict[str, float] = {}  # this run's tasks
         self.build_log = BuildLog()
         self.warnings: list[str] = []
+        self.notes: list[str] = []
         self.verbose = False  # doit -v 1 or 2: list the up-to-date tasks too
         # doit -n N -P thread calls execute_task from its worker threads, everything else from the main thread.
         self.lock = threading.RLock()
@@ -105,6 +106,7 @@ class SummaryReporter(ConsoleReporter):
         if task.actions:
             self.ran.append(task)
             self.warnings += task.values.get("warnings", [])  # e.g. quantize: an output clamped by an activation
+            self.notes += task.values.get("notes", [])  # e.g. quantize: int4 weights the HTP refuses, kept at 8 bit
             from .runner import CACHE_HITS
             self._log(task, "restored" if task.name in CACHE_HITS[self.hits_before:] else "ran")
 
@@ -182,8 +184,7 @@ class SummaryReporter(ConsoleReporter):
             return  # one line, as ninja's "no work to do" (the notes were shown when the build ran)
         not_run = self._not_run() if failed else 0
         if not_run:
-            self.write(f"  stopped at the first failure: {not_run} planned task(s) not run; `doit --continue` "
-                       "builds everything that does not need the failed task\n")
+            self.write(f"  {self._stopped(not_run)}\n")
         for line in self._results():
             self.write(f"  {line}\n")
         for task in sorted(self.ran, key=lambda t: t.name):
@@ -192,7 +193,7 @@ class SummaryReporter(ConsoleReporter):
                 self.write("".join(f"  {line}\n" for t in task.targets if t.endswith("index.json") for line in describe(t)))
         for warning in dict.fromkeys(self.warnings):  # once: an fp16 lint finding is the same for every chip
             self.write(f"  warning: {warning}\n")
-        for note in skipped_builds():
+        for note in [*dict.fromkeys(self.notes), *skipped_builds()]:
             self.write(f"  note: {note}\n")
         if self.seconds:
             slowest = sorted(self.seconds.items(), key=lambda kv: -kv[1])[:3]
@@ -256,6 +257,19 @@ class SummaryReporter(ConsoleReporter):
                       for variant, chips in never.items()]
         return lines
 
+    def _stopped(self, not_run: int) -> str:
+        """The failure that stopped the build (without --continue) and what it kept from running: 'stopped at the
+        first failure, compile:m/g/w4a16@SM8750 (its message above): 43 planned task(s) not run, of variants fp16,
+        w8a16 too; ...'."""
+        from doit.exceptions import UnmetDependency
+        first = next(f["task"].name for f in self.failures if not isinstance(f["exception"], UnmetDependency))
+        waiting = self.plan.to_run - self.plan.started - {f["task"].name for f in self.failures}
+        variants = sorted({_variant_of(name) for name in waiting if name.split(":", 1)[0] in VARIANT_STAGES}
+                          - {_variant_of(first)})
+        others = f", of variant(s) {', '.join(variants)} too" if variants else ""
+        return (f"stopped at the first failure, {first} (its message above): {not_run} planned task(s) not run"
+                f"{others}; `doit --continue` builds everything that does not need the failed task")
+
     def _not_run(self) -> int:
         """Planned tasks that never started because doit stopped at a failure. Under --continue doit reports every
         one it does not run (a task that needs the failed one, as not run), so none is left over."""
@@ -271,6 +285,14 @@ def _duration(seconds: float) -> str:
 
 
 TUNING_STAGES = ("report", "sensitivity", "tune")  # they build no binary: the summary lists no results for them
+# stages whose tasks are named <model>/.../<variant>[@<chip>]: a stopped build names the variants they were of
+VARIANT_STAGES = ("size", "quantize", "aimet", "fp16_lint", "compile", "check", "evaluate", "package")
+
+
+def _variant_of(task: str) -> str | None:
+    """The variant of a task named <stage>:<model>/.../<variant>[@<chip>] (quantize, compile, check, package, ...)."""
+    parts = task.split(":", 1)[-1].split("/")
+    return parts[-1].split("@", 1)[0] if len(parts) > 1 else None
 
 
 def _of_pair(task: str, model: str, variant: str, chip: str) -> bool:

@@ -81,7 +81,13 @@ def htp_config(arch: str, per_channel: bool, folder: Path) -> tuple[Path, dict]:
 def run(params: dict) -> dict:
     report = quantize(params)
     atomic_write_json(params["outputs"]["report"], report)
-    return {"config": report["config"]["file"], **{f"{t}_seconds": r["seconds"] for t, r in report["techniques"].items()}}
+    values = {"config": report["config"]["file"],
+              **{f"{t}_seconds": r["seconds"] for t, r in report["techniques"].items()}}
+    if report.get("int4_kept"):  # the summary's note: these weights are not int4
+        from .quantize import int4_note
+        values["notes"] = [int4_note(params["name"], report["int4_kept"])]
+        print(f"note: {values['notes'][0]}", flush=True)
+    return values
 
 
 def quantize(params: dict) -> dict:
@@ -129,6 +135,13 @@ def quantize(params: dict) -> dict:
                                    quant_scheme=SCHEMES[spec.calibration_method], config_file=str(config),
                                    path=str(Path(tmp) / "sim"))
         _apply_overrides(sim, params, model)
+        if spec.weights == "int4":  # weights the HTP takes at no int4 stay 8 bit, as the quantize stage keeps them
+            from ..block_quant import INT4_FALLBACK, int4_refused
+            kept = {n: why for n, why in int4_refused(model, spec.per_channel).items()
+                    if n not in spec.weight_overrides}
+            if kept:
+                spec = spec.replace(weight_overrides={**{n: INT4_FALLBACK for n in kept}, **spec.weight_overrides})
+                report["int4_kept"] = kept
         if spec.block_size or spec.weight_overrides:  # LPBQ, per-layer weight bits: block_quant.py
             from .support.aimet_blocks import set_weight_precisions
             report["lpbq"] = set_weight_precisions(sim, model, spec)

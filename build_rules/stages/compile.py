@@ -11,8 +11,9 @@ from ..errors import BuildError
 from ..files import atomic_write_json
 
 
-def rejection(model_path: str, error) -> str:
-    """The user's message for a graph QNN refused: each node with op type, QNN's reason or error code, and a fix."""
+def rejection(model_path: str, error, names: dict | None = None) -> str:
+    """The user's message for a graph QNN refused: each node with op type, QNN's reason or error code, and a fix.
+    names: the task's model, graph and variant, for the model.toml line of a fix."""
     import onnx
     from ..toolchains import qnn_errors
     model = onnx.load(model_path, load_external_data=False)
@@ -20,7 +21,34 @@ def rejection(model_path: str, error) -> str:
     weights = _weight_type(model)
     nodes = getattr(error, "nodes", [])
     text = qnn_errors.explain(model_path, nodes, getattr(error, "reasons", {}), error.log, op_types, weights)
-    return text if nodes else f"{error}; {text.split(': ', 1)[1]}"
+    text = text if nodes else f"{error}; {text.split(': ', 1)[1]}"
+    named = [n for _, n in nodes] + qnn_errors.ep_nodes(str(error), op_types) + [
+        qnn_errors.onnx_node(n, op_types) or n for n in qnn_errors.culprits(error.log)]
+    return text + _int4_fix(model, list(dict.fromkeys(named)), names or {})
+
+
+def _int4_fix(model, nodes: list[str], names: dict) -> str:
+    """' -- the HTP refuses the int4 weight of ...' with the weight_overrides line that keeps each named node's int4
+    weight at 8 bit, when the refused nodes read int4 weights (a weight the HTP takes at no int4 that quantize does not know of yet, or one a
+    weight override asked int4 for); '' otherwise."""
+    import onnx
+    from ..block_quant import INT4_FALLBACK
+    initializers = {i.name: i for i in model.graph.initializer}
+    dequantized = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    int4 = []
+    for node in model.graph.node:
+        if node.name not in nodes or len(node.input) < 2:
+            continue
+        source = dequantized.get(node.input[1])  # the weight's DequantizeLinear reads the int4 initializer
+        if source in initializers and initializers[source].data_type == onnx.TensorProto.INT4:
+            int4.append(node.name)
+    if not int4:
+        return ""
+    table = f"[variants.{names.get('variant', '<variant>')}.graphs.{names.get('graph', '<graph>')}]"
+    line = "weight_overrides = { " + ", ".join(f'"{n}" = "{INT4_FALLBACK}"' for n in int4) + " }"
+    toml = f"models/{names['model']}/model.toml" if names.get("model") else "model.toml"
+    return (f" -- the HTP refuses the int4 weight of {', '.join(repr(n) for n in int4)}: keep it at 8 bit, add "
+            f"`{table}` `{line}` to {toml} (or merge it into that table's weight_overrides)")
 
 
 def _weight_type(model) -> str | None:
@@ -48,7 +76,7 @@ def run(params: dict) -> dict:
     except (ort_qnn.UnsupportedOpsError, ort_qnn.QnnCompileError) as e:
         if e.log:
             print("QNN's log of the failed compile:\n" + "\n".join(e.log), flush=True)  # into <graph>.compile.log
-        raise BuildError(f"{params['name']}: {rejection(params['onnx'], e)}") from e
+        raise BuildError(f"{params['name']}: {rejection(params['onnx'], e, params.get('names'))}") from e
     target = result["target"]
     if target.get("soc_type") != chip["name"] or str(target.get("arch")) != str(chip["dsp_arch"][1:]):
         raise BuildError(f"{params['name']}: the binary says soc_type={target.get('soc_type')} "

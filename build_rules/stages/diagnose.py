@@ -9,7 +9,8 @@ evaluation samples, and the same model runs on the CPU. Per tensor, in graph ord
   precision or range problem that a 16-bit override or the export fixes.
 Each curve's first drop (the first tensor below the floor of the variant's bits that loses >= DROP_DB itself; for
 binary vs CPU, only where the binary is also farther from float than the CPU model) is named with its op and node,
-then the likely fix in words (stages/support/diagnosis.py): the `overrides` line to keep tensors at 16 bit, a range problem,
+then the likely fix in words (stages/support/diagnosis.py): the `overrides` line to keep tensors at 16 bit, the
+`weight_overrides` line to keep a layer's int4 weight at 8 bit when the loss is its weight's, a range problem,
 a 16-bit variant, the fp16 range problem at that op (stages/fp16_lint.py), or an HTP-only divergence to report
 upstream. Writes <graph>.diagnose.md, .png and .json.
 
@@ -96,7 +97,7 @@ def run(params: dict) -> dict:
     for tensor in exposed:
         htp, on_cpu = tensor.values(emulated), tensor.values(cpu)
         row = {"tensor": tensor.float_name, "node": tensor.node, "op_type": tensor.op_type, "bits": tensor.bits,
-               "binary_vs_cpu": _compare(on_cpu, htp)}
+               "weight": tensor.weight, "binary_vs_cpu": _compare(on_cpu, htp)}
         if not fp16:
             reference = _flat([f[tensor.float_name] for f in floats])
             row["cpu_vs_float"] = _compare(reference, on_cpu)
@@ -153,9 +154,10 @@ class Tensor:
     gives it (a QuantizeLinear's integer output, or the float tensor itself for fp16) and how to read it back."""
 
     def __init__(self, float_name: str, output: str, node: str, op_type: str, bits, scale=None, zero=None,
-                 dtype=None):
+                 dtype=None, weight: str | None = None):
         self.float_name, self.output, self.node, self.op_type, self.bits = float_name, output, node, op_type, bits
         self.scale, self.zero, self.dtype = scale, zero, dtype
+        self.weight = weight  # the type of the weight its node reads ("int4", "uint8", ...), None without one
 
     def values(self, runs: list[dict]):
         """The tensor's real values over all runs (one output dict each), as _flat() strides them."""
@@ -282,10 +284,12 @@ def _quantized_tensors(model) -> list[Tensor]:
     """Every activation QuantizeLinear of a QDQ model (not the converts between 8 and 16 bit), in graph order."""
     import numpy as np
     from onnx import numpy_helper
+    from ..block_quant import weight_types
     producers = {o: n for n in model.graph.node for o in n.output}
     initializers = {i.name: i for i in model.graph.initializer}
     outputs = {o.name for o in model.graph.output}
     consumers = _consumers(model)
+    weights = weight_types(model)  # node -> its weight's type ("int4", ...)
     tensors, seen = [], set()
     for node in model.graph.node:
         if node.op_type != "QuantizeLinear" or node.input[0] in initializers:
@@ -309,7 +313,7 @@ def _quantized_tensors(model) -> list[Tensor]:
         seen.add(name)
         node_name, op_type = (source.name, source.op_type) if source is not None else ("(graph input)", "input")
         tensors.append(Tensor(name, node.output[0], node_name, op_type, 8 * np.dtype(zero.dtype).itemsize,
-                              scale.reshape(()), zero.reshape(()), zero.dtype))
+                              scale.reshape(()), zero.reshape(()), zero.dtype, weights.get(node_name)))
     return tensors
 
 

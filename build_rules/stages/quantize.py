@@ -34,6 +34,10 @@ def run(params: dict) -> dict:
             where = f" (fix {keys} of [variants.{names['variant']}] in models/{names['model']}/model.toml)"
         raise BuildError(f"{params['name']}: {e}{where}") from e
     values["calibration"] = "reused" if params.get("ranges") else "ran"
+    if values.get("int4_kept"):  # the variant says what it is: these weights are not int4
+        note = int4_note(params["name"], values["int4_kept"])
+        print(f"note: {note}", flush=True)
+        values["notes"] = [note]
     check_quantized(params["outputs"]["onnx"], params["onnx"], params["name"], params["final_outputs"]["onnx"])
     warnings = [f"{params['name']}: {w}" for w in narrowed_outputs(params["outputs"]["onnx"], params.get("ranges"))]
     for warning in warnings:
@@ -49,20 +53,35 @@ def write_qdq(spec: QuantSpec, float_onnx, output, samples: list, *, ranges=None
     place a spec becomes the toolchain's arguments (this stage, tune's ladder and the mixed-precision search call
     it). Returns {"lpbq": ...} for a blocked spec, else {}."""
     from ..toolchains import ort_qnn
-    ort_qnn.quantize(float_onnx, output, samples, activations=spec.activations, weights=spec.weights,
-                     per_channel=spec.per_channel, method=spec.calibration_method, overrides=spec.overrides,
-                     node_overrides=spec.node_overrides or None, ranges=ranges, tied=tied,
-                     extra_outputs=extra_outputs, weight_overrides=spec.weight_overrides or None)
-    return {"lpbq": lpbq(float_onnx, output, spec)} if spec.block_size else {}
+    kept = ort_qnn.quantize(float_onnx, output, samples, activations=spec.activations, weights=spec.weights,
+                            per_channel=spec.per_channel, method=spec.calibration_method, overrides=spec.overrides,
+                            node_overrides=spec.node_overrides or None, ranges=ranges, tied=tied,
+                            extra_outputs=extra_outputs, weight_overrides=spec.weight_overrides or None)
+    values = {"int4_kept": kept} if kept else {}  # weights the HTP takes at no int4, at 8 bit (block_quant.py)
+    if spec.block_size:
+        values["lpbq"] = lpbq(float_onnx, output, spec, kept)
+    return values
 
 
-def lpbq(float_onnx, output, spec: QuantSpec) -> dict:
+def int4_note(name: str, kept: dict[str, str]) -> str:
+    """The summary's note on weights kept at 8 bit in an int4 variant: which, and why (the variant is not all int4)."""
+    from ..block_quant import INT4_FALLBACK
+    reasons = {}
+    for node, why in kept.items():
+        reasons.setdefault(why, []).append(node)
+    return (f"{name}: {len(kept)} weight(s) kept at {INT4_FALLBACK}, not int4 (the HTP refuses them at int4): "
+            + "; ".join(f"{', '.join(nodes)} ({why})" for why, nodes in reasons.items())
+            + "; the other weights are int4")
+
+
+def lpbq(float_onnx, output, spec: QuantSpec, kept: dict[str, str] | None = None) -> dict:
     """Block-quantize the weights of the QDQ model just written (block_quant.apply_lpbq) and say which layers kept
-    per-channel weights, and why."""
+    per-channel weights, and why. kept: weights the quantizer kept at 8 bit (not int4, so not blocked)."""
     from .. import block_quant
     from ..toolchains import ort_qnn
     keep = {node: f"weight override to {wtype}" for node, wtype in spec.weight_overrides.items()
             if wtype not in block_quant.BLOCK_WEIGHTS}
+    keep.update({node: f"{block_quant.INT4_FALLBACK}: {why}" for node, why in (kept or {}).items()})
     result = block_quant.apply_lpbq(output, ort_qnn.preprocessed_model(float_onnx), spec.block_size, keep)
     print(f"LPBQ (block_size {spec.block_size}): {len(result['blocked'])} layer(s) blocked: "
           f"{', '.join(result['blocked']) or 'none'}", flush=True)

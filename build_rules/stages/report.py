@@ -1,5 +1,7 @@
 """Stage 9 (ort-qnn), report: variants x chips of one model -> out/<model>/report.md, report.png, report.json.
 
+The figure shows each gated metric per variant and chip against its gate's threshold, and the phones' latency
+beside the CPU baseline where `doit profile` measured it (figure(); 1200 x 700 pixels for up to three panels).
 Each cell (graph, variant, chip) shows the context binary's size and compile time (<graph>.compile.json) and its
 metrics against the float model measured on the HTP emulator: cosine, SQNR, max abs and the score hook's task
 metrics, next to the float model's own task metrics. A cell's measurement is read from its check report or
@@ -51,8 +53,24 @@ def _compiled(path: str | list) -> dict:
             "part_bytes": [r["bytes"] for r in reports], "float_ops": combine([r.get("float_ops") for r in reports])}
 
 
+def weight_counts(qdq: str | None, memo: dict) -> dict[str, int] | None:
+    """How many of a QDQ model's weights are of each type ({"int4": 7, "int8": 1}): what a variant really is when
+    some weights are not its `weights` type (overrides, weights the HTP takes at no int4). None for fp16."""
+    if not qdq or not Path(qdq).is_file():
+        return None
+    if qdq not in memo:
+        import onnx
+
+        from ..block_quant import weight_types
+        counts: dict[str, int] = {}
+        for wtype in weight_types(onnx.load(qdq, load_external_data=False)).values():
+            counts[wtype] = counts.get(wtype, 0) + 1
+        memo[qdq] = dict(sorted(counts.items()))
+    return memo[qdq]
+
+
 def run(params: dict) -> dict:
-    rows = []
+    rows, weights_memo = [], {}
     for cell in params["cells"]:
         compiled = _compiled(cell["compile"])
         metrics, source = _cell_metrics(cell, params["hooks"], params.get("data_dir"))
@@ -61,6 +79,7 @@ def run(params: dict) -> dict:
                "compile_seconds": compiled["seconds"],
                **({"part_bytes": compiled["part_bytes"]} if "part_bytes" in compiled else {}),
                "gates": cell["gates"], "measured_by": source, "float_ops": compiled.get("float_ops"),
+               "weight_types": weight_counts(cell.get("qdq"), weights_memo),
                "mostly_float": mostly_float(compiled.get("float_ops")) or None}
         if metrics is None:  # its check has not run: marked, with the command that measures it
             row.update({"samples": 0, "summary": {}, "float_score": {}, "gated": [], "passed": None,
@@ -167,6 +186,17 @@ def _beside_float(metrics: dict, baseline: dict) -> str:
     return ", ".join(parts) or "–"
 
 
+def _other_weights(rows: list[dict], weights: str | None) -> str:
+    """' (3 int8 of 8 weights)' when some of the variant's weights are of another type than its `weights`."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        for wtype, n in (row.get("weight_types") or {}).items():
+            counts[wtype] = counts.get(wtype, 0) + n
+    total = sum(counts.values())
+    others = [f"{n} {wtype}" for wtype, n in counts.items() if wtype != weights]
+    return f" ({', '.join(others)} of {total} weights)" if others else ""
+
+
 def _task_metrics(row: dict) -> str:
     parts = []
     for name, value in row["summary"].items():
@@ -210,6 +240,7 @@ def markdown(report: dict) -> str:
                             + ([f"not measured: {', '.join(unmeasured)}"] if unmeasured else [])) or "pass"
         settings = report["variants"].get(variant, {})
         bits = "fp16" if settings.get("precision") == "fp16" else f"{settings.get('weights')}/{settings.get('activations')}"
+        bits += _other_weights(list(cells.values()), settings.get("weights"))
         lines.append(f"| {variant} | {report.get('quantizers', {}).get(variant, '–')} | {bits} | {chip} | {size:.3f} | "
                      f"{seconds:.2f} | " + " | ".join(values) + f" | {verdict} |")
     lines += ["", "## Per graph", "",
@@ -251,38 +282,148 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(report: dict, path: str) -> None:
+FIGURE_INCHES = (12.0, 7.0)  # at FIGURE_DPI: 1200 x 700 pixels for one row of panels
+FIGURE_DPI = 100
+PANELS_PER_ROW = 3
+
+
+def panels(report: dict) -> list[dict]:
+    """What the figure shows, one panel per gated metric of each graph (and of the model's [evaluate] gate):
+    {"title", "metric", "points": [{"variant", "chip", "value", "passed", "low", "high", "float"}]}; a graph without
+    gates shows its cosine. Points of cells not measured yet have value None."""
+    found: dict[tuple[str, str], dict] = {}
+    rows = report["cells"]
+    entries = [(r["graph"], r["variant"], r["chip"], r["summary"], r["gated"]) for r in rows]
+    for name, value in (report.get("evaluate") or {}).items():
+        variant, chip = name.split("@", 1)
+        entries.append(("model", variant, chip, value.get("metrics") or {}, value.get("gated") or []))
+    for graph, variant, chip, measured, gated in entries:
+        metrics = ([g["metric"] for g in gated] or (_gated_metrics(rows, graph) if graph != "model" else []))
+        for metric in dict.fromkeys(metrics):
+            panel = found.setdefault((graph, metric), {"title": f"{graph}: {metric}", "metric": metric, "points": []})
+            gate = next((g for g in gated if g["metric"] == metric), {})
+            value = measured.get(metric)
+            panel["points"].append({"variant": variant, "chip": chip,
+                                    "value": float(value) if isinstance(value, (int, float)) else None,
+                                    "passed": gate.get("passed"), "low": gate.get("low"), "high": gate.get("high"),
+                                    "float": gate.get("float")})
+    return list(found.values())
+
+
+def latency_bars(report: dict) -> list[dict]:
+    """The phones' median latency per variant, chip, phone and graph (doit profile), with the CPU baseline where it
+    was measured: [{"label", "npu_ms", "cpu_ms"}]."""
+    bars = []
+    for r in report.get("device_timings") or []:
+        if r["kind"] != "profile":
+            continue
+        for graph, t in (r.get("graphs") or {}).items():
+            if t.get("median_ms") is None:
+                continue
+            cpu = t.get("cpu") or {}
+            bars.append({"label": f"{r['variant']}@{r['chip']} {graph} ({r['device']})", "npu_ms": t["median_ms"],
+                         "cpu_ms": cpu.get("median_ms") if cpu.get("measured") else None})
+    return bars
+
+
+def figure(report: dict):
+    """The report's figure (a matplotlib Figure): per gated metric, each variant's value on each chip against its
+    gate's threshold (red ring: the gate failed); and the latency on phones beside the CPU baseline when a profile
+    was measured. 1200 x 700 pixels for up to three panels, taller by a row per three more."""
+    import math
+
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    rows = report["cells"]
-    graphs = sorted({r["graph"] for r in rows})
-    variants = list(dict.fromkeys(r["variant"] for r in rows))
-    chips = list(dict.fromkeys(r["chip"] for r in rows))
-    markers = "osD^v<>pP*Xh"
+    shown = panels(report)
+    bars = latency_bars(report)
+    count = max(1, len(shown) + bool(bars))
+    rows = math.ceil(count / PANELS_PER_ROW)
+    columns = min(count, PANELS_PER_ROW)
+    width, height = FIGURE_INCHES
+    fig = plt.figure(figsize=(width, height + 3.6 * (rows - 1)), dpi=FIGURE_DPI)
+    grid = fig.add_gridspec(rows, columns)
+    variants = list(dict.fromkeys(r["variant"] for r in report["cells"]))
+    chips = list(dict.fromkeys(r["chip"] for r in report["cells"]))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    fig, axes = plt.subplots(1, len(graphs), figsize=(4.2 * len(graphs), 3.8), squeeze=False)
-    for ax, graph in zip(axes[0], graphs):
-        for r in (r for r in rows if r["graph"] == graph):
-            if "sqnr" not in r["summary"]:
-                continue  # not measured yet
-            sqnr = r["summary"]["sqnr"]
-            y = min(sqnr, 80.0) if sqnr == sqnr else 0.0  # fp16 can be near-lossless: clip inf for the axis
-            ax.scatter(r["bytes"] / 1e3, y, color=colors[variants.index(r["variant"]) % len(colors)],
-                       marker=markers[chips.index(r["chip"]) % len(markers)],
-                       edgecolors="red" if r["passed"] is False else "none", linewidths=1.5, s=40)
-        ax.set_title(graph)
-        ax.set_xlabel("context binary (KB)")
-        ax.set_ylabel("SQNR vs float (dB, worst output)")
-        ax.grid(True, alpha=0.3)
-    handles = [plt.Line2D([], [], color=colors[i % len(colors)], marker="o", linestyle="", label=v)
-               for i, v in enumerate(variants)]
-    handles += [plt.Line2D([], [], color="grey", marker=markers[i % len(markers)], linestyle="", label=c)
-                for i, c in enumerate(chips)]
-    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize="small")
-    fig.suptitle(f"{report['model']}: size vs accuracy on the HTP emulator (red edge: gate failed)")
-    fig.tight_layout(rect=(0, 0.1, 1, 0.95))
+    markers = "osD^v<>pP*Xh"
+    spread = 0.75 / max(1, len(chips))  # chips side by side within a variant: equal values stay apart
+    failed_any = unmeasured_any = False
+    for index, panel in enumerate(shown):
+        ax = fig.add_subplot(grid[index // columns, index % columns])
+        values = [p["value"] for p in panel["points"] if p["value"] is not None and math.isfinite(p["value"])]
+        # (inf: identical outputs' SQNR, drawn at the axis's edge; nan: nothing to draw)
+        limits = {p[k] for p in panel["points"] for k in ("low", "high") if p[k] is not None}
+        span = [*values, *limits] or [0.0, 1.0]
+        low, high = min(span), max(span)
+        pad = (high - low) * 0.12 or abs(high) * 0.05 or 0.05
+        for point in panel["points"]:
+            x = variants.index(point["variant"]) + (chips.index(point["chip"]) - (len(chips) - 1) / 2) * spread
+            at = chips.index(point["chip"])
+            color, marker = colors[at % len(colors)], markers[at % len(markers)]
+            if point["value"] is None or math.isnan(point["value"]):
+                unmeasured_any = True
+                ax.scatter(x, low - pad * 0.6, marker="x", color="grey", s=40, zorder=3)
+                continue
+            failed = point["passed"] is False
+            failed_any |= failed
+            y = min(max(point["value"], low - pad), high + pad)  # inf (identical outputs) on the axis's edge
+            ax.scatter(x, y, color=color, marker=marker, s=60, zorder=3,
+                       edgecolors="red" if failed else "none", linewidths=2.2)
+            if len(chips) <= 2:  # the value beside its point (more chips: their values would overlap)
+                ax.annotate(f"{point['value']:.4g}", (x, y), xytext=(7, -3), textcoords="offset points", fontsize=9)
+        for bound in sorted(limits):  # the gate's threshold(s): a lower and an upper one for max_change
+            ax.axhline(bound, color="black", linestyle="--", linewidth=1.2, zorder=2)
+        floats = {p["float"] for p in panel["points"] if p["float"] is not None}
+        for ref in floats:
+            ax.axhline(ref, color="grey", linestyle=":", linewidth=1.2, zorder=1)
+        ax.set_ylim(low - pad, high + pad)
+        ax.set_xticks(range(len(variants)), variants, rotation=20 if len(variants) > 4 else 0)
+        ax.set_xlim(-0.6, len(variants) - 0.4)
+        ax.set_title(panel["title"], fontsize=12)
+        ax.set_ylabel(panel["metric"] + (" (higher is better)" if any(p["low"] is not None for p in panel["points"])
+                                         else " (lower is better)" if any(p["high"] is not None
+                                                                          for p in panel["points"]) else ""))
+        ax.set_xlabel("variant")
+        ax.grid(True, axis="y", alpha=0.3)
+    if bars:
+        ax = fig.add_subplot(grid[len(shown) // columns, len(shown) % columns])
+        ys = range(len(bars))
+        ax.barh([y + 0.2 for y in ys], [b["npu_ms"] for b in bars], height=0.4, color=colors[0], label="NPU (HTP)")
+        cpu = [(y, b["cpu_ms"]) for y, b in zip(ys, bars) if b["cpu_ms"] is not None]
+        if cpu:
+            ax.barh([y - 0.2 for y, _ in cpu], [ms for _, ms in cpu], height=0.4, color="grey", label="CPU baseline")
+        ax.set_yticks(list(ys), [b["label"] for b in bars], fontsize=9)
+        ax.invert_yaxis()
+        ax.set_xlabel("median latency (ms)")
+        ax.set_title("latency on phones (doit profile)", fontsize=12)
+        ax.legend(loc="lower right", fontsize=9)
+        ax.grid(True, axis="x", alpha=0.3)
+    handles = [Line2D([], [], color=colors[i % len(colors)], marker=markers[i % len(markers)], linestyle="",
+                      markersize=9, label=chip) for i, chip in enumerate(chips)]
+    if any(p["low"] is not None or p["high"] is not None for panel in shown for p in panel["points"]):
+        handles.append(Line2D([], [], color="black", linestyle="--", label="gate threshold"))
+    if any(p["float"] is not None for panel in shown for p in panel["points"]):
+        handles.append(Line2D([], [], color="grey", linestyle=":", label="float model"))
+    if failed_any:
+        handles.append(Line2D([], [], color="white", marker="o", markeredgecolor="red", markeredgewidth=2.2,
+                              linestyle="", markersize=9, label="gate failed"))
+    if unmeasured_any:
+        handles.append(Line2D([], [], color="grey", marker="x", linestyle="", label="not measured yet"))
+    per_row = min(len(handles), 6)
+    fig.legend(handles=handles, loc="lower center", ncol=per_row, fontsize=11, frameon=False)
+    fig.suptitle(f"{report['model']}: gated metrics per variant and chip (HTP emulator vs float model)", fontsize=14)
+    legend_inches = 0.15 + 0.32 * math.ceil(len(handles) / per_row)  # the legend's rows under the panels
+    tall = fig.get_figheight()
+    fig.tight_layout(rect=(0, legend_inches / tall, 1, 1 - 0.45 / tall))
+    return fig
+
+
+def plot(report: dict, path: str) -> None:
+    import matplotlib.pyplot as plt
+    fig = figure(report)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100, metadata={"Software": None})
+    fig.savefig(path, dpi=FIGURE_DPI, metadata={"Software": None})
     plt.close(fig)

@@ -201,7 +201,9 @@ def _compile_tasks():
                               "outputs": outputs}
                     task = stage_task("compile", f"{model.name}/{unit}/{variant.name}@{chip.name}", params,
                                       [source], list(outputs.values()),
-                                      layout.chip_file(model.name, variant.name, chip.name, f"{unit}.compile.log"))
+                                      layout.chip_file(model.name, variant.name, chip.name, f"{unit}.compile.log"),
+                                      names={"model": model.name, "graph": graph.name, "variant": variant.name,
+                                             "chip": chip.name})
                     task["task_dep"] = split_tasks.checked_first(model, graph, variant)
                     yield task
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from .. import layout
 from ..config import Chip, Graph, Model, Tuning, Variant, gate_dicts
 from ..hashing import OptionalFiles
-from ..project import (chip_params, model_data, hook_files, model_graphs, project, ranges_file,
+from ..project import (chip_params, compile_input, model_data, hook_files, model_graphs, project, ranges_file,
                        rel, stage_task, variant_builds)
 from . import aimet as aimet_tasks, device as device_tasks, split as split_tasks
 
@@ -29,10 +29,12 @@ def report_tasks():
                               "compile": unit_files(".compile.json"), "ctx_model": unit_files("_ctx.onnx"),
                               "check": chip_file(".check.json"), "memo": chip_file(".measure.json"),
                               "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
-                              "gates": gate_dicts(graph.gates)})
+                              "gates": gate_dicts(graph.gates),
+                              "qdq": None if variant.is_fp16 else compile_input(model, graph, variant)})
                 for suffix in (".compile.json", "_ctx.onnx", ".bin"):
                     files = unit_files(suffix)
                     file_dep += files if isinstance(files, list) else [files]
+                file_dep += [cells[-1]["qdq"]] if cells[-1]["qdq"] and cells[-1]["qdq"] not in file_dep else []
         file_dep += [layout.float_file(model.name, g, ".evaluation.npz") for g in model.graphs]
         if device_tasks.devices():  # issue 29: a new device result re-makes the report (no phone named: no look)
             from ..device import results as device_results

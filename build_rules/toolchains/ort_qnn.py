@@ -248,7 +248,7 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
              weights: str, per_channel: bool, method: str = "minmax", overrides: dict[str, str] | None = None,
              node_overrides: dict[str, str] | None = None, ranges: Path | None = None,
              extra_outputs: list[str] | None = None, tied: list[tuple[str, str]] | None = None,
-             weight_overrides: dict[str, str] | None = None) -> None:
+             weight_overrides: dict[str, str] | None = None) -> dict[str, str]:
     """Write a QDQ model for QNN HTP, using onnxruntime.quantization's QNN recipe.
 
     The recipe is qnn_preprocess_model, then get_qnn_qdq_config, then quantize.
@@ -267,7 +267,8 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
       input. Both must be activations of the same type.
     - weight_overrides: maps a node name to the type of its weight (input 1; a Gather's table), e.g.
       {"Gemm_6": "int8"}. A Gather's table stays per-tensor.
-    `output` appears only when it is complete.
+    `output` appears only when it is complete. Returns node -> why for each weight kept at 8 bit under int4 weights
+    because the HTP refuses it at int4 (block_quant.int4_refused; a weight override of the node wins).
     """
     from ..dtypes import TYPES  # here, not at the top: this file also runs as the compile child's script
     activation_types = {t.name: t.ort for t in TYPES if t.activation}
@@ -317,7 +318,11 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
         qnn_input = Path(tmp) / "input.onnx"
         onnx.save(model, str(qnn_input))
         init_overrides = {t: [{"quant_type": getattr(QuantType, q)}] for t, q in override_names.items()}
-        from ..block_quant import weight_override_entries  # per-layer weight bits
+        from ..block_quant import INT4_FALLBACK, int4_refused, weight_override_entries  # per-layer weight bits
+        # Weights the HTP takes at no int4 stay 8 bit, unless the user's own weight override names the node
+        kept = {} if weights != "int4" else {node: why for node, why in int4_refused(model, per_channel).items()
+                                              if node not in (weight_overrides or {})}
+        weight_overrides = {**{node: INT4_FALLBACK for node in kept}, **(weight_overrides or {})}
         for weight, (wtype, axis) in weight_override_entries(model, weight_overrides, per_channel, float_model).items():
             entry = {"quant_type": getattr(QuantType, _choice(f"weight override type of {weight!r}", wtype,
                                                                 {t.name: t.ort for t in TYPES if t.weight}))}
@@ -366,6 +371,7 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
         except BaseException:
             _unlink(Path(tmp_out))
             raise
+    return kept
 
 
 def calibration_ranges(float_model: Path, output: Path, calibration: list[dict[str, "np.ndarray"]], *,

@@ -76,6 +76,20 @@ def culprits(lines: list[str]) -> dict[str, str]:
     return named
 
 
+_EP_NODE = re.compile(r"Node '([^']+)' OpType:(\w+)")
+
+
+def ep_nodes(text: str, op_types: dict[str, str]) -> list[str]:
+    """The ONNX nodes onnxruntime's own error names (`Node '/up1/ConvTranspose_token_43' OpType:ConvTranspose ...
+    was not selected by that EP`: the layout transformer's copy of node /up1/ConvTranspose)."""
+    found = []
+    for name, _ in _EP_NODE.findall(text):
+        node = onnx_node(re.sub(r"_token_\d+$", "", name), op_types)
+        if node and node not in found:
+            found.append(node)
+    return found
+
+
 def onnx_node(qnn_name: str, op_types: dict[str, str]) -> str | None:
     """The ONNX node a QNN op name stands for: the same name, or the name with a lowering suffix (`ln_2`)."""
     if qnn_name in op_types:

@@ -16,6 +16,7 @@ WIDESPREAD = 0.25  # more than this share of the tensors below the floor: a vari
 CAP_DB = 100.0  # SQNR of identical tensors (inf), for curves and arithmetic
 OWN_DROP_DB = 3.0  # a tensor below the floor that loses at least this much itself (not only inherited) needs a fix
 MAX_LISTED = 24  # tensors in the suggested overrides line
+FOUR_BIT_WEIGHTS = ("int4", "uint4")  # a layer reading these can lose more to its weight than a 16-bit output does
 HTP_WORSE_DB = 6.0  # the binary this much farther from float than the CPU QDQ model: an HTP-only loss
 
 SUBSET_MISS_DB = 3.0  # an output this much worse over check's whole set than on the diagnosed samples
@@ -29,6 +30,15 @@ def overrides_line(params: dict, tensors: list[str]) -> str:
     own.update({t: "uint16" for t in tensors})
     body = ", ".join(f'"{t}" = "{q}"' for t, q in own.items())
     return f"[variants.{params['variant_name']}.graphs.{params['graph_name']}]\noverrides = {{ {body} }}"
+
+
+def weight_overrides_line(params: dict, nodes: list[str], wtype: str = "int8") -> str:
+    """The model.toml lines that keep the weights of `nodes` at `wtype` in this graph, merged with the graph's
+    weight_overrides."""
+    own = dict(params["variant"].get("graph_overrides", {}).get("weight_overrides", {}))
+    own.update({n: wtype for n in nodes})
+    body = ", ".join(f'"{n}" = "{q}"' for n, q in own.items())
+    return f"[variants.{params['variant_name']}.graphs.{params['graph_name']}]\nweight_overrides = {{ {body} }}"
 
 
 def diagnose(result: dict, params: dict) -> list[str]:
@@ -123,7 +133,9 @@ def _from_drops(result: dict, params: dict) -> list[str]:
 def _quantization_fix(drop: dict, rows: dict, params: dict) -> list[str]:
     row = rows[drop["tensor"]]
     pinned = params["variant"].get("overrides", {})
-    lines = []
+    lines = _weight_fix(drop, rows, params)
+    if lines and row["bits"] == 16:
+        return lines  # a 16-bit output loses ~90 dB to its own rounding: the weight is the loss
     if row["bits"] == 8 and params["variant"]["activation_bits"] == 16:
         why = (f" (the variant's overrides set it to {pinned[drop['tensor']]})" if drop["tensor"] in pinned else
                " (an override or node_override of the variant, or a type the quantizer chose for this op)")
@@ -170,6 +182,28 @@ def _quantization_fix(drop: dict, rows: dict, params: dict) -> list[str]:
                      f"itself), in {params['model_toml']}:\n" + overrides_line(params, eight))
         lines.append(_measure_it(params))
     return lines
+
+
+def _weight_fix(drop: dict, rows: dict, params: dict) -> list[str]:
+    """When the op at the drop reads 4-bit weights: the loss is its weights', so the fix is the weight_overrides line
+    keeping them at 8 bit (that node's, and those of the later 4-bit layers below the floor that lose >= OWN_DROP_DB
+    themselves), or tune's per-layer weight bits. [] otherwise. (Measured on tests/models/densemap at w4a16: the first
+    Conv's output, 16 bit, lost 64 dB to its int4 weight; an activation override cannot help there.)"""
+    row = rows[drop["tensor"]]
+    if row.get("weight") not in FOUR_BIT_WEIGHTS:
+        return []
+    later = [t for t in drop["culprits"] if rows[t].get("weight") in FOUR_BIT_WEIGHTS and t != drop["tensor"]]
+    nodes = list(dict.fromkeys([row["node"]] + [rows[t]["node"] for t in later]))[:MAX_LISTED]
+    others = (f" and the weights of the {len(nodes) - 1} later {row['weight']} layer(s) below the floor that lose >= "
+              f"{OWN_DROP_DB:g} dB themselves" if len(nodes) > 1 else "")
+    return [f"The loss is in the weights: node '{row['node']}' ({row['op_type']}) reads {row['weight']} weights, and "
+            f"its output is {row['bits']} bit" + (", so an activation override cannot help" if row["bits"] == 16
+                                                  else "")
+            + f". Keep its weight{others} at 8 bit, in {params['model_toml']}:\n"
+            + weight_overrides_line(params, nodes),
+            f"Then `doit check:{params['model']}/{params['graph_name']}/{params['variant_name']}@"
+            f"{params['chip']['name']}` measures it, and `doit tune:{params['model']}/{params['variant_name']}` finds "
+            "the fewest weights at int8 that meet the gate (its per-layer weight bits, docs/tuning.md)."]
 
 
 def _measure_it(params: dict) -> str:
@@ -263,14 +297,14 @@ def markdown(result: dict, params: dict) -> str:
     if result["lint"]:
         lines += ["## fp16 lint", ""] + [f"- {f['message']}" for f in result["lint"]] + [""]
     lines += [f"![diagnose]({result['graph']}.diagnose.png)", "", "## Tensors in graph order", "",
-              "| # | tensor | node | op | bits | " + " | ".join(f"{label[c]} SQNR (dB)" for c in shown)
+              "| # | tensor | node | op | bits (/ weight) | " + " | ".join(f"{label[c]} SQNR (dB)" for c in shown)
               + " | " + " | ".join(f"{label[c]} cosine" for c in shown) + " | own drop (dB) |",
               "|---" * (6 + 2 * len(shown)) + "|"]
     for i, r in enumerate(result["rows"]):
         own = r.get("own_drop_db", {})
         marks = [c for c in curves if (result["drops"].get(c) or {}).get("tensor") == r["tensor"]]
         lines.append(f"| {i} | `{r['tensor']}`{' **<- first drop**' if marks else ''} | `{r['node']}` | "
-                     f"{r['op_type']} | {r['bits']} | "
+                     f"{r['op_type']} | {r['bits']}{' / ' + r['weight'] if r.get('weight') else ''} | "
                      + " | ".join(f"{r[c]['sqnr']:.2f}" for c in shown) + " | "
                      + " | ".join(f"{r[c]['cosine']:.5f}" for c in shown) + " | "
                      + " / ".join(f"{own.get(c, 0):.1f}" for c in curves) + " |")
