@@ -45,6 +45,7 @@ class SummaryReporter(ConsoleReporter):
         self.held_lines: list = []  # up-to-date tasks to list (doit -v 1) when the plan is made
         self.tasks, self.selected = {}, []
         self.removed: list[str] = []  # outputs of targets that left the build (target_set.py)
+        self.phone_lines: list[str] = []  # a line per device task that ran (device/console.py)
 
     def write(self, text):
         with self.lock:
@@ -103,6 +104,7 @@ class SummaryReporter(ConsoleReporter):
         if task.actions:
             self.ran.append(task)
             self.warnings += task.values.get("warnings", [])  # e.g. quantize: an output clamped by an activation
+            self.phone_lines += task.values.get("phone_summary", [])  # device_check, profile, power
             from .runner import CACHE_HITS
             self._log(task, "restored" if task.name in CACHE_HITS[self.hits_before:] else "ran")
 
@@ -184,6 +186,8 @@ class SummaryReporter(ConsoleReporter):
                        "builds everything that does not need the failed task\n")
         for line in self._results():
             self.write(f"  {line}\n")
+        for line in self.phone_lines:
+            self.write(f"  {'phone':<11} {line}\n")
         for task in sorted(self.ran, key=lambda t: t.name):
             if task.name.startswith("dist:"):  # bundles; with [dist] multi_soc its size beside the per-chip sum
                 from .dist import describe
@@ -216,7 +220,7 @@ class SummaryReporter(ConsoleReporter):
         from .project import project, variant_builds
         worked_on = {t.name.split(":", 1)[-1].split("/", 1)[0].split("@", 1)[0]
                      for t in [*self.ran, *(f["task"] for f in self.failures)]
-                     if ":" in t.name and t.name.split(":", 1)[0] not in TUNING_STAGES}
+                     if ":" in t.name and t.name.split(":", 1)[0] not in TUNING_STAGES + DEVICE_STAGES}
         failed = {f["task"].name for f in self.failures if not isinstance(f["exception"], UnmetDependency)}
         blocked = {f["task"].name for f in self.failures if isinstance(f["exception"], UnmetDependency)}
         ran = {t.name for t in self.ran}
@@ -269,6 +273,7 @@ def _duration(seconds: float) -> str:
 
 
 TUNING_STAGES = ("report", "sensitivity", "tune")  # they build no binary: the summary lists no results for them
+DEVICE_STAGES = ("device_check", "profile", "power")  # their own `phone` lines, not the model's emulator results
 
 
 def _of_pair(task: str, model: str, variant: str, chip: str) -> bool:
