@@ -248,6 +248,7 @@ def test_profile_reads_back_latencies_beside_the_cpu_baseline(phone_env, monkeyp
     for graph, t in record["graphs"].items():
         assert t["io"].startswith("native: the binary's own input/output types")
         assert t["min_ms"] <= t["median_ms"] <= t["p90_ms"] <= t["max_ms"]
+        assert t["throughput_per_s"] == pytest.approx(1000 / t["median_ms"])
         assert t["warm_load_ms"] > 0 and t["peak_memory_kib"] > 10_000  # the stand-in's emulator process, measured
         assert [layer["op"] for layer in t["layers"][:10]] == [op["op"] for op in t["top_ops"]]
         assert sum(layer["us"] for layer in t["layers"]) == pytest.approx(1000 * t["accelerator_median_ms"], rel=0.1)
@@ -357,6 +358,14 @@ def test_the_stand_in_qnn_net_run_checks_the_backend_extension_config_and_warns_
     code, said = run("--perf_profile", "burst")
     assert code == 1 and "[ WARNING ] --perf_profile is deprecated for the HTP backend" in said
     assert "Could not open /data/local/tmp/build_rules/missing.bin" in said  # it went on after the warning
+
+
+def test_profile_announces_the_last_profiles_time(tmp_path):
+    from build_rules.device.profile import _last_seconds
+    result = tmp_path / "profile.s25.json"
+    assert _last_seconds(result) == ""  # never profiled here
+    result.write_text(json.dumps({"seconds": 31.4, "graphs": {"encoder": {"runs": 20}, "head": {"runs": 20}}}))
+    assert _last_seconds(result) == "; the last profile here took 31 s (20 runs)"
 
 
 def test_thermal_reading_and_the_judgement_of_a_run():

@@ -96,6 +96,7 @@ def timings(rows: list[dict], warmup: int) -> dict:
             "load_ms": load[0], "first_ms": runs[0], "median_ms": statistics.median(steady),
             "p90_ms": ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))],
             "min_ms": ordered[0], "max_ms": ordered[-1],
+            "throughput_per_s": 1000 / statistics.median(steady) if statistics.median(steady) else None,
             "runs": len(steady), "warmup": len(runs) - len(steady),
             "accelerator_median_ms": accelerator_ms,
             "accelerator_cycles_median": statistics.median(cycles[warmup:] or cycles) if cycles else None}
@@ -144,18 +145,32 @@ def _warm_load(phone, params: dict, viewer: Path, run, perf_flags: tuple, native
     return _read_profile(params["name"], viewer, pulled, 0)["load_ms"]
 
 
+def _last_seconds(result_path: Path) -> str:
+    """How long the last profile of this variant on this phone took, with what it ran ('' when none)."""
+    import json
+    try:
+        last = json.loads(result_path.read_text())
+    except (OSError, ValueError):
+        return ""
+    if not last.get("seconds"):
+        return ""
+    from ..progress import format_seconds
+    runs = {t.get("runs") for t in (last.get("graphs") or {}).values()}
+    return f"; the last profile here took {format_seconds(last['seconds'])} ({'/'.join(map(str, runs))} runs)"
+
+
 class _Clock:
     """What the task will run, said up front, and how far it is after each run (the console's line for this task
     shows the build log's time, which knows nothing of runs, graphs or the CPU baseline)."""
 
-    def __init__(self, params: dict, cooldown: float, cpu: bool):
+    def __init__(self, params: dict, cooldown: float, cpu: bool, last: str = ""):
         self.params, self.cooldown, self.started, self.steps = params, cooldown, time.monotonic(), 0
         graphs = len(params["graphs"])
         self.total = graphs * (2 if cpu else 1)
         self.say(f"{graphs} graph(s) x ({params['warmup']} warm-up + {params['runs']} runs) on the NPU, a warm-load "
                  "run per binary" + (", the CPU baseline per graph" if cpu else "")
                  + (f"; a {cooldown:g} s cool-down before every run after the first ({COOLDOWN_ENV})" if cooldown
-                    else ""))
+                    else "") + last)
 
     def say(self, text: str) -> None:
         from .. import progress
@@ -209,10 +224,11 @@ def profile(params: dict) -> dict:
     version = runtime.identity(phone.runtime_root, {})["version"]
     spread = float(os.environ.get(SPREAD_ENV) or thermal.NOISY_SPREAD)
     cooldown = float(os.environ.get(COOLDOWN_ENV) or 0)
+    last = _last_seconds(result_path)
     remove_quietly(result_path)
     kept = result_path.with_suffix("")  # profile.<device>/: each part's raw profile log and CSV
     shutil.rmtree(kept, ignore_errors=True)
-    graphs, clock = {}, _Clock(params, cooldown, cpu_root is not None)
+    graphs, clock = {}, _Clock(params, cooldown, cpu_root is not None, last)
     with tempfile.TemporaryDirectory(prefix="build-rules-profile-") as tmp:
         perf_flags, perf_files, perf_form = perf_config.request(version, params["perf_profile"], phone.runtime_root,
                                                                 Path(tmp) / "config", REMOTE_RUNTIME, params["name"])
@@ -263,7 +279,7 @@ def profile(params: dict) -> dict:
               "chip": params["chip"]["name"], "variant": params["variant"], "perf_profile": params["perf_profile"],
               "perf_profile_form": perf_form, "profiling_level": params["profiling_level"],
               "runtime": runtime_identity(phone, pushed), "cooldown_seconds": cooldown, "spread_limit": spread,
-              "logs": str(kept), "graphs": graphs}
+              "logs": str(kept), "seconds": round(time.monotonic() - clock.started, 1), "graphs": graphs}
     audio = realtime(read_evaluation(params.get("float_evaluation")), {g: t["median_ms"] for g, t in graphs.items()})
     if audio is not None:
         record["realtime"] = audio
