@@ -245,6 +245,7 @@ def test_profile_reads_back_latencies_beside_the_cpu_baseline(phone_env, monkeyp
     # native inputs: the binary's uint16 fixed point for w8a16, its float32 for fp16 (the EPContext model's types)
     native = phone_env.folder / "fs/data/local/tmp/build_rules/inputs/tinynet/fp16/SM8750/encoder/native"
     assert (native / "0000.image.raw").stat().st_size == 1 * 3 * 16 * 16 * 4
+    assert record["peak_memory"] == "max RSS of qnn-net-run (/system/bin/time -v)"
     for graph, t in record["graphs"].items():
         assert t["io"].startswith("native: the binary's own input/output types")
         assert t["min_ms"] <= t["median_ms"] <= t["p90_ms"] <= t["max_ms"]
@@ -303,11 +304,16 @@ def test_profile_reads_the_thermal_state_flags_a_throttled_run_and_cools_down(ph
     monkeypatch.setenv("BUILD_RULES_PROFILE_COOLDOWN", "45")
     waited = []
     monkeypatch.setattr(profile, "_sleep", waited.append)
-    set_phone(phone_env.folder, thermal={"status": 2, "temperatures": {"cpu-1-0": [0, 47.0], "skin": [3, 41.5]}})
+    set_phone(phone_env.folder, thermal={"status": 2, "temperatures": {"cpu-1-0": [0, 47.0], "skin": [3, 41.5]}},
+              toybox_time=False)  # an older toybox without time: profiled all the same, no peak memory
     result = run_doit(phone_env.repo, "profile:tinynet/w8a16@s25")
     assert result.code == 0, result.output
     record = json.loads((phone_env.repo / "out/tinynet/w8a16/SM8750/profile.s25.json").read_text())
     assert waited == [45.0] and record["cooldown_seconds"] == 45.0  # two graphs, no CPU baseline: one wait
+    assert record["peak_memory"] == ("no peak memory: `/system/bin/time -v echo` gave exit 127: /system/bin/sh: "
+                                     "/system/bin/time: inaccessible or not found")
+    assert all(t["peak_memory_kib"] is None for t in record["graphs"].values())
+    assert not any("/system/bin/time" in c for c in _net_runs(phone_env.calls()))
     assert "   profile:tinynet/w8a16@s25: cool-down 45 s (thermal moderate (cpu 47.0 C, skin 41.5 C))" in result.output
     for t in record["graphs"].values():
         assert t["thermal"]["after"] == {"available": True, "status": 2, "status_name": "moderate", "cpu_max_c": 47.0,
@@ -358,6 +364,15 @@ def test_the_stand_in_qnn_net_run_checks_the_backend_extension_config_and_warns_
     code, said = run("--perf_profile", "burst")
     assert code == 1 and "[ WARNING ] --perf_profile is deprecated for the HTP backend" in said
     assert "Could not open /data/local/tmp/build_rules/missing.bin" in said  # it went on after the warning
+
+
+def test_a_bad_cooldown_fails_before_touching_the_phone(phone_env, monkeypatch):
+    monkeypatch.setenv("BUILD_RULES_PROFILE_COOLDOWN", "1 min")
+    result = run_doit(phone_env.repo, "profile:tinynet/fp16@s25")
+    assert result.code != 0
+    assert ("profile:tinynet/fp16@s25: BUILD_RULES_PROFILE_COOLDOWN='1 min': give a number >= 0 (unset: 0)"
+            in result.output)
+    assert phone_env.calls() == []
 
 
 def test_profile_announces_the_last_profiles_time(tmp_path):

@@ -123,6 +123,14 @@ def _read_profile(where: str, viewer: Path, pulled: Path, warmup: int, keep: Pat
     return {**timings(read_csv(table), warmup), "viewer_summary": done.stdout.strip().splitlines()[-12:], **kept}
 
 
+def memory_wrapper(phone) -> tuple[str, str | None]:
+    """(the wrapper for qnn-net-run, why there is none): toybox's time, if this phone's has -v and its Max RSS line."""
+    code, said = phone.adb.shell_code(f"{PEAK_MEMORY} echo")
+    if code == 0 and peak_memory_kib(said) is not None:
+        return PEAK_MEMORY, None
+    return "", f"no peak memory: `{PEAK_MEMORY} echo` gave exit {code}: {said.strip()[:160]}"
+
+
 def peak_memory_kib(said: str) -> int | None:
     """toybox `time -v`'s "Max RSS (KiB): N" (the qnn-net-run process's peak resident memory)."""
     found = re.search(r"Max RSS \(KiB\):\s*(\d+)", said or "")
@@ -143,6 +151,17 @@ def _warm_load(phone, params: dict, viewer: Path, run, perf_flags: tuple, native
     pulled = run.pulled.with_name(run.pulled.name + "-warm")
     phone.adb.pull(output_dir, pulled)
     return _read_profile(params["name"], viewer, pulled, 0)["load_ms"]
+
+
+def _seconds_or_ratio(where: str, name: str, default: float) -> float:
+    value = os.environ.get(name) or ""
+    try:
+        number = float(value) if value else default
+    except ValueError:
+        number = -1.0
+    if number < 0:
+        raise BuildError(f"{where}: {name}={value!r}: give a number >= 0 (unset: {default:g})")
+    return number
 
 
 def _last_seconds(result_path: Path) -> str:
@@ -216,19 +235,20 @@ def profile(params: dict) -> dict:
     if params["profiling_level"] not in PROFILING_LEVELS:
         raise BuildError(f"{params['name']}: profiling level {params['profiling_level']!r}: basic or detailed")
     result_path = Path(params["outputs"]["result"])
+    spread = _seconds_or_ratio(params["name"], SPREAD_ENV, thermal.NOISY_SPREAD)  # before the phone is touched
+    cooldown = _seconds_or_ratio(params["name"], COOLDOWN_ENV, 0.0)
     cpu_root = cpu_runtime.folder()
     if cpu_root is not None:
         cpu_runtime.files(cpu_root, params["name"])  # a half-made folder fails before the phone is touched
     phone = open_phone(params)
     viewer = runtime.profile_viewer(phone.runtime_root, params["name"])
     version = runtime.identity(phone.runtime_root, {})["version"]
-    spread = float(os.environ.get(SPREAD_ENV) or thermal.NOISY_SPREAD)
-    cooldown = float(os.environ.get(COOLDOWN_ENV) or 0)
-    last = _last_seconds(result_path)
+    wrapper, no_memory = memory_wrapper(phone)
+    last_time = _last_seconds(result_path)
     remove_quietly(result_path)
     kept = result_path.with_suffix("")  # profile.<device>/: each part's raw profile log and CSV
     shutil.rmtree(kept, ignore_errors=True)
-    graphs, clock = {}, _Clock(params, cooldown, cpu_root is not None, last)
+    graphs, clock = {}, _Clock(params, cooldown, cpu_root is not None, last_time)
     with tempfile.TemporaryDirectory(prefix="build-rules-profile-") as tmp:
         perf_flags, perf_files, perf_form = perf_config.request(version, params["perf_profile"], phone.runtime_root,
                                                                 Path(tmp) / "config", REMOTE_RUNTIME, params["name"])
@@ -251,7 +271,7 @@ def profile(params: dict) -> dict:
                                 extra=(*perf_flags, "--profiling_level", params["profiling_level"],
                                        "--num_inferences", str(count)),
                                 final_outputs=False, native=native, more_files=perf_files, around=read_thermal,
-                                wrapper=PEAK_MEMORY)
+                                wrapper=wrapper)
             timed = {}
             for run in runs:
                 timed[run.part.name] = {**_read_profile(params["name"], viewer, run.pulled, params["warmup"],
@@ -260,9 +280,9 @@ def profile(params: dict) -> dict:
                                         "peak_memory_kib": peak_memory_kib(run.said), "samples": len(inputs),
                                         "thermal": readings.get(run.part.name)}
             graphs[graph] = timed[graph] if len(parts) == 1 else {**summed(timed), "parts": timed}
-            first, last = readings.get(parts[0].name) or {}, readings.get(parts[-1].name) or {}
+            start, end = readings.get(parts[0].name) or {}, readings.get(parts[-1].name) or {}
             graphs[graph].update(io=IO_NATIVE if native else IO_FLOAT, thermal={
-                "before": first.get("before") or {}, "after": last.get("after") or {}})
+                "before": start.get("before") or {}, "after": end.get("after") or {}})
             graphs[graph]["flags"] = thermal.judge(graphs[graph]["median_ms"], graphs[graph]["p90_ms"],
                                                    graphs[graph]["thermal"]["before"],
                                                    graphs[graph]["thermal"]["after"], spread)
@@ -279,7 +299,8 @@ def profile(params: dict) -> dict:
               "chip": params["chip"]["name"], "variant": params["variant"], "perf_profile": params["perf_profile"],
               "perf_profile_form": perf_form, "profiling_level": params["profiling_level"],
               "runtime": runtime_identity(phone, pushed), "cooldown_seconds": cooldown, "spread_limit": spread,
-              "logs": str(kept), "seconds": round(time.monotonic() - clock.started, 1), "graphs": graphs}
+              "logs": str(kept), "peak_memory": no_memory or f"max RSS of qnn-net-run ({PEAK_MEMORY})",
+              "seconds": round(time.monotonic() - clock.started, 1), "graphs": graphs}
     audio = realtime(read_evaluation(params.get("float_evaluation")), {g: t["median_ms"] for g, t in graphs.items()})
     if audio is not None:
         record["realtime"] = audio

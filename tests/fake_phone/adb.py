@@ -312,7 +312,8 @@ class Shell:
             return 0
         if name == "dumpsys":
             return self.dumpsys(args[1:], out)
-        if name == "/system/bin/time":  # toybox time -v: the program's resources on stderr (the max RSS measured)
+        if name == "/system/bin/time" and self.phone.data.get("toybox_time", True):
+            # toybox time -v: the program's resources on stderr (the max RSS measured)
             import resource
             verbose = args[1:2] == ["-v"]
             code = self.command(args[2 if verbose else 1:], env, out, err, background)
