@@ -225,6 +225,8 @@ def test_profile_reads_back_latencies_beside_the_cpu_baseline(phone_env, monkeyp
         assert cpu["measured"] is True and cpu["runs"] == 6 and cpu["warmup"] == 3
         assert 0 < cpu["median_ms"] <= cpu["p90_ms"] and cpu["load_ms"] > 0
         assert cpu["runner"].startswith("ort-cpu-run, ONNX Runtime 1.") and "CPU execution provider" in cpu["runner"]
+        assert cpu["thermal"]["after"]["status_name"] == "none"  # read around the CPU run too
+        assert any(f.startswith("noisy: ") for f in cpu["flags"]) == (cpu["p90_ms"] / cpu["median_ms"] > 1.5)
     runs = _net_runs(phone_env.calls())
     profiled = [c for c in runs if "--num_inferences 9" in c]
     warm = [c for c in runs if "--num_inferences 1 --keep_num_outputs 1" in c]  # the warm-load run per binary
@@ -625,6 +627,7 @@ def test_a_split_graph_runs_its_parts_in_order_on_the_phone(phone_env, monkeypat
     assert all(p["runs"] == 4 and p["median_ms"] > 0 for p in parts.values())
     assert encoder["warm_load_ms"] == pytest.approx(sum(p["warm_load_ms"] for p in parts.values()))
     assert encoder["peak_memory_kib"] == max(p["peak_memory_kib"] for p in parts.values())
+    assert encoder["throughput_per_s"] == pytest.approx(1000 / encoder["median_ms"])
     # part 2's native inputs: part 1's native outputs, dequantized on the host and written in part 2's types
     native = phone_env.folder / "fs/data/local/tmp/build_rules/inputs/tinynet/fp16/SM8750/encoder.part2/native"
     assert (native / "input_list.txt").is_file() and encoder["io"].startswith("native: ")

@@ -217,9 +217,11 @@ def summed(parts: dict) -> dict:
         values = [p.get(key) for p in parts.values()]
         return None if any(v is None for v in values) else sum(values)
     first = next(iter(parts.values()))
+    median = total("median_ms")
     return {key: total(key) for key in ("load_ms", "warm_load_ms", "first_ms", "median_ms", "p90_ms", "min_ms",
                                         "max_ms", "accelerator_median_ms", "accelerator_cycles_median")} | {
         "peak_memory_kib": max((p.get("peak_memory_kib") or 0 for p in parts.values()), default=0) or None,
+        "throughput_per_s": 1000 / median if median else None,
         "runs": min(p["runs"] for p in parts.values()), "warmup": first["warmup"], "samples": first["samples"],
         "top_ops": [], "sum_of_parts": True}
 
@@ -292,8 +294,11 @@ def profile(params: dict) -> dict:
                 graphs[graph]["cpu"] = {"measured": False, "reason": cpu_runtime.NOT_SET}
             else:
                 clock.cool(phone)
-                graphs[graph]["cpu"] = cpu_baseline.profile(phone, params, graph, files, Path(tmp) / graph / "cpu",
-                                                            cpu_root)
+                before = thermal.read(phone.adb)
+                cpu = cpu_baseline.profile(phone, params, graph, files, Path(tmp) / graph / "cpu", cpu_root)
+                cpu["thermal"] = {"before": before, "after": thermal.read(phone.adb)}
+                cpu["flags"] = thermal.judge(cpu["median_ms"], cpu["p90_ms"], before, cpu["thermal"]["after"], spread)
+                graphs[graph]["cpu"] = cpu
                 clock.done(f"{graph} CPU baseline")
     record = {"device": params["device"]["name"], "phone_model": phone.product, "fingerprint": phone.fingerprint,
               "chip": params["chip"]["name"], "variant": params["variant"], "perf_profile": params["perf_profile"],
