@@ -19,6 +19,7 @@ from doit.reporter import ConsoleReporter
 from . import collector, hashing, interrupt, layout, run_hooks
 from .build_log import BuildLog, read_build_log
 from .project import skipped_builds
+from .stage_table import STAGES
 from .state import BUILD_LOG
 
 
@@ -273,7 +274,8 @@ def _duration(seconds: float) -> str:
 
 
 TUNING_STAGES = ("report", "sensitivity", "tune")  # they build no binary: the summary lists no results for them
-DEVICE_STAGES = ("device_check", "profile", "power")  # their own `phone` lines, not the model's emulator results
+# the phone stages (tasks/device.py): their own `phone` lines, not the model's emulator results
+DEVICE_STAGES = tuple(s.name for s in STAGES if any(g.startswith("device:") for g in s.generators.values()))
 
 
 def _of_pair(task: str, model: str, variant: str, chip: str) -> bool:
