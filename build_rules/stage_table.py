@@ -154,8 +154,9 @@ STAGES: tuple[Stage, ...] = (
     Stage("device_check", "14 device_check: [devices.<name>] in devices.toml: the binary on the phone's NPU, judged "
           "by the graph's gates", {"any": "device:device_check_tasks"},
           {"any": Worker(module=None, key="device_check", version=2, in_process=True)}),  # 2: frame_cosine's zero frames
-    Stage("profile", "14b profile: on the phone: context load, first and steady-state latency (qnn-profile-viewer)",
-          {"any": "device:profile_tasks"}, {"any": Worker(module=None, key="profile", version=1, in_process=True)}),
+    Stage("profile", "14b profile: on the phone, native I/O: cold/warm load, first, min/median/p90/max latency, peak "
+          "memory, thermal flags (qnn-profile-viewer)",
+          {"any": "device:profile_tasks"}, {"any": Worker(module=None, key="profile", version=2, in_process=True)}),
     Stage("power", "14c power: on the phone: the model in a loop, CPU share and battery drain "
           "(BUILD_RULES_POWER_SECONDS)", {"any": "device:power_tasks"},
           {"any": Worker(module=None, key="power", version=1, in_process=True)}),

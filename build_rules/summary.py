@@ -19,6 +19,7 @@ from doit.reporter import ConsoleReporter
 from . import collector, hashing, interrupt, layout, run_hooks
 from .build_log import BuildLog, read_build_log
 from .project import skipped_builds
+from .stage_table import STAGES
 from .state import BUILD_LOG
 
 
@@ -46,6 +47,7 @@ class SummaryReporter(ConsoleReporter):
         self.held_lines: list = []  # up-to-date tasks to list (doit -v 1) when the plan is made
         self.tasks, self.selected = {}, []
         self.removed: list[str] = []  # outputs of targets that left the build (target_set.py)
+        self.phone_lines: list[str] = []  # a line per device task that ran (device/console.py)
 
     def write(self, text):
         with self.lock:
@@ -107,6 +109,7 @@ class SummaryReporter(ConsoleReporter):
             self.ran.append(task)
             self.warnings += task.values.get("warnings", [])  # e.g. quantize: an output clamped by an activation
             self.notes += task.values.get("notes", [])  # e.g. quantize: int4 weights the HTP refuses, kept at 8 bit
+            self.phone_lines += task.values.get("phone_summary", [])  # device_check, profile, power
             from .runner import CACHE_HITS
             self._log(task, "restored" if task.name in CACHE_HITS[self.hits_before:] else "ran")
 
@@ -187,6 +190,8 @@ class SummaryReporter(ConsoleReporter):
             self.write(f"  {self._stopped(not_run)}\n")
         for line in self._results():
             self.write(f"  {line}\n")
+        for line in self.phone_lines:
+            self.write(f"  {'phone':<11} {line}\n")
         for task in sorted(self.ran, key=lambda t: t.name):
             if task.name.startswith("dist:"):  # bundles; with [dist] multi_soc its size beside the per-chip sum
                 from .dist import describe
@@ -219,7 +224,7 @@ class SummaryReporter(ConsoleReporter):
         from .project import project, variant_builds
         worked_on = {t.name.split(":", 1)[-1].split("/", 1)[0].split("@", 1)[0]
                      for t in [*self.ran, *(f["task"] for f in self.failures)]
-                     if ":" in t.name and t.name.split(":", 1)[0] not in TUNING_STAGES}
+                     if ":" in t.name and t.name.split(":", 1)[0] not in TUNING_STAGES + DEVICE_STAGES}
         failed = {f["task"].name for f in self.failures if not isinstance(f["exception"], UnmetDependency)}
         blocked = {f["task"].name for f in self.failures if isinstance(f["exception"], UnmetDependency)}
         ran = {t.name for t in self.ran}
@@ -293,6 +298,10 @@ def _variant_of(task: str) -> str | None:
     """The variant of a task named <stage>:<model>/.../<variant>[@<chip>] (quantize, compile, check, package, ...)."""
     parts = task.split(":", 1)[-1].split("/")
     return parts[-1].split("@", 1)[0] if len(parts) > 1 else None
+
+
+# the phone stages (tasks/device.py): their own `phone` lines, not the model's emulator results
+DEVICE_STAGES = tuple(s.name for s in STAGES if any(g.startswith("device:") for g in s.generators.values()))
 
 
 def _of_pair(task: str, model: str, variant: str, chip: str) -> bool:

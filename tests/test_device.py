@@ -82,6 +82,10 @@ def test_device_check_passes_with_the_emulators_numbers_and_pushes_nothing_twice
     assert record["fingerprint"].startswith("samsung/pa1qxxx/pa1q:15/")
     assert record["runtime"] == {"version": "2.40.0", "build_id": "251030"}
     assert record["quantization"]["activations"] == "uint16"
+    # the summary: the phone's own line, not the model's emulator results as "earlier" lines
+    assert (f"\n  phone       {CHECK}: pass (cosine >= 0.99), cosine {record['summary']['cosine']:.6g} sqnr "
+            f"{record['summary']['sqnr']:.6g} on SM-S931B over {record['samples']} sample(s)\n") in result.output
+    assert "earlier" not in result.output and "up to date  out/tinynet" not in result.output
     first = _pushes(phone_env.calls())
     pushed = {Path(c[-1]).name for c in first}
     assert {"libQnnHtp.so", "libQnnHtpV79Stub.so", "libQnnSystem.so", "libQnnHtpV79Skel.so", "qnn-net-run",
@@ -221,9 +225,43 @@ def test_profile_reads_back_latencies_beside_the_cpu_baseline(phone_env, monkeyp
         assert cpu["measured"] is True and cpu["runs"] == 6 and cpu["warmup"] == 3
         assert 0 < cpu["median_ms"] <= cpu["p90_ms"] and cpu["load_ms"] > 0
         assert cpu["runner"].startswith("ort-cpu-run, ONNX Runtime 1.") and "CPU execution provider" in cpu["runner"]
+        assert cpu["thermal"]["after"]["status_name"] == "none"  # read around the CPU run too
+        assert any(f.startswith("noisy: ") for f in cpu["flags"]) == (cpu["p90_ms"] / cpu["median_ms"] > 1.5)
     runs = _net_runs(phone_env.calls())
-    assert len(runs) == 2 and all("--perf_profile burst --profiling_level detailed --num_inferences 9" in c
-                                  for c in runs)
+    profiled = [c for c in runs if "--num_inferences 9" in c]
+    warm = [c for c in runs if "--num_inferences 1 --keep_num_outputs 1" in c]  # the warm-load run per binary
+    assert len(runs) == 4 and len(profiled) == 2 and len(warm) == 2
+    # the 2.40 runtime takes the HTP perf profile through the backend extension config (--perf_profile: deprecated)
+    config = "--config_file /data/local/tmp/build_rules/config/netrun_burst.json"
+    assert all(f"{config} --profiling_level detailed --num_inferences 9 --use_native_input_files "
+               "--use_native_output_files --keep_num_outputs 1" in c for c in profiled)
+    assert all("/system/bin/time -v /data/local/tmp/build_rules/runtime/qnn-net-run" in c for c in profiled)
+    assert not any("--perf_profile" in c for c in runs) and "deprecated" not in result.output
+    assert record["perf_profile_form"] == "backend extension config"
+    pushed = {c[-1] for c in _pushes(phone_env.calls())}
+    assert {"/data/local/tmp/build_rules/runtime/libQnnHtpNetRunExtensions.so",
+            "/data/local/tmp/build_rules/config/htp_perf_burst.json",
+            "/data/local/tmp/build_rules/config/netrun_burst.json"} <= pushed
+    htp = json.loads((phone_env.folder / "fs/data/local/tmp/build_rules/config/htp_perf_burst.json").read_text())
+    assert htp["devices"][0]["cores"][0]["perf_profile"] == "burst"
+    # native inputs: the binary's uint16 fixed point for w8a16, its float32 for fp16 (the EPContext model's types)
+    native = phone_env.folder / "fs/data/local/tmp/build_rules/inputs/tinynet/fp16/SM8750/encoder/native"
+    assert (native / "0000.image.raw").stat().st_size == 1 * 3 * 16 * 16 * 4
+    assert record["peak_memory"] == "max RSS of qnn-net-run (/system/bin/time -v)"
+    for graph, t in record["graphs"].items():
+        assert t["io"].startswith("native: the binary's own input/output types")
+        assert t["min_ms"] <= t["median_ms"] <= t["p90_ms"] <= t["max_ms"]
+        assert t["throughput_per_s"] == pytest.approx(1000 / t["median_ms"])
+        assert t["warm_load_ms"] > 0 and t["peak_memory_kib"] > 10_000  # the stand-in's emulator process, measured
+        assert [layer["op"] for layer in t["layers"][:10]] == [op["op"] for op in t["top_ops"]]
+        assert sum(layer["us"] for layer in t["layers"]) == pytest.approx(1000 * t["accelerator_median_ms"], rel=0.1)
+        # the raw log beside the result, with the CSV the viewer made of it
+        log = phone_env.repo / f"out/tinynet/fp16/SM8750/profile.s25/{graph}.qnn-profiling-data_0.log"
+        assert log.is_file() and t["log"] == str(log.relative_to(phone_env.repo))
+        assert (log.parent / f"{graph}.profile.csv").read_text().startswith("Msg Timestamp,Message,Time")
+        assert t["thermal"]["before"]["status"] == 0 and t["thermal"]["after"]["cpu_max_c"] == 38.5
+        noisy = t["p90_ms"] / t["median_ms"] > 1.5  # the emulator's times on a loaded host: either may happen
+        assert any(f.startswith("noisy: ") for f in t["flags"]) == noisy
     shells = [" ".join(c) for c in phone_env.calls() if "shell" in c]
     cpu_runs = [c for c in shells if "/cpu/ld-linux-aarch64.so.1 --library-path /data/local/tmp/build_rules/cpu" in c]
     assert len(cpu_runs) == 2 and all("--num_inferences 9 --keep_num_outputs 1" in c for c in cpu_runs)
@@ -233,11 +271,171 @@ def test_profile_reads_back_latencies_beside_the_cpu_baseline(phone_env, monkeyp
     table = (phone_env.repo / "out/tinynet/report.md").read_text().split("## Latency on phones", 1)[1]
     row = next(line for line in table.splitlines() if line.startswith("| fp16 | SM8750 | s25 | encoder | burst |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert float(cells[7]) == pytest.approx(record["graphs"]["encoder"]["median_ms"], rel=1e-3)
-    assert float(cells[9]) == pytest.approx(record["graphs"]["encoder"]["cpu"]["median_ms"], rel=1e-3)
+    encoder = record["graphs"]["encoder"]
+    assert cells[5] == "native"
+    for column, key in ((6, "load_ms"), (7, "warm_load_ms"), (8, "first_ms"), (9, "min_ms"), (10, "median_ms"),
+                        (11, "p90_ms"), (12, "max_ms")):
+        assert float(cells[column]) == pytest.approx(encoder[key], rel=1e-3), key
+    assert float(cells[13]) == pytest.approx(encoder["peak_memory_kib"] / 1024, rel=1e-3)
+    assert float(cells[14]) == pytest.approx(encoder["cpu"]["median_ms"], rel=1e-3)
+    summary = next(line for line in result.output.splitlines() if line.startswith("  phone       profile:"))
+    head = record["graphs"]["head"]
+    assert summary.startswith(f"  phone       profile:tinynet/fp16@s25: encoder median {encoder['median_ms']:.3g} ms "
+                              f"p90 {encoder['p90_ms']:.3g} ms (CPU {encoder['cpu']['median_ms']:.3g} ms)")
+    assert f"head median {head['median_ms']:.3g} ms p90 {head['p90_ms']:.3g} ms (CPU " in summary
+    assert summary.endswith("; burst, native I/O")
+    # what the task runs, said up front, and its progress after each run
+    assert ("   profile:tinynet/fp16@s25: 2 graph(s) x (3 warm-up + 6 runs) on the NPU, a warm-load run per binary, "
+            "the CPU baseline per graph\n") in result.output
+    assert "   profile:tinynet/fp16@s25: encoder done (1/4), " in result.output
+    assert "   profile:tinynet/fp16@s25: head CPU baseline done (4/4), " in result.output
     ops = (phone_env.repo / "out/tinynet/report.md").read_text().split("Ops with the most accelerator cycles", 1)[1]
     top = record["graphs"]["head"]["top_ops"][0]
     assert f"| fp16 | SM8750 | s25 | head | {top['op']} | {top['cycles']:.0f} | {100 * top['share']:.1f} % |" in ops
+
+
+def test_profile_reads_the_thermal_state_flags_a_throttled_run_and_cools_down(phone_env, monkeypatch):
+    """w8a16: native inputs in the binary's uint16; a phone at thermal status moderate: every graph flagged, the
+    summary says so; BUILD_RULES_PROFILE_COOLDOWN waits between the graphs."""
+    import numpy as np
+
+    from build_rules.device import profile
+    from build_rules.dist_contract import contract_from_ctx, quantize
+    from build_rules.samples import load_evaluation
+    monkeypatch.setenv("BUILD_RULES_PROFILE_RUNS", "2")
+    monkeypatch.setenv("BUILD_RULES_PROFILE_COOLDOWN", "45")
+    waited = []
+    monkeypatch.setattr(profile, "_sleep", waited.append)
+    set_phone(phone_env.folder, thermal={"status": 2, "temperatures": {"cpu-1-0": [0, 47.0], "skin": [3, 41.5]}},
+              toybox_time=False)  # an older toybox without time: profiled all the same, no peak memory
+    result = run_doit(phone_env.repo, "profile:tinynet/w8a16@s25")
+    assert result.code == 0, result.output
+    record = json.loads((phone_env.repo / "out/tinynet/w8a16/SM8750/profile.s25.json").read_text())
+    assert waited == [45.0] and record["cooldown_seconds"] == 45.0  # two graphs, no CPU baseline: one wait
+    assert record["peak_memory"] == ("no peak memory: `/system/bin/time -v echo` gave exit 127: /system/bin/sh: "
+                                     "/system/bin/time: inaccessible or not found")
+    assert all(t["peak_memory_kib"] is None for t in record["graphs"].values())
+    assert not any("/system/bin/time" in c for c in _net_runs(phone_env.calls()))
+    assert "   profile:tinynet/w8a16@s25: cool-down 45 s (thermal moderate (cpu 47.0 C, skin 41.5 C))" in result.output
+    for t in record["graphs"].values():
+        assert t["thermal"]["after"] == {"available": True, "status": 2, "status_name": "moderate", "cpu_max_c": 47.0,
+                                         "skin_max_c": 41.5, "temperatures": {
+                                             "cpu-1-0": {"celsius": 47.0, "type": "cpu"},
+                                             "skin": {"celsius": 41.5, "type": "skin"}}}
+        assert "throttled: thermal status moderate (2) after the run" in t["flags"]
+    summary = next(line for line in result.output.splitlines() if line.startswith("  phone       profile:"))
+    assert summary.count("throttled") == 2 and summary.endswith("; burst, native I/O")
+    # the inputs pushed are the evaluation samples in the binary's own fixed point, as an app hands them over
+    contract = contract_from_ctx(phone_env.repo / "out/tinynet/w8a16/SM8750/encoder_ctx.onnx")
+    tensor = contract["inputs"][0]
+    assert tensor["dtype"] == "UFIXED_POINT_16"
+    first = load_evaluation(str(phone_env.repo / "out/tinynet/float/encoder.evaluation.npz"))[0][0]["image"]
+    pushed = phone_env.folder / "fs/data/local/tmp/build_rules/inputs/tinynet/w8a16/SM8750/encoder/native/0000.image.raw"
+    assert np.array_equal(np.fromfile(pushed, dtype=np.uint16), quantize(first.astype(np.float32), tensor).reshape(-1))
+
+
+def test_the_stand_in_qnn_net_run_checks_the_backend_extension_config_and_warns_on_perf_profile(phone_env):
+    """As QNN's docs give --config_file; --perf_profile is deprecated for HTP (a warning, not a refusal)."""
+    import shutil
+
+    from build_rules.device import runtime as qnn_runtime
+    from build_rules.device.adb import Adb
+    from build_rules.device.session import net_run
+    fs = phone_env.folder / "fs"
+    remote = fs / "data/local/tmp/build_rules/runtime"
+    remote.mkdir(parents=True)
+    for name, path in qnn_runtime.files(Path(os.environ["BUILD_RULES_QNN_RUNTIME"]), "v79", "test").items():
+        shutil.copy(path, remote / name)
+    config = fs / "data/local/tmp/build_rules/config"
+    config.mkdir(parents=True)
+    (config / "htp.json").write_text(json.dumps({"devices": [{"device_id": 0, "cores": [{"core_id": 0,
+                                                                                          "perf_profile": "turbo"}]}]}))
+    library = "/data/local/tmp/build_rules/runtime/libQnnHtpNetRunExtensions.so"
+    (config / "netrun.json").write_text(json.dumps({"backend_extensions": {
+        "shared_library_path": library, "config_file_path": "/data/local/tmp/build_rules/config/htp.json"}}))
+    phone = Adb(SERIAL, "s25")
+
+    def run(*flags):
+        return phone.shell_code(net_run("/data/local/tmp/build_rules/missing.bin", "list.txt", "out", *flags))
+    code, said = run("--config_file", "/data/local/tmp/build_rules/config/netrun.json")
+    assert code == 1 and f'Unable to load backend extensions library: dlopen failed: library "{library}" not found' \
+        in said
+    (remote / "libQnnHtpNetRunExtensions.so").write_text("stand-in\n")
+    code, said = run("--config_file", "/data/local/tmp/build_rules/config/netrun.json")
+    assert code == 1 and "/data/local/tmp/build_rules/config/htp.json: unknown perf_profile 'turbo'" in said
+    code, said = run("--perf_profile", "burst")
+    assert code == 1 and "[ WARNING ] --perf_profile is deprecated for the HTP backend" in said
+    assert "Could not open /data/local/tmp/build_rules/missing.bin" in said  # it went on after the warning
+
+
+def test_a_bad_cooldown_fails_before_touching_the_phone(phone_env, monkeypatch):
+    monkeypatch.setenv("BUILD_RULES_PROFILE_COOLDOWN", "1 min")
+    result = run_doit(phone_env.repo, "profile:tinynet/fp16@s25")
+    assert result.code != 0
+    assert ("profile:tinynet/fp16@s25: BUILD_RULES_PROFILE_COOLDOWN='1 min': give a number >= 0 (unset: 0)"
+            in result.output)
+    assert phone_env.calls() == []
+
+
+def test_profile_announces_the_last_profiles_time(tmp_path):
+    from build_rules.device.profile import _last_seconds
+    result = tmp_path / "profile.s25.json"
+    assert _last_seconds(result) == ""  # never profiled here
+    result.write_text(json.dumps({"seconds": 31.4, "graphs": {"encoder": {"runs": 20}, "head": {"runs": 20}}}))
+    assert _last_seconds(result) == "; the last profile here took 31 s (20 runs)"
+
+
+def test_thermal_reading_and_the_judgement_of_a_run():
+    from build_rules.device import thermal
+
+    class Phone:
+        def __init__(self, code, text):
+            self.answer = (code, text)
+
+        def shell_code(self, command):
+            assert command == "dumpsys thermalservice"
+            return self.answer
+    text = ("IsStatusOverride: false\nThermal Status: 1\nCached temperatures:\n\tTemperature{mValue=30.0, mType=3, "
+            "mName=skin, mStatus=0}\nHAL Ready: true\nCurrent temperatures from HAL:\n\tTemperature{mValue=44.25, "
+            "mType=0, mName=cpu-0-0, mStatus=1}\n\tTemperature{mValue=46.5, mType=0, mName=cpu-1-0, mStatus=1}\n"
+            "\tTemperature{mValue=36.0, mType=3, mName=skin, mStatus=0}\nCurrent cooling devices from HAL:\n")
+    reading = thermal.read(Phone(0, text))
+    assert (reading["status"], reading["status_name"], reading["cpu_max_c"], reading["skin_max_c"]) == \
+        (1, "light", 46.5, 36.0)  # the HAL's current values, not the cached ones
+    assert thermal.read(Phone(0, "Can't find service: thermalservice\n")) == {
+        "available": False, "reason": "`dumpsys thermalservice` gave no 'Thermal Status' (exit 0): Can't find "
+                                      "service: thermalservice"}
+    cool = {"available": True, "status": 0, "status_name": "none"}
+    assert thermal.judge(2.0, 2.9, cool, cool) == []  # 1.45x: within the 1.5x limit
+    assert thermal.judge(2.0, 3.2, cool, cool) == ["noisy: p90 3.2 ms is 1.60x the median 2 ms (> 1.5x)"]
+    assert thermal.judge(2.0, 3.2, cool, cool, spread_limit=2.0) == []
+    assert thermal.judge(2.0, 2.0, cool, reading) == ["throttled: thermal status light (1) after the run"]
+    assert thermal.judge(2.0, 2.0, {"available": False}, {"available": False}) == []
+
+
+def test_the_perf_profile_form_goes_by_the_runtime_version(tmp_path):
+    from build_rules.device import perf_config
+    from build_rules.device.errors import DeviceError
+    runtime = make_runtime(tmp_path / "qairt" / "2.40.0.251030")
+    remote = "/data/local/tmp/build_rules/runtime"
+    for old in ("2.38.0", None):  # older than the docs read here, or no sdk.yaml: the flag every version takes
+        assert perf_config.request(old, "burst", runtime, tmp_path / "c", remote, "profile:x") == \
+            (("--perf_profile", "burst"), {}, "--perf_profile")
+    flags, files, form = perf_config.request("2.51.0", "sustained_high_performance", runtime, tmp_path / "c", remote,
+                                             "profile:x")
+    assert flags == ("--config_file", "/data/local/tmp/build_rules/config/netrun_sustained_high_performance.json")
+    assert json.loads(files[flags[1]].read_text()) == {"backend_extensions": {
+        "shared_library_path": f"{remote}/libQnnHtpNetRunExtensions.so",
+        "config_file_path": "/data/local/tmp/build_rules/config/htp_perf_sustained_high_performance.json"}}
+    assert files[f"{remote}/libQnnHtpNetRunExtensions.so"] == \
+        runtime / "lib/aarch64-android/libQnnHtpNetRunExtensions.so"
+    (runtime / "lib/aarch64-android/libQnnHtpNetRunExtensions.so").unlink()
+    with pytest.raises(DeviceError) as e:
+        perf_config.request("2.51.0", "burst", runtime, tmp_path / "c", remote, "profile:x")
+    assert str(e.value) == (f"profile:x: the QNN runtime at {runtime} (QAIRT 2.51.0) lacks "
+                            "lib/aarch64-android/libQnnHtpNetRunExtensions.so: its qnn-net-run takes the HTP "
+                            "performance profile through that backend extension (--perf_profile is deprecated for "
+                            "HTP); copy it from the same QAIRT SDK")
 
 
 def _battery(folder: Path) -> dict:
@@ -264,6 +462,9 @@ def test_power_measures_drain_and_cpu_share_and_resets_the_battery(phone_env, mo
     assert run_doit(phone_env.repo, "report").code == 0
     table = (phone_env.repo / "out/tinynet/report.md").read_text().split("## Power on phones", 1)[1]
     assert f"| w8a16 | SM8750 | s25 | NPU | {npu['seconds']:.4g} | " in table
+    # power's numbers in the summary of the task's own run
+    assert (f"  phone       power:tinynet/w8a16@s25: NPU {npu['mah_per_hour']:.4g} mAh/h over {npu['seconds']} s, "
+            f"CPU {cpu['mah_per_hour']:.4g} mAh/h over {cpu['seconds']} s\n") in result.output
     assert f"| w8a16 | SM8750 | s25 | CPU | {cpu['seconds']:.4g} | " in table
 
 
@@ -387,6 +588,7 @@ def test_qairt_binaries_are_checked_and_profiled_on_the_phone_through_their_own_
     timed = json.loads((repo / "out/tinynet/w8a16/SM8750/profile.s25.json").read_text())
     for t in timed["graphs"].values():
         assert t["runs"] == 20 and 0 < t["median_ms"] <= t["p90_ms"] and t["load_ms"] > 0
+        assert t["io"].startswith("float32: ")  # no encodings in a qairt contract here: said, not hidden
 
 
 SPLIT_CHECK = "device_check:tinynet/encoder/fp16@s25"
@@ -423,6 +625,12 @@ def test_a_split_graph_runs_its_parts_in_order_on_the_phone(phone_env, monkeypat
     assert encoder["median_ms"] == pytest.approx(sum(p["median_ms"] for p in parts.values()))
     assert encoder["load_ms"] == pytest.approx(sum(p["load_ms"] for p in parts.values()))
     assert all(p["runs"] == 4 and p["median_ms"] > 0 for p in parts.values())
+    assert encoder["warm_load_ms"] == pytest.approx(sum(p["warm_load_ms"] for p in parts.values()))
+    assert encoder["peak_memory_kib"] == max(p["peak_memory_kib"] for p in parts.values())
+    assert encoder["throughput_per_s"] == pytest.approx(1000 / encoder["median_ms"])
+    # part 2's native inputs: part 1's native outputs, dequantized on the host and written in part 2's types
+    native = phone_env.folder / "fs/data/local/tmp/build_rules/inputs/tinynet/fp16/SM8750/encoder.part2/native"
+    assert (native / "input_list.txt").is_file() and encoder["io"].startswith("native: ")
 
 
 def test_ort_cpu_run_gives_the_float_models_outputs(tinynet_repo, tmp_path):

@@ -87,15 +87,24 @@ def timing_markdown(report: dict) -> list[str]:
     profiles = [r for r in rows if r["kind"] == "profile"]
     if profiles:
         lines += ["", "## Latency on phones (`doit profile:...`)", "",
-                  "| variant | chip | phone | graph | perf profile | load (ms) | first (ms) | median (ms) | p90 (ms) | "
-                  "CPU baseline |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "I/O native: the binary's own input/output types, as an app feeds it; float32: qnn-net-run "
+                  "quantizes on the phone's CPU. Load: cold is the first qnn-net-run after the push, warm a second "
+                  "one. Peak memory: the qnn-net-run process's max RSS. Flags: a noisy spread (p90 / median) or a "
+                  "throttled phone (thermal status).", "",
+                  "| variant | chip | phone | graph | perf profile | I/O | cold load (ms) | warm load (ms) | "
+                  "first (ms) | min (ms) | median (ms) | p90 (ms) | max (ms) | peak memory (MiB) | CPU baseline | flags |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in profiles:
             for graph, t in (r.get("graphs") or {}).items():
                 cpu = t.get("cpu") or {}
+                peak = t.get("peak_memory_kib")
+                flags = "; ".join(f.split(":", 1)[0] for f in t.get("flags") or []) or "–"
                 lines.append(f"| {r['variant']} | {r['chip']} | {r['device']} | {graph} | {r.get('perf_profile')} | "
-                             f"{_fmt(t.get('load_ms'))} | {_fmt(t.get('first_ms'))} | {_fmt(t.get('median_ms'))} | "
-                             f"{_fmt(t.get('p90_ms'))} | "
-                             f"{_fmt(cpu.get('median_ms')) if cpu.get('measured') else 'not measured'} |")
+                             f"{(t.get('io') or '–').split(':', 1)[0]} | {_fmt(t.get('load_ms'))} | "
+                             f"{_fmt(t.get('warm_load_ms'))} | {_fmt(t.get('first_ms'))} | {_fmt(t.get('min_ms'))} | "
+                             f"{_fmt(t.get('median_ms'))} | {_fmt(t.get('p90_ms'))} | {_fmt(t.get('max_ms'))} | "
+                             f"{_fmt(peak / 1024 if peak else None)} | "
+                             f"{_fmt(cpu.get('median_ms')) if cpu.get('measured') else 'not measured'} | {flags} |")
     ops = [(r, graph, t["top_ops"]) for r in profiles for graph, t in (r.get("graphs") or {}).items()
            if t.get("top_ops")]
     if ops:  # profiling level `detailed` (BUILD_RULES_PROFILING_LEVEL): the HTP's per-op cycles, median per run

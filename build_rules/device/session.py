@@ -62,11 +62,13 @@ def runtime_identity(phone: Phone, pushed: dict) -> dict:
     return runtime.identity(phone.runtime_root, digests)
 
 
-def net_run(binary: str, input_list: str, output_dir: str, *extra: str, backend: str = "libQnnHtp.so") -> str:
-    """The remote command: qnn-net-run from the pushed runtime with LD_LIBRARY_PATH and ADSP_LIBRARY_PATH set."""
+def net_run(binary: str, input_list: str, output_dir: str, *extra: str, backend: str = "libQnnHtp.so",
+            wrapper: str = "") -> str:
+    """The remote command: qnn-net-run from the pushed runtime with LD_LIBRARY_PATH and ADSP_LIBRARY_PATH set
+    (`wrapper`: a program that runs it, e.g. profile's `/system/bin/time -v` for its peak memory)."""
     args = ["--backend", f"{REMOTE_RUNTIME}/{backend}", "--retrieve_context", binary, "--input_list", input_list,
             "--output_dir", output_dir, *extra]
     return (f"rm -rf {shlex.quote(output_dir)} && cd {REMOTE_ROOT} && "
             f"export LD_LIBRARY_PATH={REMOTE_RUNTIME} && "
             f"export ADSP_LIBRARY_PATH={shlex.quote(REMOTE_RUNTIME + ';' + SYSTEM_DSP_PATHS)} && "
-            f"{REMOTE_RUNTIME}/qnn-net-run " + " ".join(shlex.quote(a) for a in args))
+            f"{wrapper + ' ' if wrapper else ''}{REMOTE_RUNTIME}/qnn-net-run " + " ".join(shlex.quote(a) for a in args))

@@ -10,9 +10,12 @@ contract: ort-qnn's <part>_ctx.onnx (dist.contract_from_ctx); qairt's <graph>_ne
 (qairt.qnn_permutation: the model-lib flow's converter moves a channel-first input's channel axis last).
 
 Every part reads and writes float32 raw files (qnn-net-run's default: it quantizes float inputs with the binary's
-encodings and dequantizes outputs), `Result_<n>/<qnn name>.raw`. A tensor crossing a cut is an output of one part
-and an input of a later one under the same name; it goes back through the host between the parts (pulled, read
-through the first part's contract, written through the next one's), as the app hands it on.
+encodings and dequantizes outputs), `Result_<n>/<qnn name>.raw`; or, with `native` (profile: what an app feeds,
+qnn-net-run --use_native_input_files / --use_native_output_files), raw files in the binary's own I/O types (e.g.
+uint16 fixed point), quantized and dequantized here on the host with the contract's scale and offset. A tensor
+crossing a cut is an output of one part and an input of a later one under the same name; it goes back through the
+host between the parts (pulled, read through the first part's contract, written through the next one's), as the app
+hands it on.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ class Tensor:
     qnn_name: str  # as the binary names it (input_list entries, Result_<n>/<qnn_name>.raw)
     shape: list  # on the QNN side
     permutation: tuple | None = None  # ONNX axes -> QNN axes (None: the same order)
+    encoding: dict | None = None  # the contract's dtype/scale/offset (ort-qnn), for native I/O; None: float32 only
 
 
 @dataclass
@@ -54,7 +58,9 @@ def _ort_part(part: dict) -> Part:
     contract = contract_from_ctx(part["contract"])
 
     def tensors(entries):
-        return [Tensor(t["name"], t["qnn_name"], list(t["shape"])) for t in entries]
+        return [Tensor(t["name"], t["qnn_name"], list(t["shape"]), encoding={k: t[k] for k in ("dtype", "scale",
+                                                                                            "offset")})
+                for t in entries]
     return Part(part["name"], part["binary"], tensors(contract["inputs"]), tensors(contract["outputs"]))
 
 
@@ -85,10 +91,17 @@ def safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
 
 
-def write_inputs(where: str, part: Part, samples: list[dict], folder: Path, remote: str) -> dict:
-    """float32 raw files (QNN layout) + input_list.txt of `<qnn name>:=<remote path>` lines, one per sample.
-    Returns remote path -> local file."""
+def native_io(parts: list[Part]) -> bool:
+    """Whether every tensor of every part has the encoding native raw files need (ort-qnn contracts do)."""
+    return all(t.encoding is not None for p in parts for t in (*p.inputs, *p.outputs))
+
+
+def write_inputs(where: str, part: Part, samples: list[dict], folder: Path, remote: str, native: bool = False) -> dict:
+    """float32 raw files (QNN layout), or with `native` the binary's own input types, + input_list.txt of
+    `<qnn name>:=<remote path>` lines, one per sample. Returns remote path -> local file."""
     import numpy as np
+
+    from ..dist_contract import quantize
     folder.mkdir(parents=True, exist_ok=True)
     files, lines = {}, []
     for i, sample in enumerate(samples):
@@ -100,6 +113,8 @@ def write_inputs(where: str, part: Part, samples: list[dict], folder: Path, remo
             array = np.asarray(sample[tensor.name], dtype=np.float32)
             if tensor.permutation:
                 array = array.transpose(tensor.permutation)
+            if native:
+                array = quantize(array, tensor.encoding)
             name = f"{i:04d}.{safe(tensor.name)}.raw"
             np.ascontiguousarray(array).tofile(folder / name)
             files[f"{remote}/{name}"] = folder / name
@@ -110,11 +125,14 @@ def write_inputs(where: str, part: Part, samples: list[dict], folder: Path, remo
     return files
 
 
-def read_outputs(where: str, part: Part, folder: Path, count: int, shapes: dict | None = None) -> list[dict]:
+def read_outputs(where: str, part: Part, folder: Path, count: int, shapes: dict | None = None,
+                 native: bool = False) -> list[dict]:
     """Result_<n>/<qnn name>.raw of `count` samples as arrays; `shapes` (ONNX shapes by name, e.g. the reference's)
-    turns a channel-last output back (qairt_check's rule)."""
+    turns a channel-last output back (qairt_check's rule); `native` files are in the binary's output types and are
+    dequantized to float32."""
     import numpy as np
 
+    from ..dist_contract import NUMPY_DTYPES, dequantize
     from ..stages.qairt_check import _to_onnx_layout
     outputs = []
     for i in range(count):
@@ -124,14 +142,19 @@ def read_outputs(where: str, part: Part, folder: Path, count: int, shapes: dict 
             if not path.is_file():
                 raise BuildError(f"{where}: qnn-net-run on the phone wrote no Result_{i}/{tensor.qnn_name}.raw "
                                  f"(output '{tensor.name}' of {part.name})")
-            data = np.fromfile(path, dtype=np.float32)
+            if native:
+                data = dequantize(np.fromfile(path, dtype=NUMPY_DTYPES[tensor.encoding["dtype"]]),
+                                  tensor.encoding).astype(np.float32)
+            else:
+                data = np.fromfile(path, dtype=np.float32)
             try:
                 if shapes and tensor.name in shapes:
                     result[tensor.name] = _to_onnx_layout(data, tensor.shape, tuple(shapes[tensor.name]))
                 elif data.size == int(np.prod(tensor.shape)):
                     result[tensor.name] = data.reshape(tensor.shape)
                 else:
-                    raise ValueError(f"{data.size} float32 values, the contract says shape {tensor.shape}")
+                    raise ValueError(f"{data.size} {tensor.encoding['dtype'] if native else 'float32'} values, the "
+                                     f"contract says shape {tensor.shape}")
             except ValueError as e:
                 raise BuildError(f"{where}: Result_{i}/{tensor.qnn_name}.raw (output '{tensor.name}' of "
                                  f"{part.name}): {e}") from None

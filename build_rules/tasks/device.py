@@ -9,7 +9,8 @@ toolchain (ort-qnn: the <graph>_ctx.onnx contract; qairt: _net.json / info.json)
 power's Ctrl-C handling must restore the phone's battery state itself.
 The tasks declare no doit targets on purpose: the report and dist tasks list the result files as file_dep (a new
 result re-makes them), and doit would otherwise run the phone tasks whose targets they are before every
-`doit report` / `doit dist`. The actions write their results atomically themselves.
+`doit report` / `doit dist`. The actions write their results atomically themselves; each task's last action turns
+its result into the build summary's line for it (device/console.py), since doit keeps in-process prints to itself.
 """
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def _target_files(target: dict) -> list[str]:
 def device_check_tasks():
     if not devices():
         return
-    from ..device import device_check
+    from ..device import console, device_check
     from ..device.devices import check_result
     chips = list(project().chips.chips)
     for device in devices().values():
@@ -93,7 +94,8 @@ def device_check_tasks():
                           "chips": chips, "device": _device_params(device), "target": target,
                           "evaluation": evaluation, "hooks": rel(model.hooks), "gates": gate_dicts(graph.gates),
                           "outputs": {"result": result}, **data_params}
-                yield {"name": name, "actions": [(device_check.run, [params])],
+                yield {"name": name,
+                       "actions": [(device_check.run, [params]), (console.action, ["device_check", params])],
                        "file_dep": [*_target_files(target), evaluation, *hook_files(model), *data_dep],
                        "uptodate": [False],  # the action keys on the phone's build fingerprint, which needs adb
                        "doc": f"{graph.name} of {model.name}/{variant.name} on {device.name} ({device.soc}) "
@@ -103,7 +105,7 @@ def device_check_tasks():
 def profile_tasks():
     if not devices():
         return
-    from ..device import profile
+    from ..device import console, profile
     from ..device.devices import profile_result
     runs = int(os.environ.get(PROFILE_RUNS_ENV, "20"))
     for device in devices().values():
@@ -125,7 +127,7 @@ def profile_tasks():
                       "outputs": {"result": result}}
             file_dep = [f for g in graphs.values()
                         for f in (*_target_files(g["target"]), g["evaluation"], g["float_model"])]
-            yield {"name": name, "actions": [(profile.run, [params])],
+            yield {"name": name, "actions": [(profile.run, [params]), (console.action, ["profile", params])],
                    "file_dep": file_dep + ([params["float_evaluation"]] if model.evaluate else []),
                    "uptodate": [False], "doc": f"{model.name}/{variant.name} latency on {device.name} (NPU vs CPU)"}
 
@@ -133,7 +135,7 @@ def profile_tasks():
 def power_tasks():
     if not devices():
         return
-    from ..device import power
+    from ..device import console, power
     from ..device.devices import power_result
     seconds = float(os.environ.get(POWER_SECONDS_ENV, "1800"))
     for device in devices().values():
@@ -151,7 +153,7 @@ def power_tasks():
                       "float_model": layout.float_file(model.name, graph.name, ".sim.onnx"),  # the CPU path
                       "seconds": seconds, "sample_seconds": float(os.environ.get("BUILD_RULES_POWER_SAMPLE", "2")),
                       "outputs": {"result": result}}
-            yield {"name": name, "actions": [(power.run, [params])],
+            yield {"name": name, "actions": [(power.run, [params]), (console.action, ["power", params])],
                    "file_dep": [*_target_files(target), params["evaluation"], params["float_model"]],
                    "uptodate": [False], "doc": f"{model.name}/{variant.name} on {device.name}: battery drain and CPU "
                                                f"share over {seconds:g} s per path ({POWER_SECONDS_ENV})"}

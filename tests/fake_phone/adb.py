@@ -312,6 +312,17 @@ class Shell:
             return 0
         if name == "dumpsys":
             return self.dumpsys(args[1:], out)
+        if name == "/system/bin/time" and self.phone.data.get("toybox_time", True):
+            # toybox time -v: the program's resources on stderr (the max RSS measured)
+            import resource
+            verbose = args[1:2] == ["-v"]
+            code = self.command(args[2 if verbose else 1:], env, out, err, background)
+            usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if verbose:
+                print(f"Real time (s): 0\nSystem time (s): {usage.ru_stime:g}\nUser time (s): {usage.ru_utime:g}\n"
+                      f"Max RSS (KiB): {usage.ru_maxrss}\nMajor faults: {usage.ru_majflt}\n"
+                      f"Minor faults: {usage.ru_minflt}", file=err)
+            return code
         program = self.phone.host(name, self.cwd) if "/" in name else None
         if program is None or not program.is_file():
             print(f"/system/bin/sh: {name}: inaccessible or not found", file=err)
@@ -351,7 +362,21 @@ class Shell:
         return {"charge_counter": str(live["charge"]), "capacity": str(live["level"]),
                 "status": "Charging" if live["usb"] else "Discharging"}.get(name, "")
 
+    def thermalservice(self, out) -> int:
+        """Android's `dumpsys thermalservice` (its status line and HAL temperatures), from phone.json's thermal."""
+        state = self.phone.data.get("thermal") or {"status": 0, "temperatures": {}}
+        lines = ["IsStatusOverride: false", "ThermalEventListeners:", "\tcallbacks: 0", "\tkilled: false",
+                 f"Thermal Status: {state['status']}", "Cached temperatures:"]
+        temps = [f"\tTemperature{{mValue={c}, mType={t}, mName={n}, mStatus={state['status']}}}"
+                 for n, (t, c) in state["temperatures"].items()]
+        lines += temps + ["HAL Ready: true", "HAL connection:", "\tThermalHAL 2.0 connected: yes",
+                          "Current temperatures from HAL:", *temps, "Current cooling devices from HAL:"]
+        print("\n".join(lines), file=out)
+        return 0
+
     def dumpsys(self, args: list[str], out) -> int:
+        if args[:1] == ["thermalservice"]:
+            return self.thermalservice(out)
         if not args or args[0] != "battery":
             print(f"Can't find service: {args[0] if args else ''}", file=out)
             return 0

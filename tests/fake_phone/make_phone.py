@@ -7,9 +7,11 @@
 
 The fake adb (adb.py) answers devices [-l], -s SERIAL shell/push/pull with the real adb's output formats and exit
 codes; its shell runs a small sh (adb.py: cd, export, &&, ;, &, redirections, getprop, sha256sum, cat, mkdir,
-rm, chmod, kill, getconf, dumpsys battery) over the phone's folder fs/ (the phone's /), with /proc from the host
+rm, chmod, kill, getconf, dumpsys battery and thermalservice, /system/bin/time -v) over the phone's folder fs/ (the phone's /), with /proc from the host
 (a background process's /proc/<pid>/stat is the real one) and /sys/class/power_supply/battery simulated from
-phone.json's battery (a constant drain). Set FAKE_ADB_PHONES to the phones folder and FAKE_ADB_LOG to a file
+phone.json's battery (a constant drain); `dumpsys thermalservice` shows phone.json's
+thermal {"status": N, "temperatures": {name: [type, celsius]}} (tests set it with set_phone);
+`/system/bin/time -v` prints toybox's "Max RSS (KiB)" of the program it ran, measured on the host. Set FAKE_ADB_PHONES to the phones folder and FAKE_ADB_LOG to a file
 for a JSON line per adb call. phone.json "unplug_when": a substring of an adb command line at which the phone is
 gone (it and every later call get "adb: device '<serial>' not found", exit 1).
 The runtime's bin/aarch64-android/qnn-net-run is net_run.py: it refuses to run off the phone, checks its flags and
@@ -50,6 +52,7 @@ def make_phone(phones: Path, serial: str, *, soc: str = "SM8750", arch: str = "v
                   "ro.product.name": "pa1qxxx", "ro.product.device": "pa1q"},
         "battery": {"level": 80, "charge_counter_uah": charge_counter_uah, "drain_uah_per_s": drain_uah_per_s,
                     "full_uah": 3_750_000},
+        "thermal": {"status": 0, "temperatures": {"cpu-0-0": [0, 38.5], "skin": [3, 31.0], "battery": [2, 29.0]}},
         "unplug_when": None}, indent=2))
     return folder
 
@@ -61,6 +64,8 @@ def make_runtime(root: Path, version: str = "2.40.0.251030") -> Path:
     _script(root / "bin" / "aarch64-android" / "qnn-net-run", "net_run", "main")
     _script(root / "bin" / "x86_64-linux-clang" / "qnn-profile-viewer", "profile_viewer", "main")
     (root / "lib" / "aarch64-android" / "libQnnCpu.so").write_bytes(b"stand-in libQnnCpu.so\n")
+    (root / "lib" / "aarch64-android" / "libQnnHtpNetRunExtensions.so").write_bytes(
+        b"stand-in libQnnHtpNetRunExtensions.so\n")
     return root
 
 

@@ -119,6 +119,11 @@ def _main(argv: list[str]) -> int:
     if not _find(fs, dsp, f"libQnnHtp{arch}Skel.so"):
         raise Fail(f"[ ERROR ] DspTransport.openSession qnn_open failed, 0x80000406; failed to load "
                    f"libQnnHtp{arch}Skel.so (ADSP_LIBRARY_PATH={os.environ.get('ADSP_LIBRARY_PATH', '')!r})")
+    if args.perf_profile:  # QAIRT's usage text: deprecated for HTP in favour of the backend extension config
+        print("[ WARNING ] --perf_profile is deprecated for the HTP backend: set perf_profile in the backend "
+              "extension config (--config_file)", file=sys.stderr)
+    if args.config_file:
+        _check_config(fs, cwd, args.config_file)
     if not args.retrieve_context:
         raise Fail("[ ERROR ] stand-in: only --retrieve_context <context binary> runs on the stand-in phone")
     binary = _host(fs, cwd, args.retrieve_context)
@@ -168,6 +173,29 @@ def _main(argv: list[str]) -> int:
             _keep_profile(profile_csv, output_dir / "qnn-profiling-data_0.log")
     print(f"qnn-net-run (stand-in): {index} inference(s) of {binary.name} on the x86 HTP emulator")
     return 0
+
+
+def _check_config(fs: Path, cwd: str, config_file: str) -> None:
+    """--config_file as QNN's docs give it: {"backend_extensions": {"shared_library_path", "config_file_path"}}; the
+    HTP extension config's devices[].cores[].perf_profile one of the documented values."""
+    def load(path: str, what: str) -> dict:
+        file = _host(fs, cwd, path)
+        if not file.is_file():
+            raise Fail(f"[ ERROR ] Could not open {what} {path}")
+        try:
+            return json.loads(file.read_text())
+        except ValueError as e:
+            raise Fail(f"[ ERROR ] {what} {path} is not JSON: {e}") from None
+    extensions = load(config_file, "config file").get("backend_extensions") or {}
+    library, htp = extensions.get("shared_library_path"), extensions.get("config_file_path")
+    if not library or not htp:
+        raise Fail(f"[ ERROR ] {config_file}: backend_extensions needs shared_library_path and config_file_path")
+    if not _host(fs, cwd, library).is_file():
+        raise Fail(f"[ ERROR ] Unable to load backend extensions library: dlopen failed: library \"{library}\" not found")
+    for device in load(htp, "backend extension config").get("devices", []):
+        for core in device.get("cores", []):
+            if "perf_profile" in core and core["perf_profile"] not in PERF_PROFILES:
+                raise Fail(f"[ ERROR ] {htp}: unknown perf_profile {core['perf_profile']!r}")
 
 
 def _session(model: Path, level: str | None, csv_path: Path):
