@@ -234,6 +234,10 @@ def _check_tasks():
                                   layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.check.log"))
                 if "reference" in params:
                     task["meta"] = {"estimate_as": "check (equality proof)"}  # the time left: build_rules/plan.py
+                    # After the reference's check, in doit's order: while it measures, a worker (-n 2) takes other
+                    # work instead of waiting on its memo's lock (docs/models.md, "Checks on several chips")
+                    task["task_dep"] = [*task.get("task_dep", []),
+                                        f"check:{model.name}/{graph.name}/{variant.name}@{reference.name}"]
                 yield task
 
 
