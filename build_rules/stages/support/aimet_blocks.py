@@ -18,7 +18,7 @@ def set_weight_precisions(sim, model, spec) -> dict:
     for node, wtype in overrides.items():
         if node not in weights or weights[node] not in sim.qc_quantize_op_dict:
             known = [n for n, w in weights.items() if w in sim.qc_quantize_op_dict]
-            from ..errors import did_you_mean
+            from ...errors import did_you_mean
             raise BuildError(f"weight override names {node!r}, which is no node with a quantized weight "
                              f"(after qnn_preprocess_model){did_you_mean(node, known)}: fix weight_overrides")
         if wtype not in WEIGHT_BITS:

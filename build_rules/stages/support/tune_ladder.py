@@ -221,7 +221,7 @@ def search(params: dict) -> dict:
                     break
             continue
         if rung["changes"]["quantizer"] == "aimet" and not aimet_installed():
-            from ..errors import AIMET_INSTALL
+            from ...errors import AIMET_INSTALL
             found["notes"].append(f"{rung['name']}: skipped (aimet-onnx is not installed: {AIMET_INSTALL})")
             continue
         if _same_as_variant(rung, variant):
