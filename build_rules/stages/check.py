@@ -157,31 +157,45 @@ def measure_until_decided(ctx_model, hooks: str, graph: str, data_dir, inputs: l
 def prove_equal(params: dict) -> dict:
     """{"equal", "chip", "samples", ...}: this binary's outputs against the reference chip's on the first
     params["reference"]["samples"] evaluation samples; where they differ, the first sample and output that does."""
-    from ..hashing import file_digest
     reference = params["reference"]
     inputs, _ = load_evaluation(params["evaluation"], limit=reference["samples"])
     ctx = params["ctx_model"]
-    proof = {"chip": reference["chip"], "samples": len(inputs),
-             "binary": [file_digest(str(p).replace("_ctx.onnx", ".bin")) for p in ctx] if isinstance(ctx, list)
-             else file_digest(str(ctx).replace("_ctx.onnx", ".bin"))}
     # A proof depends on the two binaries and the samples only (not on the gates, the hooks or whether the check
     # passed): its own memo, <graph>.proof.json beside this chip's report, keyed by them. A gate edit re-judges the
     # check without running a sample again.
-    made_from = [proof["binary"], _proof_made_from(reference["ctx_model"], params["evaluation"], len(inputs))]
     memo = layout.proof_memo(params["final_outputs"]["report"])
-    try:
-        saved = json.loads(Path(memo).read_text())
-        if saved.get("made_from") == made_from:
-            found = saved["proof"]
-            print(f"proof from {memo} (the same binaries and samples): "
-                  + (f"equal to {reference['chip']}'s outputs" if found["equal"] else
-                     f"differs from {reference['chip']}'s: a full check of this binary"), flush=True)
-            return found
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
+    found = remembered_proof(memo, ctx, reference["ctx_model"], params["evaluation"], len(inputs))
+    if found is not None:
+        print(f"proof from {memo} (the same binaries and samples): "
+              + (f"equal to {reference['chip']}'s outputs" if found["equal"] else
+                 f"differs from {reference['chip']}'s: a full check of this binary"), flush=True)
+        return found
+    made_from = _proof_key(ctx, reference["ctx_model"], params["evaluation"], len(inputs))
+    proof = {"chip": reference["chip"], "samples": len(inputs), "binary": made_from[0]}
     found = _compare_outputs(proof, ctx, inputs, reference, params["evaluation"])
     atomic_write_json(memo, {"made_from": made_from, "proof": found})
     return found
+
+
+def _proof_key(ctx: str | list, reference_ctx: str | list, evaluation: str, samples: int) -> list:
+    """What a proof is made from: this binary's digest(s), and the reference's outputs' (_proof_made_from)."""
+    from ..hashing import file_digest
+    binary = [file_digest(str(p).replace("_ctx.onnx", ".bin")) for p in ctx] if isinstance(ctx, list) \
+        else file_digest(str(ctx).replace("_ctx.onnx", ".bin"))
+    return [binary, _proof_made_from(reference_ctx, evaluation, samples)]
+
+
+def remembered_proof(memo: str, ctx: str | list, reference_ctx: str | list, evaluation: str,
+                     samples: int | None = None) -> dict | None:
+    """The proof kept in `memo` (<graph>.proof.json) when it was made from these very binaries and samples (the
+    count it compared when `samples` is None), else None. Evaluate reads it too: all graphs equal, it inherits."""
+    try:
+        saved = json.loads(Path(memo).read_text())
+        found = saved["proof"]
+        count = found["samples"] if samples is None else samples
+        return found if saved["made_from"] == _proof_key(ctx, reference_ctx, evaluation, count) else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _compare_outputs(proof: dict, ctx, inputs: list[dict], reference: dict, evaluation: str) -> dict:
