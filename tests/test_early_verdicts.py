@@ -163,3 +163,45 @@ def test_a_gate_edit_reruns_no_emulator_sample_on_any_chip(tinynet_repo, sample_
     assert (f"check:tinynet/head/w8a16@SM8550: gate failed: cosine = {before:.4f}" in result.output
             and "(the metrics of SM8750's binary: this chip's outputs equal its on 3 samples" in result.output), \
         result.output
+
+
+def test_tune_misses_stop_early_and_the_result_is_the_same(tinynet_repo, monkeypatch):
+    """tune's mixed-precision search (exhaustive: every trial is judged) on the tiny encoder at w8a8: with early
+    verdicts, the trials that miss run fewer samples; the 16-bit tensors it keeps and the numbers it reports are
+    exactly those of a search that measures every sample."""
+    from build_rules import tasks
+    from build_rules.project import chip_params, project, rel
+    from build_rules.stages.support import mixed_precision, precision
+    from build_rules.tasks.tuning import _tuning_chip, _tuning_graph
+    toml = tinynet_repo / "models/tinynet/model.toml"
+    toml.write_text(toml.read_text() + '\n[variants.w8a8]\ninherits = "w8a16"\nactivations = "uint8"\n')
+    samples = []
+    real = precision.Candidates.iter_run
+
+    def counted(self, model, indices):
+        for position, outputs in real(self, model, indices):
+            samples.append(position)
+            yield position, outputs
+    monkeypatch.setattr(precision.Candidates, "iter_run", counted)
+    monkeypatch.chdir(tinynet_repo)
+    tasks.project.cache_clear()
+    try:
+        model = project().models[0]
+        graph = _tuning_graph(model, model.graphs["encoder"], model.variants["w8a8"])
+        settings = dict(chip=chip_params(_tuning_chip(model)), samples=4, hooks=rel(model.hooks))
+        target = {"metric": "cosine", "min": 0.99985}
+        found, lines = {}, []
+        for early in (True, False):
+            if not early:
+                monkeypatch.setattr(gates, "EARLY_METRICS", ())  # every trial measures every sample
+            samples.clear()
+            found[early] = (mixed_precision.search(graph, target, method="exhaustive", log=lines.append, **settings),
+                            len(samples))
+    finally:
+        tasks.project.cache_clear()
+    (fast, fast_samples), (slow, slow_samples) = found[True], found[False]
+    assert fast["sixteen_bit"] == slow["sixteen_bit"] and fast["tuned"] == slow["tuned"]
+    assert fast["base"] == slow["base"] and fast["all_16bit"] == slow["all_16bit"]
+    assert fast["evaluations"] == slow["evaluations"]
+    assert fast_samples < slow_samples, (fast_samples, slow_samples)
+    assert any("stays 16 bit (cosine = " in line and "(stopped after " in line for line in lines), lines

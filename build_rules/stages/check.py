@@ -37,12 +37,6 @@ def run(params: dict) -> dict:
     return decide(params, metrics, key, proof)
 
 
-def judge(params: dict, inputs: list[dict], reference: list[dict], outputs: list[dict]) -> dict:
-    """Metrics of the binary's outputs against the float reference, the gates, and the report (both toolchains)."""
-    return decide(params, measure(params["hooks"], params["graph"], params.get("data_dir"), inputs, reference, outputs,
-                                  load_labels(params["evaluation"])))
-
-
 def measure(hooks_path: str, graph: str, data_dir, inputs: list[dict], reference: list[dict],
             outputs: list[dict], labels: list | None = None) -> dict:
     """Per-output cosine/SQNR/max abs against the float reference, plus the score hook's task metrics: of the
@@ -154,9 +148,11 @@ def measure_until_decided(ctx_model, hooks: str, graph: str, data_dir, inputs: l
 # full and each other chip's runs a few evaluation samples: outputs equal bit for bit take the reference's metrics
 # (labelled "equal to <chip> on N samples"); any difference gets the full check of its own.
 
-def prove_equal(params: dict) -> dict:
+def prove_equal(params: dict, run=None) -> dict:
     """{"equal", "chip", "samples", ...}: this binary's outputs against the reference chip's on the first
-    params["reference"]["samples"] evaluation samples; where they differ, the first sample and output that does."""
+    params["reference"]["samples"] evaluation samples; where they differ, the first sample and output that does.
+    run(binary, inputs) -> outputs runs a binary (params["ctx_model"], the reference's "ctx_model"): the HTP
+    emulator by default; qairt's check passes its qnn-net-run runner (stages/qairt_check.py)."""
     reference = params["reference"]
     inputs, _ = load_evaluation(params["evaluation"], limit=reference["samples"])
     ctx = params["ctx_model"]
@@ -172,7 +168,7 @@ def prove_equal(params: dict) -> dict:
         return found
     made_from = _proof_key(ctx, reference["ctx_model"], params["evaluation"], len(inputs))
     proof = {"chip": reference["chip"], "samples": len(inputs), "binary": made_from[0]}
-    found = _compare_outputs(proof, ctx, inputs, reference, params["evaluation"])
+    found = _compare_outputs(proof, ctx, inputs, reference, params["evaluation"], run or run_binary)
     atomic_write_json(memo, {"made_from": made_from, "proof": found})
     return found
 
@@ -198,10 +194,10 @@ def remembered_proof(memo: str, ctx: str | list, reference_ctx: str | list, eval
         return None
 
 
-def _compare_outputs(proof: dict, ctx, inputs: list[dict], reference: dict, evaluation: str) -> dict:
+def _compare_outputs(proof: dict, ctx, inputs: list[dict], reference: dict, evaluation: str, run) -> dict:
     import numpy as np
     print(f"proof: this binary against {reference['chip']}'s on {len(inputs)} evaluation sample(s)", flush=True)
-    ours, theirs = run_binary(ctx, inputs), reference_outputs(reference, evaluation, inputs)
+    ours, theirs = run(ctx, inputs), reference_outputs(reference, evaluation, inputs, run)
     for index, (mine, other) in enumerate(zip(ours, theirs)):
         for name in sorted(set(mine) | set(other)):
             a, b = mine.get(name), other.get(name)
@@ -217,7 +213,7 @@ def _compare_outputs(proof: dict, ctx, inputs: list[dict], reference: dict, eval
     return {**proof, "equal": True}
 
 
-def reference_outputs(reference: dict, evaluation: str, inputs: list[dict]) -> list[dict]:
+def reference_outputs(reference: dict, evaluation: str, inputs: list[dict], run=None) -> list[dict]:
     """The reference binary's outputs on the proof samples, kept beside its memo (<graph>.proof.npz, with what they
     were made from): the first other chip's check runs them, the next ones read them."""
     import io
@@ -241,7 +237,7 @@ def reference_outputs(reference: dict, evaluation: str, inputs: list[dict]) -> l
                     return outputs
         except (OSError, ValueError, KeyError):
             pass
-        outputs = run_binary(ctx, inputs)
+        outputs = (run or run_binary)(ctx, inputs)
         buffer = io.BytesIO()
         np.savez(buffer, made_from=np.array(made_from),
                  **{f"{i}/{name}": value for i, sample in enumerate(outputs) for name, value in sample.items()})
@@ -258,9 +254,10 @@ def _proof_made_from(ctx: str | list, evaluation: str, samples: int) -> str:
                                    file_digest(evaluation), samples]))
 
 
-def reference_metrics(params: dict) -> tuple[dict, dict]:
+def reference_metrics(params: dict, measure_now=None) -> tuple[dict, dict]:
     """(metrics, key) of the reference chip's binary: from its check report or memo when they were measured from it,
-    else measured now (under the memo's lock: its own check, if running, measures once for both)."""
+    else measured now (under the memo's lock: its own check, if running, measures once for both; qairt's check
+    passes measure_now() -> metrics, its qnn-net-run measurement)."""
     reference = params["reference"]
     key = measurement_key(reference["ctx_model"], params["evaluation"], params["hooks"], params.get("data_dir"))
     try:
@@ -272,6 +269,8 @@ def reference_metrics(params: dict) -> tuple[dict, dict]:
         pass
     if remembered(layout.memo_file(reference["check"]), key, params["gates"]) is None:
         print(f"{reference['chip']}'s binary has no measurement yet: measured here, once for both checks", flush=True)
+    if measure_now is not None:
+        return measure_now(), key
     return measurement(reference["ctx_model"], params["evaluation"], params["hooks"], params["graph"],
                        params.get("data_dir"), layout.memo_file(reference["check"]), params["gates"])
 
