@@ -108,3 +108,27 @@ def run_until_decided(runs: Iterator[tuple[int, dict]], reference: list[dict], g
         if close is not None:
             close()
     return outputs, None
+
+
+def results_until_decided(results: Iterator, bound, gate_list, total: int,
+                          reference: dict | None = None) -> tuple[list, dict | None]:
+    """The per-sample results of a model-level evaluate hook in its per-sample form (evaluate_sample, in sample
+    order), stopped once its optional bound(results, total) -> {metric: (lowest, highest)} (what the metric can still
+    be over all `total` samples, given the results so far; None on an open side) decides that a gate fails. Without
+    a bound hook, every sample runs: evaluate metrics are opaque (gates.py). reference: the float model's metrics,
+    for relative gates. Returns (the results, the early verdict with its "ranges", or None)."""
+    done: list = []
+    try:
+        for result in results:
+            done.append(result)
+            if bound is None or len(done) >= total:
+                continue
+            ranges = {m: tuple(r) for m, r in bound(list(done), total).items()}
+            verdict = gates.early_failure(gate_list, ranges, len(done), total, reference)
+            if verdict is not None:
+                return done, {**verdict, "ranges": {m: list(r) for m, r in ranges.items()}}
+    finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()
+    return done, None

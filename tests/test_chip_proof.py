@@ -162,3 +162,28 @@ def test_a_chip_proven_equal_takes_the_reference_evaluation(tinynet_repo, sample
                      result.output, re.M), result.output
     manifest = json.loads((tinynet_repo / OUT / "w8a16/SM8550/manifest.json").read_text())
     assert manifest["evaluate"]["equal_to"]["chip"] == "SM8750"
+
+
+def test_another_chips_check_waits_in_doits_queue_not_on_the_reference_lock(tinynet_repo):
+    """Under `doit -n 2`, while the reference chip's binaries are measured, the other chip's checks are not started
+    (they come after the reference's check: task_dep), so the second worker takes other work instead of waiting on
+    the reference's memo lock; when they run, the reference's report is there to read."""
+    for path in (tinynet_repo / OUT).glob("*/SM8750/*.measure.json"):
+        path.unlink()  # the reference binaries must be measured again
+    for graph, bound in (("encoder", "0.985"), ("head", "0.975")):  # every check's key changes
+        toml = tinynet_repo / "models/tinynet/model.toml"
+        text = toml.read_text()
+        start = text.index(f"[graphs.{graph}]")
+        line = re.compile(r"^gate = .*$", re.M).search(text, start)
+        toml.write_text(text[:line.start()] + f'gate = {{ metric = "cosine", min = {bound} }}' + text[line.end():])
+    result = run_doit(tinynet_repo, "-n", "2", "-P", "thread")
+    assert result.code == 0, result.output
+    order = re.findall(r"^\.  \[\d+/\d+\] (check:\S+)", result.output, re.M)
+    for variant in ("fp16", "w8a16"):
+        for graph in ("encoder", "head"):
+            other = f"check:tinynet/{graph}/{variant}@SM8550"
+            assert order.index(other) > order.index(f"check:tinynet/{graph}/{variant}@SM8750")
+            # it started once the reference's check had ended: its report was there, no lock was waited on
+            log = (tinynet_repo / OUT / variant / "SM8550" / f"{graph}.check.log").read_text()
+            assert f"metrics from out/tinynet/{variant}/SM8750/{graph}.check.json" in log, log
+            assert "has no measurement yet" not in log

@@ -205,3 +205,28 @@ def test_tune_misses_stop_early_and_the_result_is_the_same(tinynet_repo, monkeyp
     assert fast["evaluations"] == slow["evaluations"]
     assert fast_samples < slow_samples, (fast_samples, slow_samples)
     assert any("stays 16 bit (cosine = " in line and "(stopped after " in line for line in lines), lines
+
+
+def test_an_evaluate_hook_with_a_bound_stops_once_its_wer_cannot_be_met():
+    """The per-sample evaluate form's optional bound(results, total): a WER of word errors over all reference words
+    (known up front) is at least the errors so far / all words, so a `max` gate is decided once they exceed it."""
+    from build_rules.early_verdicts import results_until_decided
+    clips = [(1, 10), (4, 10), (3, 10), (0, 10), (0, 10)]  # (word errors, reference words) per clip
+    words = sum(w for _, w in clips)
+    scored = []
+
+    def per_clip():
+        for clip in clips:
+            scored.append(clip)
+            yield clip
+
+    def bound(results, total):
+        return {"wer": (sum(e for e, _ in results) / words, None)}
+    done, verdict = results_until_decided(per_clip(), bound, {"metric": "wer", "max": 0.1}, len(clips))
+    # after 2 clips 5 errors of 50 words: 0.1, still possible; after 3, 8 of 50: decided
+    assert len(done) == len(scored) == 3 and verdict["samples"] == 3 and verdict["of"] == 5
+    assert verdict["failed"][0]["failure"] == "wer at least 0.16 whatever the other 2 samples give, needs <= 0.1"
+    scored.clear()  # a gate it meets: every clip; no bound hook: every clip
+    assert results_until_decided(per_clip(), bound, {"metric": "wer", "max": 0.2}, 5)[1] is None and len(scored) == 5
+    scored.clear()
+    assert results_until_decided(per_clip(), None, {"metric": "wer", "max": 0.01}, 5)[1] is None and len(scored) == 5
