@@ -338,6 +338,9 @@ def decide(params: dict, metrics: dict, key: dict | None = None, proof: dict | N
         early = still_decided(metrics, params["gates"]) if "partial" in metrics else None
         if early is not None:  # stopped after k of N samples: the gates it decided, on the numbers of the k
             raise BuildError(f"{params['name']}: gate {gates.describe_early(early, summary)}")
+        if "partial" in metrics:  # never judged as if all samples were measured (measurement() re-measures first)
+            raise BuildError(f"{params['name']}: the measurement stopped after {metrics['partial']['samples']} of "
+                             f"{metrics['partial']['of']} samples no longer decides the gates: run the check again")
         report["gated"] = gates.judge(params["name"], params["gates"], summary, metrics.get("float_score"))
     except BuildError as e:  # the numbers stay in the memo, marked failed (each gate's verdict too); the task fails
         report["gated"] = gates.results(params["gates"], summary, metrics.get("float_score"))
