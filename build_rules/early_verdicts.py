@@ -8,6 +8,7 @@ failed one after k of N reports the numbers of the k, marked partial.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 
@@ -93,7 +94,7 @@ def run_until_decided(runs: Iterator[tuple[int, dict]], reference: list[dict], g
     outputs: list[dict] = []
     early = [g for g in gates.as_list(gate_list) if g["metric"] in gates.EARLY_METRICS]
     tally = Tally(reference, frames) if early else None
-    try:
+    with _closing(runs):
         for _, sample in runs:
             outputs.append(sample)
             if tally is None:
@@ -103,10 +104,6 @@ def run_until_decided(runs: Iterator[tuple[int, dict]], reference: list[dict], g
             verdict = gates.early_failure(early, ranges, len(outputs), len(reference))
             if verdict is not None:  # the intervals too: a later run judges them against its gates
                 return outputs, {**verdict, "ranges": {m: list(r) for m, r in ranges.items()}}
-    finally:
-        close = getattr(runs, "close", None)
-        if close is not None:
-            close()
     return outputs, None
 
 
@@ -118,7 +115,7 @@ def results_until_decided(results: Iterator, bound, gate_list, total: int,
     a bound hook, every sample runs: evaluate metrics are opaque (gates.py). reference: the float model's metrics,
     for relative gates. Returns (the results, the early verdict with its "ranges", or None)."""
     done: list = []
-    try:
+    with _closing(results):
         for result in results:
             done.append(result)
             if bound is None or len(done) >= total:
@@ -127,8 +124,15 @@ def results_until_decided(results: Iterator, bound, gate_list, total: int,
             verdict = gates.early_failure(gate_list, ranges, len(done), total, reference)
             if verdict is not None:
                 return done, {**verdict, "ranges": {m: list(r) for m, r in ranges.items()}}
+    return done, None
+
+
+@contextlib.contextmanager
+def _closing(iterator):
+    """Closes a generator on the way out (its samples not yet run never run); a plain iterable needs nothing."""
+    try:
+        yield iterator
     finally:
-        close = getattr(results, "close", None)
+        close = getattr(iterator, "close", None)
         if close is not None:
             close()
-    return done, None
