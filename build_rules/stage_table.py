@@ -116,7 +116,8 @@ STAGES: tuple[Stage, ...] = (
           {"ort-qnn": "pipeline:_package_tasks", "qairt": "qairt:package"},
           # ort-qnn: 4: the check's equal-chip proof and the mostly-float warning in the manifest
           {"ort-qnn": _w("package", 4, sdk=True, in_process=True),
-           "qairt": _q("package", "qairt_package", 2, in_process=True)}),
+           # qairt 3: the check's equal-chip proof (equal_to / differs_from) per graph
+           "qairt": _q("package", "qairt_package", 3, in_process=True)}),
     Stage("report", "9 report: variants x chips per model (size, compile time, emulator metrics) -> "
           "out/<model>/report.md + .png", {"any": "tuning:report_tasks"},
           # 5: cells not measured yet are marked (never measured here); equal-chip cells; model metrics beside float
