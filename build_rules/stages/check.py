@@ -7,7 +7,10 @@ read: check.json is a target, and the runner removes a failed task's targets.
 
 Each variant is measured in full on one reference chip; another chip's check (params["reference"]) first runs its
 binary and the reference's on a few evaluation samples, and equal outputs take the reference's metrics (prove_equal,
-below; docs/models.md, "Checks on several chips").
+below; docs/models.md, "Checks on several chips"). A proof is kept in its own memo, <graph>.proof.json.
+
+The runs stop once the samples so far decide that a gate fails (early verdicts: early_verdicts.py, gates.py); such
+a measurement is kept marked partial and is never taken for one of every sample (remembered()).
 """
 from __future__ import annotations
 
