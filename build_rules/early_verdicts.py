@@ -93,7 +93,7 @@ def run_until_decided(runs: Iterator[tuple[int, dict]], reference: list[dict], g
     the other samples give, so those never run. Without a gate on a metric that can stop early, every sample runs."""
     outputs: list[dict] = []
     early = [g for g in gates.as_list(gate_list) if g["metric"] in gates.EARLY_METRICS]
-    tally = Tally(reference, frames) if early else None
+    tally = Tally(reference, frames) if early and reference else None
     with _closing(runs):
         for _, sample in runs:
             outputs.append(sample)
