@@ -166,3 +166,56 @@ def judge(where: str, gates, measured: dict, reference: dict | None = None) -> l
                          + "; ".join(r["failure"] for r in failed))
     return [{k: v for k, v in r.items() if k != "failure"} for r in found]
 
+
+
+# --- early verdicts: a gate that fails whatever the samples not yet measured give -----------------------------------
+# A measurement over N samples may stop after k of them when the k already decide that a gate FAILS (never that it
+# passes: a passing verdict measures every sample). That needs the interval the final value can still take after k
+# samples, which follows from the metric (docs/model-toml.md, "Early verdicts"):
+#   max_abs       the largest error of any sample: it only grows, so at least its value so far
+#   frame_cosine  the lowest cosine of any frame: it only falls, so at most its value so far
+#   sqnr          reference power (all N known up front: the float outputs) / noise power, which only grows:
+#                 at most 10 log10(all reference power / the noise so far)
+#   cosine        of all samples' outputs pooled, the rest unknown but their reference known: at most the largest
+#                 cosine any continuation can reach (early_verdicts.py computes it)
+# A score hook's task metrics are opaque: they measure every sample unless the hook bounds them (an evaluate hook's
+# bound(results, total), stages/evaluate.py). So a min gate on max_abs, or a max gate on cosine, never stops early.
+EARLY_METRICS = ("max_abs", "frame_cosine", "sqnr", "cosine")
+
+
+def early_failure(gates, ranges: dict, done: int, total: int, reference: dict | None = None) -> dict | None:
+    """The verdict of a measurement stopped after `done` of `total` samples, when it is already decided: some gate
+    fails whatever the other samples give. ranges: metric -> (lowest, highest) value the metric can still take over
+    all `total` samples (None on an open side), from what was measured so far. Returns {"samples": done, "of": total,
+    "failed": [{"gate", "metric", "low", "high", "failure"}]} or None (not decided, or every sample was measured:
+    then the full verdict is judged as always). reference: the float model's values, for relative gates."""
+    if done >= total:
+        return None
+    failed = []
+    for gate in as_list(gates):
+        metric = gate["metric"]
+        if metric not in ranges or (is_relative(gate) and (not reference or metric not in reference)):
+            continue
+        ref = float(reference[metric]) if is_relative(gate) else None
+        low, high = limits(gate, ref)
+        can_low, can_high = ranges[metric]
+        slack = 1e-9 * max(1.0, abs(low if low is not None else high))  # rounding between a tally and a pooled sum
+        short = low is not None and can_high is not None and can_high < low - slack
+        over = high is not None and can_low is not None and can_low > high + slack
+        if short or over:
+            rest = total - done
+            where = (f"at most {can_high:.6g}" if short else f"at least {can_low:.6g}") + \
+                f" whatever the other {rest} sample{'s' if rest != 1 else ''} give"
+            need = f"needs >= {low:.6g}" if short else f"needs <= {high:.6g}"
+            failed.append({"gate": describe(gate), "metric": metric, "low": can_low, "high": can_high,
+                           "failure": f"{metric} {where}, {need}"})
+    return {"samples": done, "of": total, "failed": failed} if failed else None
+
+
+def describe_early(verdict: dict, so_far: dict) -> str:
+    """'failed after 3 of 16 samples (partial: cosine = 0.8412 on those 3; cosine at most 0.879 whatever the
+    other 13 samples give, needs >= 0.98)'. so_far: the gated metrics' values on the samples measured."""
+    values = ", ".join(f"{f['metric']} = {so_far[f['metric']]:.4f}" for f in verdict["failed"] if f["metric"] in so_far)
+    done = verdict["samples"]
+    return (f"failed after {done} of {verdict['of']} samples (partial: {values + ' on those ' + str(done) + '; ' if values else ''}"
+            + "; ".join(f["failure"] for f in verdict["failed"]) + ")")

@@ -7,6 +7,7 @@ out/<model>/<variant>/<graph>.qdq.onnx                                          
 out/<model>/<variant>/<chip>/<graph>.bin, <graph>_ctx.onnx, <graph>.compile.json, <graph>.check.json, manifest.json
 out/<model>/<variant>/<chip>/<graph>.measure.json, evaluate.measure.json   memos: the last measurement (and a failure)
 out/<model>/<variant>/<chip>/<graph>.proof.npz   the reference chip's outputs on the samples other chips prove with
+out/<model>/<variant>/<chip>/<graph>.proof.json  another chip's proof (equal outputs or not), keyed by both binaries
 out/<model>/report.md, report.png, report.json                                  (`doit report`)
 out/<model>/tuning/<variant>/<graph>.sensitivity.json, .md, .png               (`doit sensitivity`)
 out/<model>/tuning/<variant>.tuned.toml, .tuned.json                            (`doit tune`)
@@ -79,6 +80,12 @@ def proof_file(report: str) -> str:
     """The reference chip's outputs on the proof samples, beside its check report (not a target): <graph>.check.json
     -> <graph>.proof.npz. Other chips' checks compare their outputs with these (stages/check.py)."""
     return str(report)[:-len(".check.json")] + ".proof.npz"
+
+
+def proof_memo(report: str) -> str:
+    """Another chip's proof of equal outputs, beside its check report (not a target): <graph>.check.json ->
+    <graph>.proof.json, keyed by the two binaries and the samples it compared (stages/check.py)."""
+    return str(report)[:-len(".check.json")] + ".proof.json"
 
 
 def lock_file(memo: str) -> str:

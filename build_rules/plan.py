@@ -109,8 +109,8 @@ REMEMBERED_SECONDS = 1.0  # a check judging its memo's numbers: a stage process 
 def remembered(tasks: dict, to_run: set[str]) -> set[str]:
     """The planned checks whose numbers are remembered: none of their inputs is made again in this run, and their
     measurement memo (meta["memo"], stages/check.py) was measured from the binaries, evaluation set and hooks they
-    have now; another chip's check (estimate_as "check (equality proof)") also needs its proof in the memo, made from
-    its binary as it is. They run again for a new gate or key, and judge the saved numbers in a second. (A new
+    have now; another chip's check (meta["proof"]) needs its proof memo made from its binary as it is, and then
+    takes the reference's numbers when the proof found them equal (else its own memo counts). They run again for a new gate or key, and judge the saved numbers in a second. (A new
     measurement version, which only a new build_rules brings, is not seen here: that first estimate is low.)"""
     from .hashing import stat_cache
     producer = {target: task.name for task in tasks.values() for target in task.targets}
@@ -121,20 +121,31 @@ def remembered(tasks: dict, to_run: set[str]) -> set[str]:
         if not meta.get("memo") or any(producer.get(f) in to_run for f in task.file_dep):
             continue  # no memo, or an input made again (its bytes may differ: measured again)
         try:
-            saved = json.loads(Path(meta["memo"]).read_text())
             current = {stat_cache().digest(f, os.stat(f)) for f in task.file_dep}
-        except (OSError, ValueError):
+        except OSError:
             continue
-        if not isinstance(saved, dict):
-            continue
-        made_from = _digests(saved.get("key"))
-        if meta.get("estimate_as") == "check (equality proof)":
-            proof = saved.get("proof_made_from")
-            if not (isinstance(proof, list) and proof and _digests({"binary": proof[0]}) <= current):
-                continue
+        if meta.get("proof"):  # another chip's check: an equal proof of this binary takes the reference's numbers
+            proof = _read(meta["proof"]).get("proof")
+            made_from = _read(meta["proof"]).get("made_from")
+            if isinstance(made_from, list) and made_from and isinstance(proof, dict) \
+                    and _digests({"binary": made_from[0]}) <= current:
+                if proof.get("equal"):
+                    found.add(name)
+                    continue
+            else:
+                continue  # no proof of this binary yet: it runs
+        made_from = _digests(_read(meta["memo"]).get("key"))
         if made_from and made_from <= current:
             found.add(name)
     return found
+
+
+def _read(path: str) -> dict:
+    try:
+        saved = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
 
 
 def _digests(key) -> set[str]:

@@ -104,12 +104,15 @@ STAGES: tuple[Stage, ...] = (
            "qairt": _q("compile", "context_binary", 2)}),
     Stage("check", "7 check: run each binary on the HTP emulator vs the float model; fail below the graph's gate",
           {"ort-qnn": "pipeline:_check_tasks", "qairt": "qairt:check"},
-          # ort-qnn 4, qairt 3: two zero frames agree in frame_cosine (samples.ZERO_FRAME)
-          {"ort-qnn": _w("check", 4, ("onnxruntime", "numpy"), sdk=True, relocatable=True),
-           "qairt": _q("check", "qairt_check", 3, ("numpy", "onnxruntime"))}),
+          # 5: early verdicts (a failed gate's report partial after k of N samples), proofs in their own memo, after
+          # the reference's check; two zero frames agree in frame_cosine (samples.ZERO_FRAME)
+          # qairt 4: other chips proven equal to the reference (equal_to), its key in "inputs"; zero frames
+          {"ort-qnn": _w("check", 5, ("onnxruntime", "numpy"), sdk=True, relocatable=True),
+           "qairt": _q("check", "qairt_check", 4, ("numpy", "onnxruntime"))}),
     Stage("evaluate", "7b evaluate: the model's evaluate hook over all graphs (e.g. WER): float on CPU, each binary "
           "on the emulator", {"ort-qnn": "pipeline:_evaluate_tasks"},
-          {"ort-qnn": _w("evaluate", 2, ("onnxruntime", "numpy"), sdk=True)}),
+          # 3: a chip proven equal to the reference takes its evaluation (equal_to)
+          {"ort-qnn": _w("evaluate", 3, ("onnxruntime", "numpy"), sdk=True)}),
     # The float model's evaluation (evaluate:<model>/float): the evaluate worker, keyed apart from the binaries' and
     # without the toolchain (the float model runs on the CPU).
     Stage("evaluate_float", "", {}, {"ort-qnn": _w("evaluate", 2, ("onnxruntime", "numpy"), key="evaluate_float")}),
@@ -117,7 +120,8 @@ STAGES: tuple[Stage, ...] = (
           {"ort-qnn": "pipeline:_package_tasks", "qairt": "qairt:package"},
           # ort-qnn: 4: the check's equal-chip proof and the mostly-float warning in the manifest
           {"ort-qnn": _w("package", 4, sdk=True, in_process=True),
-           "qairt": _q("package", "qairt_package", 2, in_process=True)}),
+           # qairt 3: the check's equal-chip proof (equal_to / differs_from) per graph
+           "qairt": _q("package", "qairt_package", 3, in_process=True)}),
     Stage("report", "9 report: variants x chips per model (size, compile time, emulator metrics) -> "
           "out/<model>/report.md + .png", {"any": "tuning:report_tasks"},
           # 5: cells not measured yet are marked (never measured here); equal-chip cells; model metrics beside float
@@ -132,7 +136,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("tune", "11 tune: fewest 16-bit tensors meeting each graph's target -> "
           "out/<model>/tuning/<variant>.tuned.toml", {"any": "tuning:tune_tasks"},
           # 4: the ladder judges the variant as built, then per-layer weight bits; candidates keep the variant's weights
-          {"any": _w("tune", 4, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
+          # 5: a rung, probe or trial that misses stops early (its numbers stopped_after k of N samples)
+          {"any": _w("tune", 5, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
     Stage("diagnose", "7c diagnose: where a binary loses accuracy, tensor by tensor (emulator vs CPU QDQ vs float) "
           "-> <graph>.diagnose.md", {"any": "diagnose:diagnose_tasks"},
           # 2: a drop at a layer reading int4 weights proposes the weight_overrides line; the weight type per row

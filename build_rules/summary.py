@@ -337,7 +337,8 @@ def describe_pair(model, variant: str, chip: str, failed_tasks: list[str] = (), 
         failed = result is not None and result["passed"] is False  # its gate's message says whose numbers they are
         parts.append(f"{graph} {size} {_result_text(result)}{'' if failed else _notes(result)}")
     if evaluation:
-        parts.append(f"model {_result_text(evaluation, 'metrics')}")
+        failed = evaluation["passed"] is False
+        parts.append(f"model {_result_text(evaluation, 'metrics')}{'' if failed else _notes(evaluation)}")
     pair = f"{variant}@{chip}"
     explained = {f"evaluate:{model.name}/{pair}" if g == "model" else f"check:{model.name}/{g}/{pair}"
                  for g in failures}  # gate failures: their numbers are shown
@@ -412,6 +413,7 @@ def _describe(manifest_path: str) -> str:
     evaluation = manifest.get("evaluate")
     if evaluation and evaluation.get("gated"):  # the model-level metrics, e.g. WER of encoder + decoder
         parts.append("model " + " ".join(f"{m} {evaluation['metrics'].get(m, float('nan')):.4g}"
-                                          for m in dict.fromkeys(r["metric"] for r in evaluation["gated"])))
+                                          for m in dict.fromkeys(r["metric"] for r in evaluation["gated"]))
+                     + _notes({"equal_to": evaluation.get("equal_to")}))
     return f"{Path(manifest_path).parent}: " + ", ".join(parts)
 

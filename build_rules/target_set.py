@@ -51,6 +51,7 @@ def written_paths(tasks: dict) -> list[str]:
                 paths.append(layout.memo_file(target))  # the measurement memo (and a failure's numbers)
             if target.endswith(".check.json"):
                 paths.append(layout.proof_file(target))  # a reference chip's outputs on the proof samples
+                paths.append(layout.proof_memo(target))  # another chip's proof of equal outputs
         for action in task._actions:
             call = _stage_call(action, run_stage)
             if call is not None and len(call[0]) >= 4:

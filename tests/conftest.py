@@ -147,15 +147,58 @@ ort_qnn.open_context_binary = _recorded
 '''
 
 
-@pytest.fixture
-def emulator_sessions(tmp_path, monkeypatch):
-    """A function returning the context models the stage processes opened on the HTP emulator so far."""
-    spy = tmp_path / "emulator-spy"
+def _spy(tmp_path, monkeypatch, name: str, code: str, log_variable: str) -> Path:
+    """Every stage process started from here imports `code` (a sitecustomize.py first on PYTHONPATH); it writes to
+    the log file returned, named by the environment variable `log_variable`."""
+    spy = tmp_path / f"{name}-spy"
     spy.mkdir()
-    (spy / "sitecustomize.py").write_text(EMULATOR_SPY)
-    log = tmp_path / "emulator-sessions.log"
+    (spy / "sitecustomize.py").write_text(code)
+    log = tmp_path / f"{name}.log"
     log.write_text("")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(spy), str(ROOT), os.environ.get("PYTHONPATH"))
                                                      if p))
-    monkeypatch.setenv("BUILD_RULES_TEST_EMULATOR_LOG", str(log))
+    monkeypatch.setenv(log_variable, str(log))
+    return log
+
+
+@pytest.fixture
+def emulator_sessions(tmp_path, monkeypatch):
+    """A function returning the context models the stage processes opened on the HTP emulator so far."""
+    log = _spy(tmp_path, monkeypatch, "emulator-sessions", EMULATOR_SPY, "BUILD_RULES_TEST_EMULATOR_LOG")
     return lambda: log.read_text().splitlines()
+
+
+# Imported by every stage process: one line per sample a binary runs on the HTP emulator (whatever runs it).
+SAMPLE_SPY = '''
+import os
+from build_rules.toolchains import ort_qnn
+
+_open = ort_qnn.open_context_binary
+
+
+def _counted(ctx_model, *args, **kwargs):
+    run = _open(ctx_model, *args, **kwargs)
+
+    def counted(feed):
+        with open(os.environ["BUILD_RULES_TEST_SAMPLE_LOG"], "a") as log:
+            log.write(f"{ctx_model}\\n")
+        return run(feed)
+    return counted
+
+
+ort_qnn.open_context_binary = _counted
+'''
+
+
+@pytest.fixture
+def sample_runs(tmp_path, monkeypatch):
+    """A function returning, per context model, how many samples the stage processes ran on it since the last call."""
+    log = _spy(tmp_path, monkeypatch, "samples", SAMPLE_SPY, "BUILD_RULES_TEST_SAMPLE_LOG")
+
+    def runs() -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for line in log.read_text().splitlines():
+            counts[line] = counts.get(line, 0) + 1
+        log.write_text("")
+        return counts
+    return runs

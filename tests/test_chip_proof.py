@@ -123,3 +123,67 @@ def test_the_report_shows_a_partly_checked_build_without_running_the_missing_che
     cells = {(c["variant"], c["chip"], c["graph"]): c for c in json.loads((tinynet_repo / OUT / "report.json").read_text())["cells"]}
     assert cells[("w8a16", "SM8750", "head")]["measured_by"] == "check"
     assert "not measured" not in (tinynet_repo / OUT / "report.md").read_text()
+
+
+EVALUATE_HOOK = '''
+
+def evaluate(run_graph):
+    import numpy as np
+    top = []
+    for sample in _samples("encoder", 3, seed=5):
+        features = run_graph("encoder", sample)["features"]
+        top.append(int(np.argmax(run_graph("head", {"features": features})["logits"])))
+    return {"top_sum": float(sum(top))}
+'''
+
+
+def test_a_chip_proven_equal_takes_the_reference_evaluation(tinynet_repo, sample_runs):
+    """[evaluate] on two chips: the reference chip's binaries are evaluated on the emulator; the other chip, whose
+    graphs all proved equal in their checks, takes those metrics, labelled, and runs no emulator sample."""
+    folder = tinynet_repo / "models/tinynet"
+    (folder / "hooks.py").write_text((folder / "hooks.py").read_text() + EVALUATE_HOOK)
+    toml = folder / "model.toml"
+    toml.write_text(toml.read_text() + '\n[evaluate]\ngate = { metric = "top_sum", min = 0 }\n')
+    result = run_doit(tinynet_repo, "package:tinynet/w8a16@SM8550")
+    assert result.code == 0, result.output
+    assert {"evaluate:tinynet/w8a16@SM8750", "evaluate:tinynet/w8a16@SM8550"} <= result.ran
+    runs = sample_runs()
+    # the reference's checks again (new hooks: its 4 evaluation samples) and its evaluation (3 samples)
+    assert runs == {str(OUT / f"w8a16/SM8750/{g}_ctx.onnx"): 4 + 3 for g in ("encoder", "head")}, runs
+    # nothing on SM8550: its checks' proofs depend on the binaries only (remembered), and no evaluation
+    reference = json.loads((tinynet_repo / OUT / "w8a16/SM8750/evaluate.json").read_text())
+    other = json.loads((tinynet_repo / OUT / "w8a16/SM8550/evaluate.json").read_text())
+    assert other["metrics"] == reference["metrics"] and "equal_to" not in reference
+    assert other["equal_to"]["chip"] == "SM8750" and other["equal_to"]["samples"] == 3
+    assert set(other["equal_to"]["graphs"]) == {"encoder", "head"}
+    log = (tinynet_repo / OUT / "w8a16/SM8550/evaluate.log").read_text()
+    assert "every graph's outputs equal SM8750's on 3 samples, bit for bit: its evaluation" in log
+    assert re.search(r"^  built now   out/tinynet/w8a16/SM8550: .* model top_sum \d+ \(equal to SM8750 on 3 samples\)$",
+                     result.output, re.M), result.output
+    manifest = json.loads((tinynet_repo / OUT / "w8a16/SM8550/manifest.json").read_text())
+    assert manifest["evaluate"]["equal_to"]["chip"] == "SM8750"
+
+
+def test_another_chips_check_waits_in_doits_queue_not_on_the_reference_lock(tinynet_repo):
+    """Under `doit -n 2`, while the reference chip's binaries are measured, the other chip's checks are not started
+    (they come after the reference's check: task_dep), so the second worker takes other work instead of waiting on
+    the reference's memo lock; when they run, the reference's report is there to read."""
+    for path in (tinynet_repo / OUT).glob("*/SM8750/*.measure.json"):
+        path.unlink()  # the reference binaries must be measured again
+    for graph, bound in (("encoder", "0.985"), ("head", "0.975")):  # every check's key changes
+        toml = tinynet_repo / "models/tinynet/model.toml"
+        text = toml.read_text()
+        start = text.index(f"[graphs.{graph}]")
+        line = re.compile(r"^gate = .*$", re.M).search(text, start)
+        toml.write_text(text[:line.start()] + f'gate = {{ metric = "cosine", min = {bound} }}' + text[line.end():])
+    result = run_doit(tinynet_repo, "-n", "2", "-P", "thread")
+    assert result.code == 0, result.output
+    order = re.findall(r"^\.  \[\d+/\d+\] (check:\S+)", result.output, re.M)
+    for variant in ("fp16", "w8a16"):
+        for graph in ("encoder", "head"):
+            other = f"check:tinynet/{graph}/{variant}@SM8550"
+            assert order.index(other) > order.index(f"check:tinynet/{graph}/{variant}@SM8750")
+            # it started once the reference's check had ended: its report was there, no lock was waited on
+            log = (tinynet_repo / OUT / variant / "SM8550" / f"{graph}.check.log").read_text()
+            assert f"metrics from out/tinynet/{variant}/SM8750/{graph}.check.json" in log, log
+            assert "has no measurement yet" not in log

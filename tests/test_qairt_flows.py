@@ -424,6 +424,12 @@ def test_dlc_flow_command_lines_and_outputs(built_dlc):
     assert image["scale"] > 0 and image["offset"] < 0
     assert sorted(p.name for p in (out / "w8a16/SM8750/runtime").iterdir()) == [
         "libQnnHtp.so", "libQnnHtpV79Skel.so", "libQnnHtpV79Stub.so", "libQnnSystem.so"]
+    # SM8550's checks proved its outputs equal to SM8750's with qnn-net-run on 3 samples, and took its metrics
+    other = json.loads((out / "w8a16/SM8550/manifest.json").read_text())["graphs"]["encoder"]
+    assert other["equal_to"]["chip"] == "SM8750" and other["equal_to"]["samples"] == 3
+    assert other["metrics"] == encoder["metrics"] and other["check"] == "ran"
+    proofs = [c for c in recorded(calls, "qnn-net-run") if "out/tinynet/w8a16/SM8550/encoder.bin" in c]
+    assert len(proofs) == 1  # its binary once, on the proof samples (no full check of its own)
     fp16 = json.loads((out / "fp16/SM8550/manifest.json").read_text())["graphs"]["head"]["io"]["inputs"]
     assert fp16 == [{"name": "features", "shape": [1, 64], "dtype": "FLOAT_16", "scale": None, "offset": None,
                      "layout": None}]

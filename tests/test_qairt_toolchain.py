@@ -547,7 +547,22 @@ def test_check_runs_qnn_net_run_where_the_sdk_has_it(qairt_copy, monkeypatch):
     assert result.code == 0, result.output
     assert result.ran == sdk_tasks(["check", "package"])
     net_run = recorded(calls, "qnn-net-run")
-    assert len(net_run) == len(sdk_tasks(["check"]))
+    # each reference (SM8750) check runs its binary once over all samples; each SM8550 check proves its outputs equal
+    # on 3 samples: its binary and, once for the graph and variant, the reference's (kept in <graph>.proof.npz)
+    ran = [next(a for a in c if a.endswith(".bin")) for c in net_run]
+    pairs = [(v, g) for v in ("fp16", "w8a16") for g in ("encoder", "head")]
+    assert sorted(ran) == sorted([f"out/tinynet/{v}/SM8750/{g}.bin" for v, g in pairs] * 2
+                                 + [f"out/tinynet/{v}/SM8550/{g}.bin" for v, g in pairs]), ran
+    log = (repo / "out/tinynet/w8a16/SM8550/head.check.log").read_text()
+    assert "qnn-net-run: out/tinynet/w8a16/SM8550/head.bin on 3 sample(s)" in log, log
+    assert "qnn-net-run: out/tinynet/w8a16/SM8750/head.bin on 3 sample(s)" in log, log
+    for variant in ("fp16", "w8a16"):
+        for graph in ("encoder", "head"):
+            other = json.loads((repo / f"out/tinynet/{variant}/SM8550/{graph}.check.json").read_text())
+            reference = json.loads((repo / f"out/tinynet/{variant}/SM8750/{graph}.check.json").read_text())
+            assert other["equal_to"]["chip"] == "SM8750" and other["equal_to"]["samples"] == 3
+            assert other["summary"] == reference["summary"] and "equal_to" not in reference
+    assert "(equal to SM8750 on 3 samples)" in result.output
     one = [c for c in net_run if "out/tinynet/w8a16/SM8750/encoder.bin" in c][0]
     assert one[:4] == ["--backend", f"{sdk}/lib/x86_64-linux-clang/libQnnHtp.so", "--retrieve_context",
                        "out/tinynet/w8a16/SM8750/encoder.bin"]

@@ -7,7 +7,10 @@ read: check.json is a target, and the runner removes a failed task's targets.
 
 Each variant is measured in full on one reference chip; another chip's check (params["reference"]) first runs its
 binary and the reference's on a few evaluation samples, and equal outputs take the reference's metrics (prove_equal,
-below; docs/models.md, "Checks on several chips").
+below; docs/models.md, "Checks on several chips"). A proof is kept in its own memo, <graph>.proof.json.
+
+The runs stop once the samples so far decide that a gate fails (early verdicts: early_verdicts.py, gates.py); such
+a measurement is kept marked partial and is never taken for one of every sample (remembered()).
 """
 from __future__ import annotations
 
@@ -33,14 +36,8 @@ def run(params: dict) -> dict:
             metrics, key = reference_metrics(params)
             return decide(params, metrics, key, proof)
     metrics, key = measurement(params["ctx_model"], params["evaluation"], params["hooks"], params["graph"],
-                               params.get("data_dir"), memo)
+                               params.get("data_dir"), memo, params["gates"])
     return decide(params, metrics, key, proof)
-
-
-def judge(params: dict, inputs: list[dict], reference: list[dict], outputs: list[dict]) -> dict:
-    """Metrics of the binary's outputs against the float reference, the gates, and the report (both toolchains)."""
-    return decide(params, measure(params["hooks"], params["graph"], params.get("data_dir"), inputs, reference, outputs,
-                                  load_labels(params["evaluation"])))
 
 
 def measure(hooks_path: str, graph: str, data_dir, inputs: list[dict], reference: list[dict],
@@ -85,34 +82,67 @@ def hooks_digest(hooks: str) -> list[str]:
     return [file_digest(f) for f in sorted({Path(hooks), *Path(hooks).parent.glob("*.py")})]
 
 
-def remembered(memo: str, key: dict) -> dict | None:
-    """The metrics kept in a measurement memo when they were measured from exactly `key`, else None."""
+def remembered(memo: str, key: dict, gate_list=None) -> dict | None:
+    """The metrics kept in a measurement memo when they were measured from exactly `key`, else None. A measurement
+    stopped early (metrics["partial"]) counts only while it still decides that `gate_list` fails: a relaxed gate
+    measures again, and never takes the numbers of k samples for those of all N."""
     try:
         saved = json.loads(Path(memo).read_text())
-        return saved["metrics"] if saved.get("key") == key else None
+        metrics = saved["metrics"] if saved.get("key") == key else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+    if metrics is not None and "partial" in metrics and still_decided(metrics, gate_list) is None:
+        return None
+    return metrics
 
 
-def measurement(ctx_model: str | list, evaluation: str, hooks: str, graph: str, data_dir, memo: str) -> tuple[dict, dict]:
+def still_decided(metrics: dict, gate_list) -> dict | None:
+    """The early verdict of a partial measurement judged again with `gate_list` (None: no longer decided)."""
+    partial = metrics["partial"]
+    ranges = {m: tuple(r) for m, r in partial.get("ranges", {}).items()}
+    return gates.early_failure(gate_list, ranges, partial["samples"], partial["of"])
+
+
+def measurement(ctx_model: str | list, evaluation: str, hooks: str, graph: str, data_dir, memo: str,
+                gate_list=None) -> tuple[dict, dict]:
     """(metrics, key) of a context binary on the HTP emulator. `memo` (<graph>.measure.json beside the binary,
     not a build target) keeps the last measurement with its key: the report, and a check after a report, reuse it
     instead of running the emulator again. It is written before the gate is judged, so a binary that fails its
     gate still has its numbers for the report and the tuning tasks. One process measures a binary at a time (a lock
-    beside the memo): another chip's check that needs this binary's numbers waits for them instead of measuring too."""
+    beside the memo): another chip's check that needs this binary's numbers waits for them instead of measuring too.
+
+    With `gate_list`, the runs stop as soon as the samples so far decide that a gate fails (early_verdicts.py):
+    the metrics are then those of the k samples run, with "partial": {"samples": k, "of": N, "ranges", "failed"}."""
     from ..files import exclusive_lock
     key = measurement_key(ctx_model, evaluation, hooks, data_dir)
     with exclusive_lock(layout.lock_file(memo)):
-        metrics = remembered(memo, key)
+        metrics = remembered(memo, key, gate_list)
         if metrics is not None:
-            print(f"metrics from {memo} (measured from the same binary, evaluation set and hooks): the emulator "
+            what = (f"a measurement stopped after {metrics['partial']['samples']} of {metrics['partial']['of']} "
+                    "samples, which still decides the gates" if "partial" in metrics else "metrics")
+            print(f"{what} from {memo} (measured from the same binary, evaluation set and hooks): the emulator "
                   "does not run again", flush=True)
             return metrics, key
         inputs, reference = load_evaluation(evaluation)
-        outputs = run_binary(ctx_model, inputs)
-        metrics = measure(hooks, graph, data_dir, inputs, reference, outputs, load_labels(evaluation))
+        metrics = measure_until_decided(ctx_model, hooks, graph, data_dir, inputs, reference, load_labels(evaluation),
+                                        gate_list)
         atomic_write_json(memo, {"key": key, "metrics": metrics})
     return metrics, key
+
+
+def measure_until_decided(ctx_model, hooks: str, graph: str, data_dir, inputs: list[dict], reference: list[dict],
+                          labels, gate_list) -> dict:
+    """measure() over every sample, or the comparison metrics of the first k when they decide that a gate fails
+    (no score hook then: its task metrics are opaque, and a partial set may not suit it)."""
+    from .. import emulator_runs
+    from ..early_verdicts import run_until_decided
+    outputs, early = run_until_decided(emulator_runs.iter_outputs(ctx_model, inputs), reference, gate_list)
+    if early is None:
+        return measure(hooks, graph, data_dir, inputs, reference, outputs, labels)
+    metrics = {"samples": len(outputs), "outputs": compare(reference[:len(outputs)], outputs, frames=True),
+               "partial": early}
+    print(f"stopped: {gates.describe_early(early, summarize(metrics))}", flush=True)
+    return metrics
 
 
 # --- another chip than the reference: equal outputs, equal metrics ---------------------------------------------
@@ -121,31 +151,56 @@ def measurement(ctx_model: str | list, evaluation: str, hooks: str, graph: str, 
 # full and each other chip's runs a few evaluation samples: outputs equal bit for bit take the reference's metrics
 # (labelled "equal to <chip> on N samples"); any difference gets the full check of its own.
 
-def prove_equal(params: dict) -> dict:
+def prove_equal(params: dict, run=None) -> dict:
     """{"equal", "chip", "samples", ...}: this binary's outputs against the reference chip's on the first
-    params["reference"]["samples"] evaluation samples; where they differ, the first sample and output that does."""
-    import numpy as np
-
-    from ..hashing import file_digest
+    params["reference"]["samples"] evaluation samples; where they differ, the first sample and output that does.
+    run(binary, inputs) -> outputs runs a binary (params["ctx_model"], the reference's "ctx_model"): the HTP
+    emulator by default; qairt's check passes its qnn-net-run runner (stages/qairt_check.py)."""
     reference = params["reference"]
     inputs, _ = load_evaluation(params["evaluation"], limit=reference["samples"])
     ctx = params["ctx_model"]
-    proof = {"chip": reference["chip"], "samples": len(inputs),
-             "binary": [file_digest(str(p).replace("_ctx.onnx", ".bin")) for p in ctx] if isinstance(ctx, list)
-             else file_digest(str(ctx).replace("_ctx.onnx", ".bin"))}
-    # A check that failed its gate on the reference's numbers is judged again without the emulator: its memo keeps
-    # the proof with what it compared (results.keep_failed)
-    made_from = [proof["binary"], _proof_made_from(reference["ctx_model"], params["evaluation"], len(inputs))]
+    # A proof depends on the two binaries and the samples only (not on the gates, the hooks or whether the check
+    # passed): its own memo, <graph>.proof.json beside this chip's report, keyed by them. A gate edit re-judges the
+    # check without running a sample again.
+    memo = layout.proof_memo(params["final_outputs"]["report"])
+    found = remembered_proof(memo, ctx, reference["ctx_model"], params["evaluation"], len(inputs))
+    if found is not None:
+        print(f"proof from {memo} (the same binaries and samples): "
+              + (f"equal to {reference['chip']}'s outputs" if found["equal"] else
+                 f"differs from {reference['chip']}'s: a full check of this binary"), flush=True)
+        return found
+    made_from = _proof_key(ctx, reference["ctx_model"], params["evaluation"], len(inputs))
+    proof = {"chip": reference["chip"], "samples": len(inputs), "binary": made_from[0]}
+    found = _compare_outputs(proof, ctx, inputs, reference, params["evaluation"], run or run_binary)
+    atomic_write_json(memo, {"made_from": made_from, "proof": found})
+    return found
+
+
+def _proof_key(ctx: str | list, reference_ctx: str | list, evaluation: str, samples: int) -> list:
+    """What a proof is made from: this binary's digest(s), and the reference's outputs' (_proof_made_from)."""
+    from ..hashing import file_digest
+    binary = [file_digest(str(p).replace("_ctx.onnx", ".bin")) for p in ctx] if isinstance(ctx, list) \
+        else file_digest(str(ctx).replace("_ctx.onnx", ".bin"))
+    return [binary, _proof_made_from(reference_ctx, evaluation, samples)]
+
+
+def remembered_proof(memo: str, ctx: str | list, reference_ctx: str | list, evaluation: str,
+                     samples: int | None = None) -> dict | None:
+    """The proof kept in `memo` (<graph>.proof.json) when it was made from these very binaries and samples (the
+    count it compared when `samples` is None), else None. Evaluate reads it too: all graphs equal, it inherits."""
     try:
-        saved = json.loads(Path(layout.memo_file(params["final_outputs"]["report"])).read_text())
-        if saved.get("proof_made_from") == made_from:
-            print(f"proof from the memo (the same binaries and samples): equal to {reference['chip']}'s outputs",
-                  flush=True)
-            return {**saved["proof"], "equal": True}
+        saved = json.loads(Path(memo).read_text())
+        found = saved["proof"]
+        count = found["samples"] if samples is None else samples
+        return found if saved["made_from"] == _proof_key(ctx, reference_ctx, evaluation, count) else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
+        return None
+
+
+def _compare_outputs(proof: dict, ctx, inputs: list[dict], reference: dict, evaluation: str, run) -> dict:
+    import numpy as np
     print(f"proof: this binary against {reference['chip']}'s on {len(inputs)} evaluation sample(s)", flush=True)
-    ours, theirs = run_binary(ctx, inputs), reference_outputs(reference, params["evaluation"], inputs)
+    ours, theirs = run(ctx, inputs), reference_outputs(reference, evaluation, inputs, run)
     for index, (mine, other) in enumerate(zip(ours, theirs)):
         for name in sorted(set(mine) | set(other)):
             a, b = mine.get(name), other.get(name)
@@ -161,7 +216,7 @@ def prove_equal(params: dict) -> dict:
     return {**proof, "equal": True}
 
 
-def reference_outputs(reference: dict, evaluation: str, inputs: list[dict]) -> list[dict]:
+def reference_outputs(reference: dict, evaluation: str, inputs: list[dict], run=None) -> list[dict]:
     """The reference binary's outputs on the proof samples, kept beside its memo (<graph>.proof.npz, with what they
     were made from): the first other chip's check runs them, the next ones read them."""
     import io
@@ -185,7 +240,7 @@ def reference_outputs(reference: dict, evaluation: str, inputs: list[dict]) -> l
                     return outputs
         except (OSError, ValueError, KeyError):
             pass
-        outputs = run_binary(ctx, inputs)
+        outputs = (run or run_binary)(ctx, inputs)
         buffer = io.BytesIO()
         np.savez(buffer, made_from=np.array(made_from),
                  **{f"{i}/{name}": value for i, sample in enumerate(outputs) for name, value in sample.items()})
@@ -202,9 +257,10 @@ def _proof_made_from(ctx: str | list, evaluation: str, samples: int) -> str:
                                    file_digest(evaluation), samples]))
 
 
-def reference_metrics(params: dict) -> tuple[dict, dict]:
+def reference_metrics(params: dict, measure_now=None) -> tuple[dict, dict]:
     """(metrics, key) of the reference chip's binary: from its check report or memo when they were measured from it,
-    else measured now (under the memo's lock: its own check, if running, measures once for both)."""
+    else measured now (under the memo's lock: its own check, if running, measures once for both; qairt's check
+    passes measure_now() -> metrics, its qnn-net-run measurement)."""
     reference = params["reference"]
     key = measurement_key(reference["ctx_model"], params["evaluation"], params["hooks"], params.get("data_dir"))
     try:
@@ -214,10 +270,12 @@ def reference_metrics(params: dict) -> tuple[dict, dict]:
             return {k: v for k, v in check.items() if k in ("samples", "outputs", "score", "float_score")}, key
     except (OSError, ValueError):
         pass
-    if remembered(layout.memo_file(reference["check"]), key) is None:
+    if remembered(layout.memo_file(reference["check"]), key, params["gates"]) is None:
         print(f"{reference['chip']}'s binary has no measurement yet: measured here, once for both checks", flush=True)
+    if measure_now is not None:
+        return measure_now(), key
     return measurement(reference["ctx_model"], params["evaluation"], params["hooks"], params["graph"],
-                       params.get("data_dir"), layout.memo_file(reference["check"]))
+                       params.get("data_dir"), layout.memo_file(reference["check"]), params["gates"])
 
 
 def run_binary(ctx_model: str | list, inputs: list[dict]) -> list[dict]:
@@ -280,16 +338,18 @@ def decide(params: dict, metrics: dict, key: dict | None = None, proof: dict | N
         else:
             report["float_ops"] = compiled[0]
     try:
+        early = still_decided(metrics, params["gates"]) if "partial" in metrics else None
+        if early is not None:  # stopped after k of N samples: the gates it decided, on the numbers of the k
+            raise BuildError(f"{params['name']}: gate {gates.describe_early(early, summary)}")
+        if "partial" in metrics:  # never judged as if all samples were measured (measurement() re-measures first)
+            raise BuildError(f"{params['name']}: the measurement stopped after {metrics['partial']['samples']} of "
+                             f"{metrics['partial']['of']} samples no longer decides the gates: run the check again")
         report["gated"] = gates.judge(params["name"], params["gates"], summary, metrics.get("float_score"))
     except BuildError as e:  # the numbers stay in the memo, marked failed (each gate's verdict too); the task fails
         report["gated"] = gates.results(params["gates"], summary, metrics.get("float_score"))
-        if any(g["passed"] is False for g in report["gated"]):  # a gate missed, not one that could not be judged
+        if early is not None or any(g["passed"] is False for g in report["gated"]):  # missed, not unjudgeable
             e = BuildError(f"{e}{_inherited(proof)}{diagnose_hint(params)}")
-        proven = {"proof": {k: v for k, v in proof.items() if k != "equal"},
-                  "proof_made_from": [proof["binary"], _proof_made_from(params["reference"]["ctx_model"],
-                                                                        params["evaluation"], proof["samples"])]} \
-            if proof and proof["equal"] else {}
-        results.keep_failed(layout.memo_file(params["final_outputs"]["report"]), report, str(e), key, metrics, **proven)
+        results.keep_failed(layout.memo_file(params["final_outputs"]["report"]), report, str(e), key, metrics)
         raise e from None
     results.clear_failed(layout.memo_file(params["final_outputs"]["report"]))
     atomic_write_json(params["outputs"]["report"], report)

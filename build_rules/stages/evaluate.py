@@ -6,6 +6,10 @@ The metrics are remembered with what they were measured from in evaluate.measure
 target): a re-run of a failed evaluation from the same binaries, hooks and data (`doit --continue`, or a plain
 `doit` after a failure) judges the remembered numbers instead of running the emulator again, and a failure's
 report stays there for the summary (build_rules/results.py).
+
+Another chip than the reference (params["reference"]; docs/models.md, "Checks on several chips") whose graphs all
+proved equal to the reference chip's in their checks takes the reference's evaluation instead of running the
+emulator again, labelled "equal_to" in its report.
 """
 from __future__ import annotations
 
@@ -63,14 +67,20 @@ def run(params: dict) -> dict:
         remembered = saved if saved.get("key") == key else None
     except (OSError, ValueError, AttributeError):
         remembered = None
+    inherited = equal_reference(params) if remembered is None and params.get("reference") else None
     if remembered is not None:
         print(f"metrics from {memo} (measured from the same binaries, hooks and data): not run again", flush=True)
         metrics, graph_runs = remembered["metrics"], remembered.get("graph_runs", {})
+    elif inherited is not None:
+        metrics, graph_runs = inherited["metrics"], inherited["graph_runs"]
+        key = None  # not this chip's own measurement: its memo never takes these numbers for one (results.py)
     else:
         metrics, graph_runs = _evaluate(params)
         atomic_write_json(memo, {"key": key, "metrics": metrics, "graph_runs": graph_runs})
     report = {"on": params["on"], "metrics": metrics, "gates": params.get("gates", [])}
     report["graph_runs"] = graph_runs  # the totals of the emulator runs' progress lines
+    if inherited is not None:
+        report["equal_to"] = inherited["equal_to"]
     if report["gates"]:
         needs_float = gates.needs_float(report["gates"])
         reference = json.loads(open(params["float_report"]).read())["metrics"] if needs_float else None
@@ -84,11 +94,46 @@ def run(params: dict) -> dict:
                 if whole:
                     e = BuildError(f"{e}; to see which graph and tensor it starts at: " + ", ".join(
                         f"doit diagnose:{names['model']}/{g}/{names['variant']}@{names['chip']}" for g in whole))
+            if inherited is not None:
+                e = BuildError(f"{e} (the metrics of {inherited['equal_to']['chip']}'s binaries: this chip's "
+                               f"outputs equal theirs on {inherited['equal_to']['samples']} samples)")
             results.keep_failed(memo, report, str(e), key, metrics, graph_runs=graph_runs)
             raise e from None
     results.clear_failed(memo)
     atomic_write_json(params["outputs"]["report"], report)
     return {"metrics": metrics}
+
+
+def equal_reference(params: dict) -> dict | None:
+    """{"metrics", "graph_runs", "equal_to"} of the reference chip's evaluation when every graph's check proved this
+    chip's binaries equal to the reference's (their proof memos, made from these very binaries) and the reference's
+    evaluation was measured from its current binaries, hooks and data; else None (this chip is evaluated itself)."""
+    from .check import remembered_proof
+    reference = params["reference"]
+    proofs = {}
+    for graph, ctx in params["graphs"].items():
+        proof = remembered_proof(reference["proofs"][graph], ctx, reference["graphs"][graph],
+                                 reference["evaluations"][graph])
+        if proof is None or not proof["equal"]:
+            why = "no proof of" if proof is None else "a proof of unequal"
+            print(f"{graph}: {why} outputs against {reference['chip']}'s binary: evaluated on this chip's binaries",
+                  flush=True)
+            return None
+        proofs[graph] = {k: v for k, v in proof.items() if k != "equal"}
+    key = measurement_key({**params, "graphs": reference["graphs"]})
+    try:
+        saved = json.loads(Path(layout.memo_file(reference["report"])).read_text())
+    except (OSError, ValueError):
+        saved = None
+    if not isinstance(saved, dict) or saved.get("key") != key:
+        print(f"{reference['chip']}'s evaluation was not measured from its current binaries: evaluated on this "
+              "chip's binaries", flush=True)
+        return None
+    samples = min(p["samples"] for p in proofs.values())
+    print(f"every graph's outputs equal {reference['chip']}'s on {samples} samples, bit for bit: its evaluation, "
+          "the emulator does not run", flush=True)
+    return {"metrics": saved["metrics"], "graph_runs": saved.get("graph_runs", {}),
+            "equal_to": {"chip": reference["chip"], "samples": samples, "graphs": proofs}}
 
 
 def _evaluate(params: dict) -> tuple[dict, dict]:

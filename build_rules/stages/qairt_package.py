@@ -67,6 +67,7 @@ def run(params: dict) -> dict:
             "check_note": check.get("reason"), "gates": check.get("gates", []),
             "gated": check.get("gated", []), "io": io,
             "quantization_warnings": warnings,
+            **{k: check[k] for k in ("equal_to", "differs_from") if k in check},  # the check's equal-chip proof
             "model_libs": {target: os.path.relpath(path, binary.parent)
                            for target, path in files.get("model_libs", {}).items()},
         }

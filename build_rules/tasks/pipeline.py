@@ -240,7 +240,11 @@ def _check_tasks():
                 # the time left (build_rules/plan.py): the memo that keeps its numbers, and what it is timed like
                 task["meta"] = {"memo": layout.memo_file(report)}
                 if "reference" in params:
-                    task["meta"]["estimate_as"] = "check (equality proof)"
+                    task["meta"].update(estimate_as="check (equality proof)", proof=layout.proof_memo(report))
+                    # After the reference's check, in doit's order: while it measures, a worker (-n 2) takes other
+                    # work instead of waiting on its memo's lock (docs/models.md, "Checks on several chips")
+                    task["task_dep"] = [*task.get("task_dep", []),
+                                        f"check:{model.name}/{graph.name}/{variant.name}@{reference.name}"]
                 yield task
 
 
@@ -272,9 +276,29 @@ def _evaluate_tasks():
             binaries = [split_tasks.chip_files(model, g, variant, chip, ".bin") for g in model.graphs.values()]
             file_dep = [f for dep in file_dep for f in (dep if isinstance(dep, list) else [dep])]
             file_dep += [float_report] + [f for b in binaries for f in (b if isinstance(b, list) else [b])]
-            yield stage_task("evaluate", f"{model.name}/{variant.name}@{chip.name}", params, file_dep, [report],
+            reference = reference_chip(model, variant)
+            task_dep = []
+            if reference is not None and reference.name != chip.name:
+                # another chip: when every graph's check proved its outputs equal to the reference chip's, it takes
+                # the reference's evaluation (stages/evaluate.py); after those checks and that evaluation
+                ref_graphs = {g.name: split_tasks.chip_files(model, g, variant, reference, "_ctx.onnx")
+                              for g in model.graphs.values()}
+                params["reference"] = {
+                    "chip": reference.name, "graphs": ref_graphs,
+                    "report": layout.chip_file(model.name, variant.name, reference.name, "evaluate.json"),
+                    "proofs": {g: layout.proof_memo(layout.chip_file(model.name, variant.name, chip.name,
+                                                                     f"{g}.check.json")) for g in model.graphs},
+                    "evaluations": {g: layout.float_file(model.name, g, ".evaluation.npz") for g in model.graphs}}
+                file_dep += [f for ctx in ref_graphs.values() for p in (ctx if isinstance(ctx, list) else [ctx])
+                             for f in (p, p.replace("_ctx.onnx", ".bin"))]
+                task_dep = [f"evaluate:{model.name}/{variant.name}@{reference.name}",
+                            *(f"check:{model.name}/{g}/{variant.name}@{chip.name}" for g in model.graphs)]
+            task = stage_task("evaluate", f"{model.name}/{variant.name}@{chip.name}", params, file_dep, [report],
                               layout.chip_file(model.name, variant.name, chip.name, "evaluate.log"),
                               names={"model": model.name, "variant": variant.name, "chip": chip.name})
+            if task_dep:
+                task["task_dep"] = [*task.get("task_dep", []), *task_dep]
+            yield task
 
 
 def _fp16_sibling(model: Model, variant, chip) -> dict:

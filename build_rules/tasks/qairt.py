@@ -20,8 +20,8 @@ from pathlib import Path
 
 from .. import layout, stage_table
 from ..config import ConfigError, gate_dicts
-from ..project import (calibration_files, checkpoint_files, chip_params, in_process_stage, model_data, project, rel,
-                       variant_builds)
+from ..project import (calibration_files, checkpoint_files, chip_params, in_process_stage, model_data, project,
+                       reference_chip, rel, variant_builds)
 from ..hashing import TaskKey
 from ..runner import run_stage
 from ..toolchains import qairt
@@ -243,8 +243,22 @@ def check():
                   "outputs": {"report": layout.chip_file(m, v, c, f"{g}.check.json")}}
         data_params, data_dep = model_data(model)  # score() finds the data folder in DATA_DIR, as with ort-qnn
         params.update(data_params)
-        yield _stage_task("check", f"{m}/{g}/{v}@{c}", params, [binary, io, evaluation, hooks, *data_dep],
-                          [params["outputs"]["report"]], layout.chip_file(m, v, c, f"{g}.check.log"))
+        file_dep = [binary, io, evaluation, hooks, *data_dep]
+        reference = reference_chip(model, variant) if sdk.net_run else None
+        if reference is not None and reference.name != c:
+            # as with ort-qnn (pipeline._check_tasks): proven equal to the reference chip's binary on a few samples,
+            # it takes that chip's metrics; after the reference's check in doit's order
+            r = reference.name
+            params["reference"] = {"chip": r, "ctx_model": layout.chip_file(m, v, r, f"{g}.bin"),
+                                   "io": io_contract(m, v, r, g), "check": layout.chip_file(m, v, r, f"{g}.check.json"),
+                                   "samples": model.check.proof_samples}
+            file_dep += [params["reference"]["ctx_model"], params["reference"]["io"]]
+        task = _stage_task("check", f"{m}/{g}/{v}@{c}", params, list(dict.fromkeys(file_dep)), [params["outputs"]["report"]],
+                           layout.chip_file(m, v, c, f"{g}.check.log"))
+        if "reference" in params:
+            task["task_dep"] = [f"check:{m}/{g}/{v}@{params['reference']['chip']}"]
+            task["meta"] = {"estimate_as": "check (equality proof)"}  # the time left: build_rules/plan.py
+        yield task
 
 
 def package():

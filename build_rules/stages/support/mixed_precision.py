@@ -81,7 +81,7 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
         kept, dropped = _one_at_a_time(c, target, order, full, log)
     else:
         kept, dropped = _bisect(c, target, order, full, budget, log)
-    final = c.measure(kept, full=True)
+    final = c.measure(kept, full=True, target=target)
     # The search ran on the tuning samples: while the full set misses, the groups dropped last come back (the
     # closest to the result), then the rest of the ranking in doubling chunks (all of it meets: measured above).
     rest = [t for t in order if t not in kept and not any(t in g for g in dropped)]
@@ -90,7 +90,7 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
         if meets(target, final):
             break
         kept |= set(group)
-        final = c.measure(kept, full=True)
+        final = c.measure(kept, full=True, target=target)
         log(f"  full set misses: {_names(group)} back to 16 bit -> {values(target, final)}")
     if not meets(target, final):
         raise BuildError(f"{where}: {name}: no mixed precision met {describe(target)} on the full set")
@@ -121,7 +121,7 @@ def _one_at_a_time(c: Candidates, target, order: list[str], full: bool, log):
     kept, dropped = set(order), []
     for tensor in reversed(order):  # least costly first
         trial = kept - {tensor}
-        summary = c.measure(trial, full=full)
+        summary = c.measure(trial, full=full, target=target)  # a miss may stop early (precision.py)
         if meets(target, summary):
             kept = trial
             dropped.append([tensor])
@@ -136,7 +136,8 @@ def _bisect(c: Candidates, target, order: list[str], full: bool, budget: int, lo
     spent = c.evaluations + budget
 
     def holds(sixteen) -> bool:
-        return bool(sixteen) and meets(target, c.measure(sixteen, full=full))  # none at 16 bit: the base, a miss
+        # none at 16 bit: the base, a miss; a miss may stop early (precision.py), a hit measures every sample
+        return bool(sixteen) and meets(target, c.measure(sixteen, full=full, target=target))
 
     def outcome(ok: bool) -> str:
         return "meets" if ok else "misses"
@@ -201,5 +202,10 @@ def _done(result: dict, c: Candidates) -> dict:
 
 
 def values(target, summary: dict) -> str:
-    """'cosine = 0.99912' (one per gate of the target)."""
-    return ", ".join(f"{m} = {summary[m]:.5g}" for m in gates.metrics(target))
+    """'cosine = 0.99912' (one per gate of the target); 'cosine = 0.91 (stopped after 2 of 8 samples: ...)' when
+    the measurement stopped at a decided miss."""
+    text = ", ".join(f"{m} = {summary[m]:.5g}" for m in gates.metrics(target) if m in summary)
+    partial = summary.get("partial")
+    if partial:
+        text += f" (stopped after {partial['samples']} of {partial['of']} samples: {'; '.join(partial['failed'])})"
+    return text

@@ -40,9 +40,12 @@ describe = gates.describe_all
 
 
 def meets(target, summary: dict) -> bool:
-    """Whether every gate of `target` (one gate, a list of them, or None) holds for these measurements."""
+    """Whether every gate of `target` (one gate, a list of them, or None) holds for these measurements. A partial
+    summary (measured with this target, stopped once it missed: measured_until_missed) is a miss."""
     if not target:
         return True
+    if "partial" in summary:
+        return False
     for gate in gates.as_list(target):
         if gate["metric"] not in summary:
             raise KeyError(f"target metric {gate['metric']!r} was not measured (measured: {', '.join(summary)})")
@@ -127,10 +130,17 @@ class Candidates:
         return path
 
     def run(self, model: Path, indices: list[int]) -> list[dict]:
+        return [outputs for _, outputs in self.iter_run(model, indices)]
+
+    def iter_run(self, model: Path, indices: list[int]):
+        """(position, outputs) of each sample in `indices`, in order; closing it stops the rest (an early miss)."""
         from ...toolchains import ort_qnn
         session = ort_qnn.emulator_session(model, soc_model=self.chip["soc_id"], vtcm_mb=self.chip["vtcm_mb"])
         names = [o.name for o in session.get_outputs()]
-        return [dict(zip(names, session.run(names, self.inputs[i]))) for i in indices]
+        kept = list(self.reference[0])  # the graph's outputs (a QDQ model may have more)
+        for position, i in enumerate(indices):
+            outputs = dict(zip(names, session.run(names, self.inputs[i])))
+            yield position, {n: outputs[n] for n in kept}
 
     def metrics(self, indices: list[int], outputs: list[dict]) -> dict:
         """check.measure of `outputs` (for the evaluation samples `indices`: a binary's, a candidate's on the CPU)
@@ -140,18 +150,22 @@ class Candidates:
         labels = None if self.labels is None else [self.labels[i] for i in indices]
         return measure(self.hooks, self.graph["name"], self.data_dir, inputs, reference, outputs, labels)
 
-    def measure(self, sixteen, full: bool = False) -> dict:
-        """Summary metrics (cosine, sqnr, max_abs, task metrics) with `sixteen` at 16 bit."""
+    def measure(self, sixteen, full: bool = False, target=None) -> dict:
+        """Summary metrics (cosine, sqnr, max_abs, task metrics) with `sixteen` at 16 bit. With `target`, the runs
+        stop once the samples so far decide that it is missed: then the summary is partial (meets() says a miss)."""
         key = (frozenset(sixteen), full)
-        if key in self._memo:
+        if key in self._memo and answers(self._memo[key], target):
             return self._memo[key]
         started = time.perf_counter()
         indices = list(range(len(self.inputs))) if full else self.subset
         model = self.quantize(sixteen, self.work / "candidate.onnx")
-        outputs = self.run(model, indices)
-        names = list(self.reference[0])
-        outputs = [{n: o[n] for n in names} for o in outputs]
         reference = [self.reference[i] for i in indices]
+        outputs, missed = measured_until_missed(self.iter_run(model, indices), reference, target)
+        if missed is not None:
+            self.evaluations += 1
+            self.seconds += time.perf_counter() - started
+            self._memo[key] = missed
+            return missed
         try:
             metrics = self.metrics(indices, outputs)
         except Exception as e:  # a score hook may insist on the whole evaluation set: no task metrics on a subset
@@ -168,6 +182,31 @@ class Candidates:
         self.seconds += time.perf_counter() - started
         self._memo[key] = summary
         return summary
+
+
+def answers(summary: dict, target) -> bool:
+    """Whether a remembered summary answers a measurement for `target`: a full one always; a partial one while its
+    numbers still decide that `target` is missed."""
+    if "partial" not in summary:
+        return True
+    partial = summary["partial"]
+    ranges = {m: tuple(r) for m, r in summary["_ranges"].items()}
+    return target is not None and gates.early_failure(target, ranges, partial["samples"], partial["of"]) is not None
+
+
+def measured_until_missed(runs, reference: list[dict], target) -> tuple[list[dict], dict | None]:
+    """(the outputs run; the partial summary of a decided miss, or None when every sample ran). `runs` yields
+    (position, outputs) in order and is closed at the first sample after which `target` is missed whatever the
+    other samples give (early_verdicts.py): a rung or probe that misses stops there, one that meets runs them all."""
+    from ...early_verdicts import run_until_decided
+    outputs, early = run_until_decided(runs, reference, target)
+    if early is None:
+        return outputs, None
+    done = len(outputs)
+    summary = summarize({"samples": done, "outputs": compare(reference[:done], outputs, frames=True)})
+    summary.update(_float_score={}, _ranges=early["ranges"],
+                   partial={"samples": done, "of": early["of"], "failed": [f["failure"] for f in early["failed"]]})
+    return outputs, summary
 
 
 def search(c: "Candidates", target) -> bool:

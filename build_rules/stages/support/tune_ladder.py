@@ -27,7 +27,7 @@ from ...dtypes import TYPES
 from ...files import atomic_write_json, atomic_write_text
 from ...quant_spec import QuantSpec
 from . import weight_bits
-from .precision import Candidates, clean, meets
+from .precision import Candidates, clean, measured_until_missed, meets
 
 # The weight type an AIMET rung uses for a variant's weights (dtypes.py: AIMET's HTP configs take signed <= 8 bit).
 AIMET_WEIGHTS = {t.name: t.aimet_weight for t in TYPES if t.weight}
@@ -118,15 +118,18 @@ class Ladder:
         return Path(result["binary"]).stat().st_size
 
     def measure(self, path: Path, graph: str, full: bool) -> dict:
-        """The graph's summary metrics for a QDQ model on the emulator (as Candidates.measure does for its own)."""
+        """The graph's summary metrics for a QDQ model on the emulator (as Candidates.measure does for its own); a
+        miss of the graph's target may stop early, with a partial summary (precision.measured_until_missed)."""
         from ..check import summarize
         from ...samples import compare
         c = self.candidates[graph]
         started = time.perf_counter()
         indices = list(range(len(c.inputs))) if full else c.subset
-        outputs = c.run(path, indices)
-        names = list(c.reference[0])
-        outputs = [{n: o[n] for n in names} for o in outputs]
+        reference = [c.reference[i] for i in indices]
+        outputs, missed = measured_until_missed(c.iter_run(path, indices), reference, self._graph(graph)["target"])
+        if missed is not None:
+            self.seconds += time.perf_counter() - started
+            return missed
         if full or c.score_on_subset:
             try:
                 metrics = c.metrics(indices, outputs)
@@ -180,12 +183,15 @@ class Ladder:
                 summary = self.measure(Path(built["path"]), name, full)
                 built["full" if full else "subset"] = clean(summary)
                 metrics = gates.metrics(graph["target"])
-                if not full and any(m not in summary for m in metrics):
+                if not full and "partial" not in summary and any(m not in summary for m in metrics):
                     continue  # a task metric the score hook gives on the full set only: judged there
                 ok = meets(graph["target"], summary)
-                values = ", ".join(f"{m} = {summary[m]:.5g}" for m in metrics)
+                values = ", ".join(f"{m} = {summary[m]:.5g}" for m in metrics if m in summary)
+                partial = summary.get("partial")
+                stopped = f" (stopped after {partial['samples']} of {partial['of']}: {'; '.join(partial['failed'])})" \
+                    if partial else ""
                 print(f"ladder {rung['name']}: {name} {built['bytes'] / 1e3:.1f} KB, {values} on "
-                      f"{'all' if full else 'the tuning'} samples: {'meets' if ok else 'misses'} "
+                      f"{'all' if full else 'the tuning'} samples{stopped}: {'meets' if ok else 'misses'} "
                       f"{' and '.join(metrics)}", flush=True)
                 if not ok:
                     return False
@@ -346,7 +352,10 @@ def _probe(probe: dict) -> str:
 
 
 def _short(summary: dict) -> dict:
-    return {k: round(v, 5) for k, v in summary.items() if k in ("cosine", "sqnr", "accuracy", "wer")}
+    short = {k: round(v, 5) for k, v in summary.items() if k in ("cosine", "sqnr", "accuracy", "wer")}
+    if summary.get("partial"):  # a miss decided before the last sample: the numbers of those measured
+        short["stopped_after"] = f"{summary['partial']['samples']} of {summary['partial']['of']} samples"
+    return short
 
 
 def summary(found: dict, results: dict, params: dict) -> dict:
