@@ -219,3 +219,11 @@ def describe_early(verdict: dict, so_far: dict) -> str:
     done = verdict["samples"]
     return (f"failed after {done} of {verdict['of']} samples (partial: {values + ' on those ' + str(done) + '; ' if values else ''}"
             + "; ".join(f["failure"] for f in verdict["failed"]) + ")")
+
+
+def still_decided(metrics: dict, gate_list) -> dict | None:
+    """The early verdict of a measurement stopped after k of N samples (metrics["partial"], stages/check.py), judged
+    again with `gate_list`: None when it no longer decides that a gate fails (a relaxed gate measures again)."""
+    partial = metrics["partial"]
+    ranges = {m: tuple(r) for m, r in partial.get("ranges", {}).items()}
+    return early_failure(gate_list, ranges, partial["samples"], partial["of"])

@@ -29,6 +29,8 @@ import statistics
 import time
 from pathlib import Path
 
+from . import gates
+
 
 class Plan:
     """dep_manager: doit's (doit.Globals.dep_manager, which doit sets for its run); None counts tasks as they start.
@@ -134,7 +136,12 @@ def remembered(tasks: dict, to_run: set[str]) -> set[str]:
                     continue
             else:
                 continue  # no proof of this binary yet: it runs
-        made_from = _digests(_read(meta["memo"]).get("key"))
+        saved = _read(meta["memo"])
+        made_from = _digests(saved.get("key"))
+        metrics = saved.get("metrics")
+        if isinstance(metrics, dict) and "partial" in metrics and gates.still_decided(metrics, meta.get("gates", [])) \
+                is None:
+            continue  # stopped after k of N samples, and the gates it decided changed: every sample is measured
         if made_from and made_from <= current:
             found.add(name)
     return found

@@ -242,16 +242,15 @@ def test_parallel_workers_share_the_time_left(tinynet_repo):
 
 
 def test_a_rerun_that_judges_remembered_numbers_estimates_seconds_not_their_measurement(tinynet_repo):
-    """Issue 35: "about 5 min 09 s" for a 0.9 s re-run that only judged saved numbers again. Checks that failed a
-    strict gate keep their measurement (and another chip's, its proof) in the memo; with the gate relaxed they run
-    again without the emulator, and the estimate counts each as a second, not as its last measurement."""
+    """Issue 35: "about 5 min 09 s" for a 0.9 s re-run that only judged saved numbers again (issue 36: a gate edit).
+    Checks keep their measurement in the memo (another chip's, its proof in the proof memo); with the gate edited
+    they run again without the emulator, and the estimate counts each as a second, not as its last measurement."""
     from build_rules.plan import REMEMBERED_SECONDS
     from build_rules.progress import format_seconds
     toml = tinynet_repo / "models/tinynet/model.toml"
     text = toml.read_text()
-    toml.write_text(text.replace('gate = { metric = "cosine", min = 0.98 }', 'gate = { metric = "cosine", min = 1.01 }'))
-    failed = run_doit(tinynet_repo, "--continue")
-    assert failed.code != 0 and len(failed.ran_stage("check")) == 4, failed.output  # head: 2 variants x 2 chips
+    built = run_doit(tinynet_repo)  # (the fixture's repo is built: its checks' memos and proofs are there)
+    assert built.code == 0, built.output
     # as measured on the user's detector: minutes per full check on the emulator
     write_build_log(tinynet_repo, lambda n: 300.0 if n.startswith("check:") else 0.2)
     toml.write_text(text.replace('gate = { metric = "cosine", min = 0.98 }', 'gate = { metric = "cosine", min = 0.97 }'))
@@ -270,4 +269,4 @@ def test_a_rerun_that_judges_remembered_numbers_estimates_seconds_not_their_meas
         graph, variant_chip = rest.split("/")
         variant, chip = variant_chip.split("@")
         log = (tinynet_repo / f"out/{model}/{variant}/{chip}/{graph}.check.log").read_text()
-        assert "the emulator does not run again" in log or "proof from the memo" in log, (name, log)
+        assert "the emulator does not run again" in log or "(the same binaries and samples): equal to" in log, (name, log)

@@ -91,16 +91,9 @@ def remembered(memo: str, key: dict, gate_list=None) -> dict | None:
         metrics = saved["metrics"] if saved.get("key") == key else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    if metrics is not None and "partial" in metrics and still_decided(metrics, gate_list) is None:
+    if metrics is not None and "partial" in metrics and gates.still_decided(metrics, gate_list) is None:
         return None
     return metrics
-
-
-def still_decided(metrics: dict, gate_list) -> dict | None:
-    """The early verdict of a partial measurement judged again with `gate_list` (None: no longer decided)."""
-    partial = metrics["partial"]
-    ranges = {m: tuple(r) for m, r in partial.get("ranges", {}).items()}
-    return gates.early_failure(gate_list, ranges, partial["samples"], partial["of"])
 
 
 def measurement(ctx_model: str | list, evaluation: str, hooks: str, graph: str, data_dir, memo: str,
@@ -338,7 +331,7 @@ def decide(params: dict, metrics: dict, key: dict | None = None, proof: dict | N
         else:
             report["float_ops"] = compiled[0]
     try:
-        early = still_decided(metrics, params["gates"]) if "partial" in metrics else None
+        early = gates.still_decided(metrics, params["gates"]) if "partial" in metrics else None
         if early is not None:  # stopped after k of N samples: the gates it decided, on the numbers of the k
             raise BuildError(f"{params['name']}: gate {gates.describe_early(early, summary)}")
         if "partial" in metrics:  # never judged as if all samples were measured (measurement() re-measures first)

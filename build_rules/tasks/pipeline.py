@@ -238,7 +238,7 @@ def _check_tasks():
                                   [*binaries, evaluation, *hook_files(model), *data_dep], [report],
                                   layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.check.log"))
                 # the time left (build_rules/plan.py): the memo that keeps its numbers, and what it is timed like
-                task["meta"] = {"memo": layout.memo_file(report)}
+                task["meta"] = {"memo": layout.memo_file(report), "gates": params["gates"]}
                 if "reference" in params:
                     task["meta"].update(estimate_as="check (equality proof)", proof=layout.proof_memo(report))
                     # After the reference's check, in doit's order: while it measures, a worker (-n 2) takes other
