@@ -131,9 +131,46 @@ def test_a_soc_with_no_chip_is_refused_naming_both(phone_env):
     assert _pushes(phone_env.calls()) == []
     (phone_env.repo / "devices.toml").write_text(DEVICES_TOML.replace('soc = "SM8750"', 'soc = "SM7675"'))
     listed = run_doit(phone_env.repo, "list")
-    assert listed.code != 0
-    assert "devices.toml [devices.s25]: soc = 'SM7675' (the phone's ro.soc.model) maps to no chip in chips.toml" \
-        in listed.output
+    assert listed.code == 0, listed.output  # a mistake in one phone's table leaves that phone's tasks out, no more
+    assert ("warning: devices.toml [devices.s25]: soc = 'SM7675' (the phone's ro.soc.model) maps to no chip in "
+            "chips.toml") in listed.output
+    assert "@s25" not in listed.output
+
+
+def test_a_devices_toml_mistake_is_one_line_and_fails_no_build_that_touches_no_phone(tinynet_repo):
+    """A missing serial (issue 37): it was a traceback that blocked `doit list` and every build."""
+    (tinynet_repo / "devices.toml").write_text('[devices.s25]\nsoc = "SM8750"\n\n' + DEVICES_TOML.replace(
+        "[devices.s25]", "[devices.pixel]"))
+    line = ("devices.toml [devices.s25]: no serial (a string: the first column of `adb devices -l`); `python -m "
+            "build_rules.device list` prints the table to paste")
+    listed = run_doit(tinynet_repo, "list", "--all")
+    assert listed.code == 0, listed.output
+    assert f"warning: {line} (its device tasks are left out)" in listed.output.splitlines()
+    assert "device_check:tinynet/encoder/w8a16@pixel" in listed.output and "@s25" not in listed.output
+    assert "Traceback" not in listed.output
+    build = run_doit(tinynet_repo, "-a", "size:tinynet/encoder/w8a16")  # no phone: builds as before
+    assert build.code == 0, build.output
+    assert "size:tinynet/encoder/w8a16" in build.ran
+    asked = run_doit(tinynet_repo, CHECK)
+    assert asked.code == 3
+    assert f"ERROR: {CHECK}: {line}\n" in asked.output and "Invalid parameter" not in asked.output
+
+
+def test_a_device_task_of_a_phone_no_devices_toml_names_says_how_to_name_it(tinynet_repo):
+    asked = run_doit(tinynet_repo, "profile:tinynet/w8a16@s25")  # no devices.toml at all
+    assert asked.code == 3
+    assert ("ERROR: profile:tinynet/w8a16@s25: no devices.toml names s25 (there is no devices.toml beside "
+            "chips.toml): add a table to devices.toml beside chips.toml:\n[devices.s25]\nserial = \"<adb devices -l, "
+            "first column>\"\nsoc = \"<its ro.soc.model, a chip of chips.toml>\"\n(`python -m build_rules.device "
+            "list` prints one for every phone plugged in; docs/device.md)") in asked.output
+    (tinynet_repo / "devices.toml").write_text(DEVICES_TOML.replace("[devices.s25]", "[devices.pixel]"))
+    asked = run_doit(tinynet_repo, "power:tinynet/w8a16@s25")
+    assert asked.code == 3
+    assert "ERROR: power:tinynet/w8a16@s25: devices.toml names no phone s25 (it names pixel): add a table" \
+        in asked.output
+    wrong = run_doit(tinynet_repo, "power:tinynet/w9a9@pixel")  # the phone is named: doit's own message stands
+    assert wrong.code == 3 and 'Invalid parameter: "power:tinynet/w9a9@pixel"' in wrong.output
+    assert run_doit(tinynet_repo, "list").code == 0
 
 
 def test_without_an_sdk_the_task_fails_before_touching_the_phone(phone_env, monkeypatch):

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from .. import layout
-from ..config import ConfigError, gate_dicts
+from ..config import gate_dicts
 from ..project import chip_params, hook_files, model_data, project, rel, variant_builds
 
 POWER_SECONDS_ENV = "BUILD_RULES_POWER_SECONDS"  # power's fixed task per path (seed: 30-60 min)
@@ -26,20 +26,21 @@ PROFILE_RUNS_ENV = "BUILD_RULES_PROFILE_RUNS"
 
 
 @functools.cache
-def _devices_cached(path: str, mtime_ns: int, chips: tuple) -> dict:
+def _devices_cached(path: str, mtime_ns: int, chips: tuple):
     from ..device.devices import load_devices
-    from ..device.errors import DeviceError
-    try:
-        return load_devices(Path(path), dict.fromkeys(chips))
-    except DeviceError as e:
-        raise ConfigError(str(e)) from None
+    return load_devices(Path(path), dict.fromkeys(chips))
+
+
+def device_file():
+    """devices.toml read (device/devices.py Devices): the phones it names well and its mistakes, one line each."""
+    path = Path("devices.toml")
+    mtime = path.stat().st_mtime_ns if path.is_file() else 0
+    return _devices_cached(str(path), mtime, tuple(project().chips.chips))
 
 
 def devices() -> dict:
-    path = Path("devices.toml")
-    if not path.is_file():
-        return {}
-    return _devices_cached(str(path), path.stat().st_mtime_ns, tuple(project().chips.chips))
+    """The phones devices.toml names well; a phone with a mistake gets no tasks (its line: device_file().problems)."""
+    return device_file().found
 
 
 def _device_params(device) -> dict:
