@@ -22,8 +22,8 @@ import os
 import sys
 
 from .. import collector, interrupt, stage_table
-from . import unknown
 from ..config import ConfigError
+from ..device import named
 from ..hashing import ContentChecker, use_key_digests, use_stat_cache
 from ..project import project
 from ..state import DOIT_DB, KEY_DIGESTS, STAT_CACHE, STATE_DIR
@@ -76,8 +76,7 @@ for _name in __all__:
 
 def _warn_about_devices() -> None:
     """A mistake in devices.toml leaves that phone's tasks out and fails nothing else (issue 37): one line each."""
-    from .device import device_file
-    for problem in device_file().problems.values():
+    for problem in named.device_file().problems.values():
         print(f"warning: {problem} (its device tasks are left out)", file=sys.stderr)
 
 
@@ -94,7 +93,7 @@ def doit_config() -> dict:
         raise SystemExit(3) from None
     _warn_about_devices()
     os.makedirs(STATE_DIR, exist_ok=True)
-    unknown.install()  # a device task of a phone devices.toml does not name well: why, not "Invalid parameter"
+    named.install()  # a device task of a phone devices.toml does not name well: why, not "Invalid parameter"
     interrupt.install()  # Ctrl-C and SIGTERM: state kept, one line, stages stopped
     remove_stale_staging()
     use_stat_cache(STAT_CACHE)

@@ -13,7 +13,6 @@ result re-makes them), and doit would otherwise run the phone tasks whose target
 """
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 
@@ -25,21 +24,9 @@ POWER_SECONDS_ENV = "BUILD_RULES_POWER_SECONDS"  # power's fixed task per path (
 PROFILE_RUNS_ENV = "BUILD_RULES_PROFILE_RUNS"
 
 
-@functools.cache
-def _devices_cached(path: str, mtime_ns: int, chips: tuple):
-    from ..device.devices import load_devices
-    return load_devices(Path(path), dict.fromkeys(chips))
-
-
-def device_file():
-    """devices.toml read (device/devices.py Devices): the phones it names well and its mistakes, one line each."""
-    path = Path("devices.toml")
-    mtime = path.stat().st_mtime_ns if path.is_file() else 0
-    return _devices_cached(str(path), mtime, tuple(project().chips.chips))
-
-
 def devices() -> dict:
     """The phones devices.toml names well; a phone with a mistake gets no tasks (its line: device_file().problems)."""
+    from ..device.named import device_file
     return device_file().found
 
 
