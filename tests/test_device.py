@@ -18,12 +18,14 @@ SERIAL = "R5CX1234ABC"
 DEVICES_TOML = f'[devices.s25]\nserial = "{SERIAL}"\nsoc = "SM8750"\nmodel = "SM-S931B"\n'
 CHECK = "device_check:tinynet/encoder/w8a16@s25"
 RESULT = "out/tinynet/w8a16/SM8750/encoder.device.s25.json"
+RUNTIME = "2.51.0.260929"  # the phone's QAIRT runtime: the binaries' QNN 2.51 (onnxruntime-qnn 2.7) or newer
 
 
 @pytest.fixture
 def phone_env(tinynet_repo, tmp_path, monkeypatch):
-    """The built tiny repo with devices.toml, one stand-in S25 (SM8750) plugged in and a stand-in QAIRT runtime."""
-    runtime = make_runtime(tmp_path / "qairt" / "2.40.0.251030")
+    """The built tiny repo with devices.toml, one stand-in S25 (SM8750) plugged in and a stand-in QAIRT runtime as new
+    as the binaries' QNN (onnxruntime-qnn 2.7: QNN 2.51)."""
+    runtime = make_runtime(tmp_path / "qairt" / RUNTIME, RUNTIME)
     monkeypatch.setenv("BUILD_RULES_QNN_RUNTIME", str(runtime))
     monkeypatch.delenv("QNN_SDK_ROOT", raising=False)
     return plug_phone(tinynet_repo, tmp_path, monkeypatch)
@@ -80,7 +82,7 @@ def test_device_check_passes_with_the_emulators_numbers_and_pushes_nothing_twice
     assert record["passed"] is True and record["gated"][0]["gate"] == "cosine >= 0.99"
     assert record["phone_model"] == "SM-S931B" and record["chip"] == "SM8750" and record["samples"] == check["samples"]
     assert record["fingerprint"].startswith("samsung/pa1qxxx/pa1q:15/")
-    assert record["runtime"] == {"version": "2.40.0", "build_id": "251030"}
+    assert record["runtime"] == {"version": "2.51.0", "build_id": "260929"}
     assert record["quantization"]["activations"] == "uint16"
     first = _pushes(phone_env.calls())
     pushed = {Path(c[-1]).name for c in first}
@@ -183,6 +185,46 @@ def test_without_an_sdk_the_task_fails_before_touching_the_phone(phone_env, monk
     assert phone_env.calls() == []  # adb never ran
 
 
+def test_a_runtime_older_than_the_binaries_is_refused_before_any_push(phone_env, tmp_path, monkeypatch):
+    """A 2.40 runtime ran 2.51-built binaries (issue 37); a phone refuses a context binary from a newer SDK."""
+    old = make_runtime(tmp_path / "qairt" / "2.40.0.251030")
+    monkeypatch.setenv("BUILD_RULES_QNN_RUNTIME", str(old))
+    result = run_doit(phone_env.repo, CHECK)
+    assert result.code != 0
+    assert (f"{CHECK}: the QNN runtime for the phone is QAIRT 2.40.0 (BUILD_RULES_QNN_RUNTIME={old}, sdk.yaml), older "
+            "than the binaries' QNN 2.51.0 (onnxruntime-qnn 2.7.0 (QNN 2.51.0, build v2.51.0.") in result.output
+    assert ("a phone refuses a context binary from a newer SDK (\"Using newer context binary on old SDK\"). Use a "
+            "QAIRT SDK 2.51.0 or newer for the phone (BUILD_RULES_QNN_RUNTIME), or build the binaries with the phone's "
+            "SDK (toolchain = \"qairt\" in chips.toml, QNN_SDK_ROOT at that SDK)") in result.output
+    assert phone_env.calls() == []  # refused before adb ran
+    (old / "sdk.yaml").unlink()
+    nameless = tmp_path / "runtime-copy"
+    old.rename(nameless)
+    monkeypatch.setenv("BUILD_RULES_QNN_RUNTIME", str(nameless))
+    result = run_doit(phone_env.repo, CHECK)
+    assert f"{CHECK}: cannot tell the version of the QNN runtime at {nameless} (BUILD_RULES_QNN_RUNTIME)" \
+        in result.output and phone_env.calls() == []
+
+
+def test_the_stand_in_phone_refuses_a_binary_from_a_newer_sdk_as_a_real_one_does(phone_env, tmp_path):
+    """Past the host's check (a runtime pushed by hand): the stand-in qnn-net-run reads its backend library's version
+    and the QNN build id in the binary, and refuses as a 2.32 runtime refused a 2.50 binary."""
+    from build_rules.device.adb import Adb
+    from build_rules.device.push import push_missing
+    from build_rules.device.runtime import files
+    from build_rules.device.session import REMOTE_RUNTIME, net_run
+    old = make_runtime(tmp_path / "qairt" / "2.40.0.251030")
+    phone = Adb(SERIAL, "s25")
+    binary = "/data/local/tmp/build_rules/bin/encoder.bin"
+    push_missing(phone, {**{f"{REMOTE_RUNTIME}/{name}": path for name, path in files(old, "v79", "test").items()},
+                         binary: phone_env.repo / "out/tinynet/w8a16/SM8750/encoder.bin"})
+    code, output = phone.shell_code(net_run(binary, "/data/local/tmp/build_rules/list.txt", "/data/local/tmp/out"))
+    assert code == 1
+    assert output.strip().splitlines() == ["<E> Using newer context binary on old SDK",
+                                           "<E> Fail to get context blob with err 5000",
+                                           "<E> Failed to create context from binary with err 0x1388"]
+
+
 def test_a_phone_unplugged_mid_run_gives_a_clear_error_and_no_result(phone_env):
     set_phone(phone_env.folder, unplug_when="qnn-net-run --backend")
     result = run_doit(phone_env.repo, CHECK)
@@ -226,7 +268,7 @@ def test_report_shows_the_phone_beside_the_emulator_and_dist_lists_it(phone_env)
     cells = [c.strip() for c in row.strip("|").split("|")]
     record = json.loads((repo / RESULT).read_text())
     assert cells[4:7] == ["s25", "SM-S931B", record["fingerprint"]]
-    assert cells[7] == "2.40.0 251030" and cells[10] == "pass (cosine >= 0.99)"
+    assert cells[7] == "2.51.0 260929" and cells[10] == "pass (cosine >= 0.99)"
     assert float(cells[8]) == pytest.approx(record["summary"]["cosine"], abs=1e-6)
     assert float(cells[3]) == pytest.approx(float(cells[8]), abs=1e-5)  # emulator beside phone
     dist = run_doit(repo, "dist:tinynet/w8a16")

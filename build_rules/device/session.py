@@ -1,5 +1,5 @@
-"""What every device task does first, before anything runs on the phone: the runtime (or fail saying what to set),
-the phone plugged in and ready, its SoC the chip the binaries were compiled for, and what the phone is (model,
+"""What every device task does first, before anything runs on the phone: the runtime (or fail saying what to set;
+one older than the SDK that compiled the binaries is refused), the phone plugged in and ready, its SoC the chip the binaries were compiled for, and what the phone is (model,
 build fingerprint) for the result's key and record. Then the pushes and the qnn-net-run command line."""
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ def open_phone(params: dict, cpu: bool = False) -> Phone:
     device, chip = params["device"], params["chip"]
     root = runtime.folder(where)  # no SDK: fail here, before adb is called at all
     files = runtime.files(root, chip["dsp_arch"], where, cpu=cpu)
+    runtime.check_loads(where, root, params["toolchain"])  # a runtime older than the binaries: before any push
     phone = Adb(device["serial"], device["name"])
     phone.check_ready()
     soc = phone.getprop("ro.soc.model")

@@ -34,6 +34,13 @@ def _device_params(device) -> dict:
     return {"name": device.name, "serial": device.serial, "soc": device.soc, "model": device.model}
 
 
+def _common(device, chip) -> dict:
+    """What every device task's action needs about the phone, the chip and what compiled its binaries (the
+    toolchain's identity: the runtime pushed must be as new, device/runtime.check_loads)."""
+    return {"chip": chip_params(chip), "chips": list(project().chips.chips), "device": _device_params(device),
+            "toolchain": project().toolchain}
+
+
 def _builds_on(device):
     for model in project().models:
         for variant, chip in variant_builds(model):
@@ -67,7 +74,6 @@ def device_check_tasks():
         return
     from ..device import device_check
     from ..device.devices import check_result
-    chips = list(project().chips.chips)
     for device in devices().values():
         for model, variant, chip in _builds_on(device):
             data_params, data_dep = model_data(model)
@@ -77,8 +83,8 @@ def device_check_tasks():
                 result = check_result(model.name, variant.name, chip.name, graph.name, device.name)
                 name = f"{model.name}/{graph.name}/{variant.name}@{device.name}"
                 params = {"name": f"device_check:{name}", "model": model.name, "graph": graph.name,
-                          "variant": variant.name, "quantization": variant.settings(), "chip": chip_params(chip),
-                          "chips": chips, "device": _device_params(device), "target": target,
+                          "variant": variant.name, "quantization": variant.settings(), **_common(device, chip),
+                          "target": target,
                           "evaluation": evaluation, "hooks": rel(model.hooks), "gates": gate_dicts(graph.gates),
                           "outputs": {"result": result}, **data_params}
                 yield {"name": name, "actions": [(device_check.run, [params])],
@@ -103,8 +109,7 @@ def profile_tasks():
             result = profile_result(model.name, variant.name, chip.name, device.name)
             name = f"{model.name}/{variant.name}@{device.name}"
             params = {"name": f"profile:{name}", "model": model.name, "variant": variant.name,
-                      "chip": chip_params(chip), "chips": list(project().chips.chips), "device": _device_params(device),
-                      "graphs": graphs, "runs": runs, "warmup": 3,
+                      **_common(device, chip), "graphs": graphs, "runs": runs, "warmup": 3,
                       "perf_profile": os.environ.get("BUILD_RULES_PERF_PROFILE", "burst"),
                       "profiling_level": os.environ.get("BUILD_RULES_PROFILING_LEVEL", "basic"),
                       # the real-time factor's audio duration and graph runs (device/realtime.py)
@@ -134,8 +139,8 @@ def power_tasks():
             result = power_result(model.name, variant.name, chip.name, device.name)
             name = f"{model.name}/{variant.name}@{device.name}"
             params = {"name": f"power:{name}", "model": model.name, "variant": variant.name, "graph": graph.name,
-                      "chip": chip_params(chip), "chips": list(project().chips.chips), "device": _device_params(device),
-                      "target": target, "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
+                      **_common(device, chip), "target": target,
+                      "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
                       "float_model": layout.float_file(model.name, graph.name, ".sim.onnx"),  # the CPU path
                       "seconds": seconds, "sample_seconds": float(os.environ.get("BUILD_RULES_POWER_SAMPLE", "2")),
                       "outputs": {"result": result}}
