@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -234,6 +235,18 @@ def test_a_phone_unplugged_mid_run_gives_a_clear_error_and_no_result(phone_env):
     assert not (phone_env.repo / RESULT).exists()
 
 
+def test_a_phone_that_stops_answering_times_out_naming_the_command_and_the_phone(phone_env, monkeypatch):
+    monkeypatch.setenv("BUILD_RULES_PHONE_RUN_TIMEOUT", "3")
+    set_phone(phone_env.folder, hang_when="qnn-net-run --backend")
+    result = run_doit(phone_env.repo, CHECK)
+    assert result.code != 0
+    assert re.search(r"device_check:tinynet/encoder/w8a16@s25: `adb -s R5CX1234ABC shell rm -rf \S+ && cd "
+                     r"/data/local/tmp/build_rules && .* \.\.\.` did not finish in 3 s on the phone s25 \(R5CX1234ABC\): "
+                     r"is the phone awake, unlocked and still plugged in \(`adb devices -l`\)\? A model run that needs "
+                     r"longer: BUILD_RULES_PHONE_RUN_TIMEOUT=<seconds>", result.output), result.output
+    assert not (phone_env.repo / RESULT).exists()
+
+
 def test_doit_list_never_calls_adb_and_lists_the_device_tasks(phone_env):
     result = run_doit(phone_env.repo, "list", "--all")
     assert result.code == 0, result.output
@@ -327,8 +340,15 @@ def test_power_measures_drain_and_cpu_share_and_resets_the_battery(phone_env, mo
     monkeypatch.setenv("BUILD_RULES_POWER_SECONDS", "4")
     monkeypatch.setenv("BUILD_RULES_POWER_SAMPLE", "1")
     monkeypatch.setenv("BUILD_RULES_CPU_RUNTIME", str(make_cpu_runtime(tmp_path / "cpu-runtime")))
+    monkeypatch.setenv("BUILD_RULES_PROGRESS_SECONDS", "0.5")
     result = run_doit(phone_env.repo, "power:tinynet/w8a16@s25")
     assert result.code == 0, result.output
+    # the duration is said when it starts (the default of 30 min per path was not), and the time left as it runs
+    assert ("   power:tinynet/w8a16@s25: 2 loop(s) (NPU, CPU) of 4.0 s each (BUILD_RULES_POWER_SECONDS=4): about "
+            "8.0 s on the phone; Ctrl-C stops it and restores the battery state\n") in result.output
+    left = [float(x) for x in re.findall(r"^   power:tinynet/w8a16@s25: NPU loop \S+ s of 4\.0 s, (\S+) s left",
+                                         result.output, re.M)]
+    assert left and all(4.0 <= x < 8.0 for x in left)  # the CPU path's 4 s still to come
     record = json.loads((phone_env.repo / "out/tinynet/w8a16/SM8750/power.s25.json").read_text())
     npu = record["npu"]
     assert npu["mah_per_hour"] == pytest.approx(150 * 3600 / 1000, rel=0.05)  # the stand-in's 150 uAh/s
@@ -346,29 +366,101 @@ def test_power_measures_drain_and_cpu_share_and_resets_the_battery(phone_env, mo
     assert f"| w8a16 | SM8750 | s25 | CPU | {cpu['seconds']:.4g} | " in table
 
 
-def test_power_restores_the_battery_state_after_a_failure_and_on_ctrl_c(phone_env, monkeypatch):
+def remote_processes(phone: Path) -> list[int]:
+    """pids of the stand-in phone's programs still running (they are host processes whose command line holds the
+    phone's folder); a zombie counts as gone."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(phone) in cmdline and state not in ("Z", "X"):
+            found.append(int(proc.name))
+    return found
+
+
+def gone(pids: list[int], seconds: float = 10.0) -> bool:
+    """Every one of these pids ended (kill sends SIGTERM: a process ends a moment later)."""
+    import time
+
+    def alive(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        except OSError:
+            return False
+    end = time.monotonic() + seconds
+    while any(alive(pid) for pid in pids):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def test_power_fails_when_the_loop_dies_at_once_with_its_logs_line(phone_env, monkeypatch):
+    """qnn-net-run failed at once ("Unable to load backend"), yet the task passed with a 2.3 s row (issue 37)."""
+    from build_rules.device import power, session
+    monkeypatch.setenv("BUILD_RULES_POWER_SECONDS", "6")
+    monkeypatch.setenv("BUILD_RULES_POWER_SAMPLE", "1")
+    monkeypatch.setattr(power, "net_run", lambda *a, **k: session.net_run(*a, **k, backend="libQnnGpu.so"))
+    result = run_doit(phone_env.repo, "power:tinynet/w8a16@s25")
+    assert result.code != 0
+    assert re.search(r"power:tinynet/w8a16@s25: the NPU loop \(pid \d+, --duration 6\) ended after \d\.\d s of the 6 s "
+                     r"asked: \[ ERROR \] Unable to load backend\. dlerror\(\): dlopen failed: library "
+                     r'"/data/local/tmp/build_rules/runtime/libQnnGpu.so" not found \(its log: '
+                     r"/data/local/tmp/build_rules/power.npu.log on the phone\); nothing was recorded; the battery "
+                     r"state was restored", result.output), result.output
+    assert not (phone_env.repo / "out/tinynet/w8a16/SM8750/power.s25.json").exists()
+
+
+def test_power_restores_the_battery_state_and_stops_the_loop_after_a_failure_ctrl_c_and_sigterm(phone_env,
+                                                                                                 monkeypatch):
+    import signal
+    import time
+
+    from build_rules.device import power
     monkeypatch.setenv("BUILD_RULES_POWER_SECONDS", "30")
+    running = []  # the stand-in phone's loop, seen while it runs
     set_phone(phone_env.folder, battery={"level": 80, "charge_counter_uah": 3_000_000, "drain_uah_per_s": 150,
                                          "full_uah": 3_750_000, "sysfs": False})  # no /sys battery node: it fails
+    original = power.battery
+
+    def battery(phone):
+        running.extend(remote_processes(phone_env.folder))
+        return original(phone)
+    monkeypatch.setattr(power, "battery", battery)
     result = run_doit(phone_env.repo, "power:tinynet/w8a16@s25")
     assert result.code != 0
     assert ("power:tinynet/w8a16@s25: on s25 (R5CX1234ABC): `cat /sys/class/power_supply/battery/charge_counter"
             in result.output)
     assert "the battery state was restored (dumpsys battery reset)" in result.output
+    assert f"power:tinynet/w8a16@s25: stopped the loop (pid " in result.output
     assert _battery(phone_env.folder)["unplugged"] is False
     assert not (phone_env.repo / "out/tinynet/w8a16/SM8750/power.s25.json").exists()
+    assert running and gone(running), running  # the loop ran when the battery read failed; it is gone now
+    monkeypatch.setattr(power, "battery", original)
 
     set_phone(phone_env.folder, battery={"level": 80, "charge_counter_uah": 3_000_000, "drain_uah_per_s": 150,
-                                         "full_uah": 3_750_000})  # the node back: now a Ctrl-C while sampling
-    from build_rules.device import power
+                                         "full_uah": 3_750_000})  # the node back: now a Ctrl-C, then a SIGTERM
+    for stop in ("ctrl-c", "sigterm"):
+        running.clear()
 
-    def interrupted(seconds):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(power, "_sleep", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        run_doit(phone_env.repo, "power:tinynet/w8a16@s25")
-    assert _battery(phone_env.folder)["unplugged"] is False
-    assert "dumpsys battery reset" in " ".join(phone_env.calls()[-1])
+        def interrupted(seconds):
+            running.extend(remote_processes(phone_env.folder))
+            if stop == "ctrl-c":
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)  # as `kill <doit's pid>` does; power's handler raises
+            time.sleep(5)
+        monkeypatch.setattr(power, "_sleep", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            run_doit(phone_env.repo, "power:tinynet/w8a16@s25")
+        assert _battery(phone_env.folder)["unplugged"] is False, stop
+        assert "dumpsys battery reset" in " ".join(phone_env.calls()[-1]), stop
+        assert running and gone(running), (stop, running)
+        assert any(c[-1].startswith("kill ") for c in phone_env.calls() if "shell" in c), stop
 
 
 AUDIO_HOOK = '''

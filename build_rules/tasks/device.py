@@ -128,7 +128,9 @@ def power_tasks():
         return
     from ..device import power
     from ..device.devices import power_result
-    seconds = float(os.environ.get(POWER_SECONDS_ENV, "1800"))
+    asked = os.environ.get(POWER_SECONDS_ENV, "").strip()
+    seconds = float(asked or 1800)
+    seconds_from = f"{POWER_SECONDS_ENV}={asked}" if asked else f"the default; {POWER_SECONDS_ENV} sets it"
     for device in devices().values():
         for model, variant, chip in _builds_on(device):
             # the first graph that is one binary (a split graph's parts would loop as several processes)
@@ -142,7 +144,7 @@ def power_tasks():
                       **_common(device, chip), "target": target,
                       "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
                       "float_model": layout.float_file(model.name, graph.name, ".sim.onnx"),  # the CPU path
-                      "seconds": seconds, "sample_seconds": float(os.environ.get("BUILD_RULES_POWER_SAMPLE", "2")),
+                      "seconds": seconds, "seconds_from": seconds_from, "sample_seconds": float(os.environ.get("BUILD_RULES_POWER_SAMPLE", "2")),
                       "outputs": {"result": result}}
             yield {"name": name, "actions": [(power.run, [params])],
                    "file_dep": [*_target_files(target), params["evaluation"], params["float_model"]],

@@ -97,6 +97,9 @@ def main(argv: list[str]) -> int:
     if trigger and trigger in " ".join(argv):
         (phone.folder / "gone").write_text("unplugged\n")
         return _err(f"adb: device '{phone.serial}' not found")
+    hang = phone.data.get("hang_when")
+    if hang and hang in " ".join(argv):  # a phone that stopped answering (adb waits for it without end)
+        time.sleep(3600)
     if phone.data["state"] == "unauthorized":
         return _err("adb: device unauthorized.\nThis adb server's $ADB_VENDOR_KEYS is not set\nTry 'adb "
                     "kill-server' if that seems wrong.\nOtherwise check for a confirmation dialog on your device.")

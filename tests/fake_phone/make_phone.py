@@ -11,7 +11,8 @@ rm, chmod, kill, getconf, dumpsys battery) over the phone's folder fs/ (the phon
 (a background process's /proc/<pid>/stat is the real one) and /sys/class/power_supply/battery simulated from
 phone.json's battery (a constant drain). Set FAKE_ADB_PHONES to the phones folder and FAKE_ADB_LOG to a file
 for a JSON line per adb call. phone.json "unplug_when": a substring of an adb command line at which the phone is
-gone (it and every later call get "adb: device '<serial>' not found", exit 1).
+gone (it and every later call get "adb: device '<serial>' not found", exit 1); "hang_when": a substring at which
+adb waits without end (a phone that stopped answering).
 The runtime's bin/aarch64-android/qnn-net-run is net_run.py: it refuses to run off the phone, checks its flags and
 its environment (LD_LIBRARY_PATH, ADSP_LIBRARY_PATH, the chip's Stub/Skel) and runs the context binary on the x86
 HTP emulator (onnxruntime-qnn), so the numbers a device check judges are real HTP numerics.
@@ -50,7 +51,7 @@ def make_phone(phones: Path, serial: str, *, soc: str = "SM8750", arch: str = "v
                   "ro.product.name": "pa1qxxx", "ro.product.device": "pa1q"},
         "battery": {"level": 80, "charge_counter_uah": charge_counter_uah, "drain_uah_per_s": drain_uah_per_s,
                     "full_uah": 3_750_000},
-        "unplug_when": None}, indent=2))
+        "unplug_when": None, "hang_when": None}, indent=2))
     return folder
 
 
