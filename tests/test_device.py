@@ -65,6 +65,11 @@ def _pushes(calls):
     return [c for c in calls if "push" in c]
 
 
+def _pushed(calls) -> list[str]:
+    """The local files of every `adb -s S push [--sync] LOCAL... REMOTE`."""
+    return [a for c in _pushes(calls) for a in c[c.index("push") + 1:-1] if not a.startswith("-")]
+
+
 def _net_runs(calls):
     return [" ".join(c) for c in calls if "shell" in c and "--retrieve_context" in " ".join(c)]
 
@@ -85,11 +90,14 @@ def test_device_check_passes_with_the_emulators_numbers_and_pushes_nothing_twice
     assert record["fingerprint"].startswith("samsung/pa1qxxx/pa1q:15/")
     assert record["runtime"] == {"version": "2.51.0", "build_id": "260929"}
     assert record["quantization"]["activations"] == "uint16"
-    first = _pushes(phone_env.calls())
-    pushed = {Path(c[-1]).name for c in first}
+    pushed = {Path(local).name for local in _pushed(phone_env.calls())}
     assert {"libQnnHtp.so", "libQnnHtpV79Stub.so", "libQnnSystem.so", "libQnnHtpV79Skel.so", "qnn-net-run",
-            "encoder.bin", "input_list.txt"} <= pushed
+            "encoder.bin", "input_list.txt", "0000.image.raw"} <= pushed
     assert not any("V73" in name or "Prepare" in name for name in pushed)  # only the phone's arch; no prepare lib
+    # one `adb push LOCAL... FOLDER` per remote folder (207 single-file pushes for one device check before issue 37)
+    assert sorted(c[-1] for c in _pushes(phone_env.calls())) == [
+        "/data/local/tmp/build_rules/bin/tinynet/w8a16/SM8750/encoder.bin",
+        "/data/local/tmp/build_rules/inputs/tinynet/encoder/", "/data/local/tmp/build_rules/runtime/"]
     phone_env.clear()
     again = run_doit(repo, CHECK)
     assert again.code == 0, again.output
@@ -245,6 +253,88 @@ def test_a_phone_that_stops_answering_times_out_naming_the_command_and_the_phone
                      r"is the phone awake, unlocked and still plugged in \(`adb devices -l`\)\? A model run that needs "
                      r"longer: BUILD_RULES_PHONE_RUN_TIMEOUT=<seconds>", result.output), result.output
     assert not (phone_env.repo / RESULT).exists()
+
+
+def test_the_stand_in_adb_pushes_as_the_real_one_does(phone_env, tmp_path):
+    """`adb push [--sync] [-z ALGORITHM] [-Z] LOCAL... REMOTE`: several files into a folder, a folder whole, --sync
+    skipping what the phone has with the same size and mtime; the syntax as strict as adb's."""
+    def adb(*args):
+        done = subprocess.run(["adb", "-s", SERIAL, *args], capture_output=True, text=True, env=os.environ)
+        return done.returncode, done.stdout + done.stderr
+    fs = phone_env.folder / "fs"
+    folder = tmp_path / "up"
+    (folder / "sub").mkdir(parents=True)
+    for name in ("a.raw", "b.raw", "sub/c.raw"):
+        (folder / name).write_text(name)
+    assert adb("push", str(folder / "a.raw"), str(folder / "b.raw"), "/data/local/tmp/none") == (
+        1, "adb: error: target '/data/local/tmp/none' is not a directory\n")
+    assert adb("push", "--bogus", str(folder / "a.raw"), "/data/local/tmp/")[0] == 1
+    assert adb("push", str(folder / "a.raw"))[0] == 1
+    code, out = adb("push", str(folder / "a.raw"), str(folder / "b.raw"), "/data/local/tmp/")
+    assert code == 0 and out.endswith("2 files pushed, 0 skipped. " + out.rsplit("skipped. ", 1)[1])
+    assert (fs / "data/local/tmp/b.raw").read_text() == "b.raw"
+    assert adb("push", str(folder), "/data/local/tmp/")[0] == 0  # a folder into a folder: REMOTE/<name>/...
+    assert (fs / "data/local/tmp/up/sub/c.raw").read_text() == "sub/c.raw"
+    code, out = adb("push", "--sync", str(folder), "/data/local/tmp/")
+    assert code == 0 and "0 files pushed, 3 skipped." in out  # same size and mtime: skipped
+    (folder / "a.raw").write_text("A.RAW")
+    os.utime(folder / "a.raw", (1e9, 1e9))
+    code, out = adb("push", "--sync", str(folder), "/data/local/tmp/")
+    assert "1 file pushed, 2 skipped." in out and (fs / "data/local/tmp/up/a.raw").read_text() == "A.RAW"
+
+
+def test_clean_removes_the_tools_files_from_the_phone(phone_env):
+    repo = phone_env.repo
+    assert run_doit(repo, CHECK).code == 0
+    tool = phone_env.folder / "fs/data/local/tmp/build_rules"
+    assert (tool / "runtime/libQnnHtp.so").is_file()
+    (phone_env.folder / "fs/data/local/tmp/someone-elses.txt").write_text("kept")
+    done = subprocess.run([sys.executable, "-m", "build_rules.device", "clean", "s25"], cwd=repo, capture_output=True,
+                          text=True, env=os.environ)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ("s25 (R5CX1234ABC): removed /data/local/tmp/build_rules/ (what the device tasks pushed and "
+                           "ran there)\n")
+    assert not tool.exists() and (phone_env.folder / "fs/data/local/tmp/someone-elses.txt").is_file()
+    assert (repo / RESULT).is_file()  # the results on this machine stay
+    done = subprocess.run([sys.executable, "-m", "build_rules.device", "clean", "pixel"], cwd=repo,
+                          capture_output=True, text=True, env=os.environ)
+    assert done.returncode == 1
+    assert done.stderr == ("error: pixel: neither a phone devices.toml names nor a serial `adb devices -l` "
+                           "lists\n")
+    phone_env.clear()
+    assert run_doit(repo, CHECK).code == 0  # the same key: judged again, the runtime pushed anew
+    assert {"libQnnHtp.so", "qnn-net-run"} <= {Path(p).name for p in _pushed(phone_env.calls())}
+
+
+def test_a_library_missing_on_the_phone_gets_a_hint_and_keeps_the_last_good_result(phone_env, monkeypatch):
+    from build_rules.device import on_phone
+    repo = phone_env.repo
+    assert run_doit(repo, CHECK).code == 0
+    good = json.loads((repo / RESULT).read_text())
+    set_phone(phone_env.folder, **{"ro.build.fingerprint": "samsung/pa1qxxx/pa1q:16/BP2A.250605.031/S931BXXU3BYF1:user/"
+                                                           "release-keys"})  # an OTA: the phone runs again
+    original = on_phone.push_runtime_and
+
+    def push_then_lose_the_stub(phone, more):
+        pushed = original(phone, more)
+        (phone_env.folder / "fs/data/local/tmp/build_rules/runtime/libQnnHtpV79Stub.so").unlink()
+        return pushed
+    monkeypatch.setattr(on_phone, "push_runtime_and", push_then_lose_the_stub)
+    result = run_doit(repo, CHECK)
+    assert result.code != 0
+    assert ('[ ERROR ] Unable to load backend. dlerror(): dlopen failed: library "libQnnHtpV79Stub.so" not found '
+            "(LD_LIBRARY_PATH)\nhint: libQnnHtpV79Stub.so is part of the QNN runtime this task pushes to "
+            "/data/local/tmp/build_rules/runtime/ (from ") in result.output
+    assert ("and qnn-net-run did not find it there on the phone: remove the tool's files with `python -m "
+            "build_rules.device clean s25` and run the task again, which pushes the whole runtime anew") in result.output
+    kept = json.loads((repo / RESULT).read_text())  # the earlier good numbers stay, marked stale
+    assert kept["summary"] == good["summary"] and kept["fingerprint"] == good["fingerprint"]
+    assert kept["stale"]["why"] == ('the last run failed: [ ERROR ] Unable to load backend. dlerror(): dlopen failed: '
+                                    'library "libQnnHtpV79Stub.so" not found (LD_LIBRARY_PATH)')
+    assert run_doit(repo, "report").code == 0
+    row = next(line for line in (repo / "out/tinynet/report.md").read_text().split("## On phones", 1)[1].splitlines()
+               if line.startswith("| w8a16 | SM8750 | encoder | "))
+    assert f"pass (cosine >= 0.99) (stale since {kept['stale']['since']}: the last run failed)" in row
 
 
 def test_doit_list_never_calls_adb_and_lists_the_device_tasks(phone_env):
@@ -583,7 +673,7 @@ def test_a_split_graph_runs_its_parts_in_order_on_the_phone(phone_env, monkeypat
     runs = _net_runs(phone_env.calls())
     assert [r.split("--retrieve_context ")[1].split()[0].rsplit("/", 1)[1] for r in runs] == \
         ["encoder.part1.bin", "encoder.part2.bin"]
-    part2 = [Path(c[-1]).parent.name for c in _pushes(phone_env.calls()) if c[-1].endswith("input_list.txt")]
+    part2 = [Path(c[-1]).name for c in _pushes(phone_env.calls()) if any(a.endswith("input_list.txt") for a in c)]
     assert part2 == ["encoder", "encoder.part2"]  # the evaluation set's list, then part 2's from part 1's outputs
     monkeypatch.setenv("BUILD_RULES_PROFILE_RUNS", "4")
     profile = run_doit(repo, "profile:tinynet/fp16@s25")

@@ -137,10 +137,14 @@ class Adb:
         remote = int(out[at + len(MARK):].split()[0])
         return remote, out[:at] + (err if err else "")
 
-    def push(self, local: str | os.PathLike, remote: str) -> None:
-        code, out, err = self._run(["push", str(local), remote], "push")
+    def push(self, local, remote: str) -> None:
+        """`adb push LOCAL... REMOTE`: one file or folder to a path, or several into the folder `remote` (which must
+        exist on the phone: adb refuses several LOCALs into a path that is no folder)."""
+        sources = [str(p) for p in (local if isinstance(local, (list, tuple)) else [local])]
+        code, out, err = self._run(["push", *sources, remote], "push", SECONDS["push"] * max(1, len(sources) // 20))
         if code != 0:
-            raise self._fail(f"push {local} {remote}", code, err or out)
+            shown = sources[0] + (f" (and {len(sources) - 1} more)" if len(sources) > 1 else "")
+            raise self._fail(f"push {shown} {remote}", code, err or out)
 
     def pull(self, remote: str, local: str | os.PathLike) -> None:
         code, out, err = self._run(["pull", remote, str(local)], "pull")

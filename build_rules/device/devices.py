@@ -165,22 +165,47 @@ def listing(chips: dict) -> tuple[str, list[str]]:
     return "\n".join(lines), problems
 
 
+def clean(name: str, chips: dict) -> str:
+    """Remove everything the device tasks put on a phone (REMOTE_ROOT: the runtime, binaries, inputs, outputs, the
+    CPU runtime); `name` is a devices.toml name or an adb serial. Results on this machine stay."""
+    from .adb import Adb, devices as plugged
+    named = load_devices(Path(DEVICES_FILE), chips)
+    if name in named.found:
+        phone = Adb(named.found[name].serial, name)
+    elif name in {d["serial"] for d in plugged()}:
+        phone = Adb(name)
+    else:
+        raise DeviceError(named.problems.get(name) or f"{name}: neither a phone {DEVICES_FILE} names nor a serial "
+                                                       "`adb devices -l` lists")
+    phone.check_ready()
+    phone.shell(f"rm -rf {REMOTE_ROOT}")
+    return f"{phone.name} ({phone.serial}): removed {REMOTE_ROOT}/ (what the device tasks pushed and ran there)"
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
     parser = argparse.ArgumentParser(prog="python -m build_rules.device",
                                      description="Phones over adb: `list` prints a [devices.<name>] table per phone "
-                                                 "plugged in, to paste into devices.toml; `cpu-runtime DIR` makes "
-                                                 "the CPU baseline's runtime folder (BUILD_RULES_CPU_RUNTIME).")
-    parser.add_argument("command", choices=("list", "cpu-runtime"))
-    parser.add_argument("folder", nargs="?", help="cpu-runtime: the folder to make (then BUILD_RULES_CPU_RUNTIME)")
+                                                 "plugged in, to paste into devices.toml; `clean PHONE` removes "
+                                                 f"{REMOTE_ROOT}/ (all the device tasks put there) from a phone; "
+                                                 "`cpu-runtime DIR` makes the CPU baseline's runtime folder "
+                                                 "(BUILD_RULES_CPU_RUNTIME).")
+    parser.add_argument("command", choices=("list", "clean", "cpu-runtime"))
+    parser.add_argument("folder", nargs="?", metavar="PHONE|DIR",
+                        help="clean: the phone (its devices.toml name, or a serial); cpu-runtime: the folder to make")
     parser.add_argument("--wheel", help="cpu-runtime: an onnxruntime manylinux aarch64 wheel (default: pip download)")
     parser.add_argument("--chips", default="chips.toml", help="the repo's chips.toml (default: ./chips.toml)")
     args = parser.parse_args(argv)
     if args.command == "cpu-runtime":
         return _cpu_runtime(args, parser)
+    if args.command == "clean" and not args.folder:
+        parser.error("clean needs the phone: its devices.toml name or its serial")
     from ..config import ConfigError, load_chips
     try:
         chips = load_chips(Path(args.chips)).chips
+        if args.command == "clean":
+            print(clean(args.folder, chips))
+            return 0
         text, problems = listing(chips)
     except (DeviceError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)

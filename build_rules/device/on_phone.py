@@ -13,7 +13,8 @@ from pathlib import Path
 
 from .adb import run_seconds
 from .devices import REMOTE_ROOT
-from .session import net_run, push_runtime_and
+from .errors import DeviceError
+from .session import missing_library_hint, net_run, push_runtime_and
 from .target import Part, read_outputs, write_inputs
 
 
@@ -63,7 +64,10 @@ def run_graph(phone, params: dict, graph: str, parts: list[Part], samples: list[
         print(f"{phone.adb.name}: {part.name}: qnn-net-run over {len(samples)} input(s)", flush=True)
         last = k == len(parts) - 1
         keep = () if not extra else ("--keep_num_outputs", "1" if last and not final_outputs else str(len(samples)))
-        phone.adb.shell(net_run(binary, run.input_list, output_dir, *extra, *keep), timeout=run_seconds())
+        try:
+            phone.adb.shell(net_run(binary, run.input_list, output_dir, *extra, *keep), timeout=run_seconds())
+        except DeviceError as e:
+            raise DeviceError(f"{e}{missing_library_hint(str(e), phone)}") from None
         phone.adb.pull(output_dir, run.pulled)
         if last and not final_outputs:
             break

@@ -11,12 +11,13 @@ wireless adb) for numbers that mean anything; the result lists what to hold fixe
 """
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
 
 from ..errors import BuildError
-from ..files import atomic_write_json, remove_quietly
+from ..files import atomic_write_json
 from .devices import REMOTE_ROOT
 from .errors import DeviceError
 from .session import net_run, open_phone, push_runtime_and
@@ -158,7 +159,6 @@ def power(params: dict) -> dict:
     if cpu_root is not None:
         cpu_runtime.files(cpu_root, params["name"])  # a half-made folder fails before the phone is touched
     phone = open_phone(params)
-    remove_quietly(result_path)
     (part,) = read_parts(params["name"], params["target"])  # an unsplit graph (tasks/device.py picks one)
     inputs, _ = load_evaluation(params["evaluation"])
     inputs_remote = remote_inputs(params, params["graph"], 0, part.name)
@@ -198,6 +198,9 @@ def power(params: dict) -> dict:
         restored = _restore(phone.adb)
         signal.signal(signal.SIGTERM, previous)
     if failure is not None:
+        if result_path.is_file():  # the last good result stays, marked as such (issue 37)
+            from .results import mark_stale
+            mark_stale(result_path, json.loads(result_path.read_text()), str(failure))
         raise DeviceError(f"{failure}; {restored}") from None
     record = {"device": params["device"]["name"], "phone_model": phone.product, "fingerprint": phone.fingerprint,
               "chip": params["chip"]["name"], "variant": params["variant"], "graph": params["graph"],
