@@ -8,6 +8,11 @@ restores it afterwards, also on a failure or Ctrl-C (SIGINT/SIGTERM). `unplug` a
 reports, so the drain is read from the kernel's live counters, /sys/class/power_supply/battery/charge_counter (uAh)
 and capacity (%). Many phones still charge over USB while "unplugged": hold the charger off (a USB power blocker or
 wireless adb) for numbers that mean anything; the result lists what to hold fixed.
+
+The loop's process on the phone is stopped on every way out but its own end (loop()), and a loop that ended much
+sooner than asked fails with its log's error line (issue 37: a qnn-net-run that could not load its backend gave a
+2.3 s row and a passed task; a Ctrl-C left it running on the phone). The duration is said when the task starts and
+the time left while it runs (say(): through the build's console, as stage progress lines are).
 """
 from __future__ import annotations
 
@@ -184,9 +189,9 @@ def power(params: dict) -> dict:
                                   "burst", "--duration", f"{params['seconds']:g}", "--keep_num_outputs", "1"),
                           f"{REMOTE_ROOT}/runtime/qnn-net-run")
     previous = signal.signal(signal.SIGTERM, _interrupt)
-    phone.adb.shell("dumpsys battery unplug")
     failure = None
     try:
+        phone.adb.shell("dumpsys battery unplug")
         npu = loop(phone.adb, command, params["seconds"], params["sample_seconds"], "NPU", params["name"],
                    later=params["seconds"] * (len(paths) - 1))
         cpu = {"measured": False, "reason": cpu_runtime.NOT_SET} if cpu_command is None else \
