@@ -1,6 +1,7 @@
 """What every device task does first, before anything runs on the phone: the runtime (or fail saying what to set;
-one older than the SDK that compiled the binaries is refused), the phone plugged in and ready, its SoC the chip the binaries were compiled for, and what the phone is (model,
-build fingerprint) for the result's key and record. Then the pushes and the qnn-net-run command line."""
+one older than the SDK that compiled the binaries is refused), the phone plugged in and ready, its SoC the chip the
+binaries were compiled for, and what the phone is (model, build fingerprint) for the result's key and record. Then
+the pushes and the qnn-net-run command line."""
 from __future__ import annotations
 
 import re
