@@ -27,6 +27,7 @@ class Project:
     chips: ChipTable
     models: list[Model]
     toolchain: dict  # identity: name, versions, build id
+    toolchain_why: str = ""  # why this toolchain (toolchains.choose): the build's first line says it
 
     def chips_for(self, model: Model) -> list[Chip]:
         return [self.chips.chips[name] for name in model.chips]
@@ -46,10 +47,10 @@ def project() -> Project:
         toml_cache.save()  # also what parsed before an error: the next run reads the fixed file only
     _check_names(models, chips)
     from . import toolchains  # light: only the chosen toolchain's identity() runs here, from a cache file
-    name, _ = toolchains.choose(chips.toolchain)
+    name, why = toolchains.choose(chips.toolchain)
     identity = toolchains.identity(name, Path(STATE_DIR), chips.qairt_flow)
     _check_toolchain_support(models, identity)
-    return Project(root=root, chips=chips, models=models, toolchain=identity)
+    return Project(root=root, chips=chips, models=models, toolchain=identity, toolchain_why=why)
 
 
 def _check_toolchain_support(models: list[Model], identity: dict) -> None:

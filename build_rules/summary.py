@@ -82,6 +82,7 @@ class SummaryReporter(ConsoleReporter):
                 for skipped in self.held_lines:
                     super().skip_uptodate(skipped)
                 self.held_lines = []
+                self.write(_toolchain_line() + "\n")  # once a build, before its first task line
                 self.write(f"{len(self.plan.to_run)} task(s) to run{self._estimate(now)}\n")
             self.started[task.name] = now
             k, n = self.plan.start(task.name)
@@ -282,6 +283,12 @@ class SummaryReporter(ConsoleReporter):
             return 0
         reported = {f["task"].name for f in self.failures}
         return len(self.plan.to_run - self.plan.started - reported)
+
+
+def _toolchain_line() -> str:
+    from . import toolchains
+    from .project import project
+    return toolchains.line(project().toolchain, project().toolchain_why)
 
 
 def _duration(seconds: float) -> str:

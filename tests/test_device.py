@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,12 +19,14 @@ SERIAL = "R5CX1234ABC"
 DEVICES_TOML = f'[devices.s25]\nserial = "{SERIAL}"\nsoc = "SM8750"\nmodel = "SM-S931B"\n'
 CHECK = "device_check:tinynet/encoder/w8a16@s25"
 RESULT = "out/tinynet/w8a16/SM8750/encoder.device.s25.json"
+RUNTIME = "2.51.0.260929"  # the phone's QAIRT runtime: the binaries' QNN 2.51 (onnxruntime-qnn 2.7) or newer
 
 
 @pytest.fixture
 def phone_env(tinynet_repo, tmp_path, monkeypatch):
-    """The built tiny repo with devices.toml, one stand-in S25 (SM8750) plugged in and a stand-in QAIRT runtime."""
-    runtime = make_runtime(tmp_path / "qairt" / "2.40.0.251030")
+    """The built tiny repo with devices.toml, one stand-in S25 (SM8750) plugged in and a stand-in QAIRT runtime as new
+    as the binaries' QNN (onnxruntime-qnn 2.7: QNN 2.51)."""
+    runtime = make_runtime(tmp_path / "qairt" / RUNTIME, RUNTIME)
     monkeypatch.setenv("BUILD_RULES_QNN_RUNTIME", str(runtime))
     monkeypatch.delenv("QNN_SDK_ROOT", raising=False)
     return plug_phone(tinynet_repo, tmp_path, monkeypatch)
@@ -62,6 +65,11 @@ def _pushes(calls):
     return [c for c in calls if "push" in c]
 
 
+def _pushed(calls) -> list[str]:
+    """The local files of every `adb -s S push [--sync] LOCAL... REMOTE`."""
+    return [a for c in _pushes(calls) for a in c[c.index("push") + 1:-1] if not a.startswith("-")]
+
+
 def _net_runs(calls):
     return [" ".join(c) for c in calls if "shell" in c and "--retrieve_context" in " ".join(c)]
 
@@ -80,17 +88,20 @@ def test_device_check_passes_with_the_emulators_numbers_and_pushes_nothing_twice
     assert record["passed"] is True and record["gated"][0]["gate"] == "cosine >= 0.99"
     assert record["phone_model"] == "SM-S931B" and record["chip"] == "SM8750" and record["samples"] == check["samples"]
     assert record["fingerprint"].startswith("samsung/pa1qxxx/pa1q:15/")
-    assert record["runtime"] == {"version": "2.40.0", "build_id": "251030"}
+    assert record["runtime"] == {"version": "2.51.0", "build_id": "260929"}
     assert record["quantization"]["activations"] == "uint16"
     # the summary: the phone's own line, not the model's emulator results as "earlier" lines
     assert (f"\n  phone       {CHECK}: pass (cosine >= 0.99), cosine {record['summary']['cosine']:.6g} sqnr "
             f"{record['summary']['sqnr']:.6g} on SM-S931B over {record['samples']} sample(s)\n") in result.output
     assert "earlier" not in result.output and "up to date  out/tinynet" not in result.output
-    first = _pushes(phone_env.calls())
-    pushed = {Path(c[-1]).name for c in first}
+    pushed = {Path(local).name for local in _pushed(phone_env.calls())}
     assert {"libQnnHtp.so", "libQnnHtpV79Stub.so", "libQnnSystem.so", "libQnnHtpV79Skel.so", "qnn-net-run",
-            "encoder.bin", "input_list.txt"} <= pushed
+            "encoder.bin", "input_list.txt", "0000.image.raw"} <= pushed
     assert not any("V73" in name or "Prepare" in name for name in pushed)  # only the phone's arch; no prepare lib
+    # one `adb push LOCAL... FOLDER` per remote folder (207 single-file pushes for one device check before issue 37)
+    assert sorted(c[-1] for c in _pushes(phone_env.calls())) == [
+        "/data/local/tmp/build_rules/bin/tinynet/w8a16/SM8750/encoder.bin",
+        "/data/local/tmp/build_rules/inputs/tinynet/encoder/", "/data/local/tmp/build_rules/runtime/"]
     phone_env.clear()
     again = run_doit(repo, CHECK)
     assert again.code == 0, again.output
@@ -135,9 +146,46 @@ def test_a_soc_with_no_chip_is_refused_naming_both(phone_env):
     assert _pushes(phone_env.calls()) == []
     (phone_env.repo / "devices.toml").write_text(DEVICES_TOML.replace('soc = "SM8750"', 'soc = "SM7675"'))
     listed = run_doit(phone_env.repo, "list")
-    assert listed.code != 0
-    assert "devices.toml [devices.s25]: soc = 'SM7675' (the phone's ro.soc.model) maps to no chip in chips.toml" \
-        in listed.output
+    assert listed.code == 0, listed.output  # a mistake in one phone's table leaves that phone's tasks out, no more
+    assert ("warning: devices.toml [devices.s25]: soc = 'SM7675' (the phone's ro.soc.model) maps to no chip in "
+            "chips.toml") in listed.output
+    assert "@s25" not in listed.output
+
+
+def test_a_devices_toml_mistake_is_one_line_and_fails_no_build_that_touches_no_phone(tinynet_repo):
+    """A missing serial (issue 37): it was a traceback that blocked `doit list` and every build."""
+    (tinynet_repo / "devices.toml").write_text('[devices.s25]\nsoc = "SM8750"\n\n' + DEVICES_TOML.replace(
+        "[devices.s25]", "[devices.pixel]"))
+    line = ("devices.toml [devices.s25]: no serial (a string: the first column of `adb devices -l`); `python -m "
+            "build_rules.device list` prints the table to paste")
+    listed = run_doit(tinynet_repo, "list", "--all")
+    assert listed.code == 0, listed.output
+    assert f"warning: {line} (its device tasks are left out)" in listed.output.splitlines()
+    assert "device_check:tinynet/encoder/w8a16@pixel" in listed.output and "@s25" not in listed.output
+    assert "Traceback" not in listed.output
+    build = run_doit(tinynet_repo, "-a", "size:tinynet/encoder/w8a16")  # no phone: builds as before
+    assert build.code == 0, build.output
+    assert "size:tinynet/encoder/w8a16" in build.ran
+    asked = run_doit(tinynet_repo, CHECK)
+    assert asked.code == 3
+    assert f"ERROR: {CHECK}: {line}\n" in asked.output and "Invalid parameter" not in asked.output
+
+
+def test_a_device_task_of_a_phone_no_devices_toml_names_says_how_to_name_it(tinynet_repo):
+    asked = run_doit(tinynet_repo, "profile:tinynet/w8a16@s25")  # no devices.toml at all
+    assert asked.code == 3
+    assert ("ERROR: profile:tinynet/w8a16@s25: no devices.toml names s25 (there is no devices.toml beside "
+            "chips.toml): add a table to devices.toml beside chips.toml:\n[devices.s25]\nserial = \"<adb devices -l, "
+            "first column>\"\nsoc = \"<its ro.soc.model, a chip of chips.toml>\"\n(`python -m build_rules.device "
+            "list` prints one for every phone plugged in; docs/device.md)") in asked.output
+    (tinynet_repo / "devices.toml").write_text(DEVICES_TOML.replace("[devices.s25]", "[devices.pixel]"))
+    asked = run_doit(tinynet_repo, "power:tinynet/w8a16@s25")
+    assert asked.code == 3
+    assert "ERROR: power:tinynet/w8a16@s25: devices.toml names no phone s25 (it names pixel): add a table" \
+        in asked.output
+    wrong = run_doit(tinynet_repo, "power:tinynet/w9a9@pixel")  # the phone is named: doit's own message stands
+    assert wrong.code == 3 and 'Invalid parameter: "power:tinynet/w9a9@pixel"' in wrong.output
+    assert run_doit(tinynet_repo, "list").code == 0
 
 
 def test_without_an_sdk_the_task_fails_before_touching_the_phone(phone_env, monkeypatch):
@@ -150,6 +198,46 @@ def test_without_an_sdk_the_task_fails_before_touching_the_phone(phone_env, monk
     assert phone_env.calls() == []  # adb never ran
 
 
+def test_a_runtime_older_than_the_binaries_is_refused_before_any_push(phone_env, tmp_path, monkeypatch):
+    """A 2.40 runtime ran 2.51-built binaries (issue 37); a phone refuses a context binary from a newer SDK."""
+    old = make_runtime(tmp_path / "qairt" / "2.40.0.251030")
+    monkeypatch.setenv("BUILD_RULES_QNN_RUNTIME", str(old))
+    result = run_doit(phone_env.repo, CHECK)
+    assert result.code != 0
+    assert (f"{CHECK}: the QNN runtime for the phone is QAIRT 2.40.0 (BUILD_RULES_QNN_RUNTIME={old}, sdk.yaml), older "
+            "than the binaries' QNN 2.51.0 (onnxruntime-qnn 2.7.0 (QNN 2.51.0, build v2.51.0.") in result.output
+    assert ("a phone refuses a context binary from a newer SDK (\"Using newer context binary on old SDK\"). Use a "
+            "QAIRT SDK 2.51.0 or newer for the phone (BUILD_RULES_QNN_RUNTIME), or build the binaries with the phone's "
+            "SDK (toolchain = \"qairt\" in chips.toml, QNN_SDK_ROOT at that SDK)") in result.output
+    assert phone_env.calls() == []  # refused before adb ran
+    (old / "sdk.yaml").unlink()
+    nameless = tmp_path / "runtime-copy"
+    old.rename(nameless)
+    monkeypatch.setenv("BUILD_RULES_QNN_RUNTIME", str(nameless))
+    result = run_doit(phone_env.repo, CHECK)
+    assert f"{CHECK}: cannot tell the version of the QNN runtime at {nameless} (BUILD_RULES_QNN_RUNTIME)" \
+        in result.output and phone_env.calls() == []
+
+
+def test_the_stand_in_phone_refuses_a_binary_from_a_newer_sdk_as_a_real_one_does(phone_env, tmp_path):
+    """Past the host's check (a runtime pushed by hand): the stand-in qnn-net-run reads its backend library's version
+    and the QNN build id in the binary, and refuses as a 2.32 runtime refused a 2.50 binary."""
+    from build_rules.device.adb import Adb
+    from build_rules.device.push import push_missing
+    from build_rules.device.runtime import files
+    from build_rules.device.session import REMOTE_RUNTIME, net_run
+    old = make_runtime(tmp_path / "qairt" / "2.40.0.251030")
+    phone = Adb(SERIAL, "s25")
+    binary = "/data/local/tmp/build_rules/bin/encoder.bin"
+    push_missing(phone, {**{f"{REMOTE_RUNTIME}/{name}": path for name, path in files(old, "v79", "test").items()},
+                         binary: phone_env.repo / "out/tinynet/w8a16/SM8750/encoder.bin"})
+    code, output = phone.shell_code(net_run(binary, "/data/local/tmp/build_rules/list.txt", "/data/local/tmp/out"))
+    assert code == 1
+    assert output.strip().splitlines() == ["<E> Using newer context binary on old SDK",
+                                           "<E> Fail to get context blob with err 5000",
+                                           "<E> Failed to create context from binary with err 0x1388"]
+
+
 def test_a_phone_unplugged_mid_run_gives_a_clear_error_and_no_result(phone_env):
     set_phone(phone_env.folder, unplug_when="qnn-net-run --backend")
     result = run_doit(phone_env.repo, CHECK)
@@ -157,6 +245,100 @@ def test_a_phone_unplugged_mid_run_gives_a_clear_error_and_no_result(phone_env):
     assert "adb exit 1" in result.output and "adb: device 'R5CX1234ABC' not found" in result.output
     assert "the phone s25 (R5CX1234ABC) is not connected any more: plug it in" in result.output
     assert not (phone_env.repo / RESULT).exists()
+
+
+def test_a_phone_that_stops_answering_times_out_naming_the_command_and_the_phone(phone_env, monkeypatch):
+    monkeypatch.setenv("BUILD_RULES_PHONE_RUN_TIMEOUT", "3")
+    set_phone(phone_env.folder, hang_when="qnn-net-run --backend")
+    result = run_doit(phone_env.repo, CHECK)
+    assert result.code != 0
+    assert re.search(r"device_check:tinynet/encoder/w8a16@s25: `adb -s R5CX1234ABC shell rm -rf \S+ && cd "
+                     r"/data/local/tmp/build_rules && .* \.\.\.` did not finish in 3 s on the phone s25 \(R5CX1234ABC\): "
+                     r"is the phone awake, unlocked and still plugged in \(`adb devices -l`\)\? A model run that needs "
+                     r"longer: BUILD_RULES_PHONE_RUN_TIMEOUT=<seconds>", result.output), result.output
+    assert not (phone_env.repo / RESULT).exists()
+
+
+def test_the_stand_in_adb_pushes_as_the_real_one_does(phone_env, tmp_path):
+    """`adb push [--sync] [-z ALGORITHM] [-Z] LOCAL... REMOTE`: several files into a folder, a folder whole, --sync
+    skipping what the phone has with the same size and mtime; the syntax as strict as adb's."""
+    def adb(*args):
+        done = subprocess.run(["adb", "-s", SERIAL, *args], capture_output=True, text=True, env=os.environ)
+        return done.returncode, done.stdout + done.stderr
+    fs = phone_env.folder / "fs"
+    folder = tmp_path / "up"
+    (folder / "sub").mkdir(parents=True)
+    for name in ("a.raw", "b.raw", "sub/c.raw"):
+        (folder / name).write_text(name)
+    assert adb("push", str(folder / "a.raw"), str(folder / "b.raw"), "/data/local/tmp/none") == (
+        1, "adb: error: target '/data/local/tmp/none' is not a directory\n")
+    assert adb("push", "--bogus", str(folder / "a.raw"), "/data/local/tmp/")[0] == 1
+    assert adb("push", str(folder / "a.raw"))[0] == 1
+    code, out = adb("push", str(folder / "a.raw"), str(folder / "b.raw"), "/data/local/tmp/")
+    assert code == 0 and out.endswith("2 files pushed, 0 skipped. " + out.rsplit("skipped. ", 1)[1])
+    assert (fs / "data/local/tmp/b.raw").read_text() == "b.raw"
+    assert adb("push", str(folder), "/data/local/tmp/")[0] == 0  # a folder into a folder: REMOTE/<name>/...
+    assert (fs / "data/local/tmp/up/sub/c.raw").read_text() == "sub/c.raw"
+    code, out = adb("push", "--sync", str(folder), "/data/local/tmp/")
+    assert code == 0 and "0 files pushed, 3 skipped." in out  # same size and mtime: skipped
+    (folder / "a.raw").write_text("A.RAW")
+    os.utime(folder / "a.raw", (1e9, 1e9))
+    code, out = adb("push", "--sync", str(folder), "/data/local/tmp/")
+    assert "1 file pushed, 2 skipped." in out and (fs / "data/local/tmp/up/a.raw").read_text() == "A.RAW"
+
+
+def test_clean_removes_the_tools_files_from_the_phone(phone_env):
+    repo = phone_env.repo
+    assert run_doit(repo, CHECK).code == 0
+    tool = phone_env.folder / "fs/data/local/tmp/build_rules"
+    assert (tool / "runtime/libQnnHtp.so").is_file()
+    (phone_env.folder / "fs/data/local/tmp/someone-elses.txt").write_text("kept")
+    done = subprocess.run([sys.executable, "-m", "build_rules.device", "clean", "s25"], cwd=repo, capture_output=True,
+                          text=True, env=os.environ)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ("s25 (R5CX1234ABC): removed /data/local/tmp/build_rules/ (what the device tasks pushed and "
+                           "ran there)\n")
+    assert not tool.exists() and (phone_env.folder / "fs/data/local/tmp/someone-elses.txt").is_file()
+    assert (repo / RESULT).is_file()  # the results on this machine stay
+    done = subprocess.run([sys.executable, "-m", "build_rules.device", "clean", "pixel"], cwd=repo,
+                          capture_output=True, text=True, env=os.environ)
+    assert done.returncode == 1
+    assert done.stderr == ("error: pixel: neither a phone devices.toml names nor a serial `adb devices -l` "
+                           "lists\n")
+    phone_env.clear()
+    assert run_doit(repo, CHECK).code == 0  # the same key: judged again, the runtime pushed anew
+    assert {"libQnnHtp.so", "qnn-net-run"} <= {Path(p).name for p in _pushed(phone_env.calls())}
+
+
+def test_a_library_missing_on_the_phone_gets_a_hint_and_keeps_the_last_good_result(phone_env, monkeypatch):
+    from build_rules.device import on_phone
+    repo = phone_env.repo
+    assert run_doit(repo, CHECK).code == 0
+    good = json.loads((repo / RESULT).read_text())
+    set_phone(phone_env.folder, **{"ro.build.fingerprint": "samsung/pa1qxxx/pa1q:16/BP2A.250605.031/S931BXXU3BYF1:user/"
+                                                           "release-keys"})  # an OTA: the phone runs again
+    original = on_phone.push_runtime_and
+
+    def push_then_lose_the_stub(phone, more):
+        pushed = original(phone, more)
+        (phone_env.folder / "fs/data/local/tmp/build_rules/runtime/libQnnHtpV79Stub.so").unlink()
+        return pushed
+    monkeypatch.setattr(on_phone, "push_runtime_and", push_then_lose_the_stub)
+    result = run_doit(repo, CHECK)
+    assert result.code != 0
+    assert ('[ ERROR ] Unable to load backend. dlerror(): dlopen failed: library "libQnnHtpV79Stub.so" not found '
+            "(LD_LIBRARY_PATH)\nhint: libQnnHtpV79Stub.so is part of the QNN runtime this task pushes to "
+            "/data/local/tmp/build_rules/runtime/ (from ") in result.output
+    assert ("and qnn-net-run did not find it there on the phone: remove the tool's files with `python -m "
+            "build_rules.device clean s25` and run the task again, which pushes the whole runtime anew") in result.output
+    kept = json.loads((repo / RESULT).read_text())  # the earlier good numbers stay, marked stale
+    assert kept["summary"] == good["summary"] and kept["fingerprint"] == good["fingerprint"]
+    assert kept["stale"]["why"] == ('the last run failed: [ ERROR ] Unable to load backend. dlerror(): dlopen failed: '
+                                    'library "libQnnHtpV79Stub.so" not found (LD_LIBRARY_PATH)')
+    assert run_doit(repo, "report").code == 0
+    row = next(line for line in (repo / "out/tinynet/report.md").read_text().split("## On phones", 1)[1].splitlines()
+               if line.startswith("| w8a16 | SM8750 | encoder | "))
+    assert f"pass (cosine >= 0.99) (stale since {kept['stale']['since']}: the last run failed)" in row
 
 
 def test_doit_list_never_calls_adb_and_lists_the_device_tasks(phone_env):
@@ -193,7 +375,7 @@ def test_report_shows_the_phone_beside_the_emulator_and_dist_lists_it(phone_env)
     cells = [c.strip() for c in row.strip("|").split("|")]
     record = json.loads((repo / RESULT).read_text())
     assert cells[4:7] == ["s25", "SM-S931B", record["fingerprint"]]
-    assert cells[7] == "2.40.0 251030" and cells[10] == "pass (cosine >= 0.99)"
+    assert cells[7] == "2.51.0 260929" and cells[10] == "pass (cosine >= 0.99)"
     assert float(cells[8]) == pytest.approx(record["summary"]["cosine"], abs=1e-6)
     assert float(cells[3]) == pytest.approx(float(cells[8]), abs=1e-5)  # emulator beside phone
     dist = run_doit(repo, "dist:tinynet/w8a16")
@@ -446,8 +628,15 @@ def test_power_measures_drain_and_cpu_share_and_resets_the_battery(phone_env, mo
     monkeypatch.setenv("BUILD_RULES_POWER_SECONDS", "4")
     monkeypatch.setenv("BUILD_RULES_POWER_SAMPLE", "1")
     monkeypatch.setenv("BUILD_RULES_CPU_RUNTIME", str(make_cpu_runtime(tmp_path / "cpu-runtime")))
+    monkeypatch.setenv("BUILD_RULES_PROGRESS_SECONDS", "0.5")
     result = run_doit(phone_env.repo, "power:tinynet/w8a16@s25")
     assert result.code == 0, result.output
+    # the duration is said when it starts (the default of 30 min per path was not), and the time left as it runs
+    assert ("   power:tinynet/w8a16@s25: 2 loop(s) (NPU, CPU) of 4.0 s each (BUILD_RULES_POWER_SECONDS=4): about "
+            "8.0 s on the phone; Ctrl-C stops it and restores the battery state\n") in result.output
+    left = [float(x) for x in re.findall(r"^   power:tinynet/w8a16@s25: NPU loop \S+ s of 4\.0 s, (\S+) s left",
+                                         result.output, re.M)]
+    assert left and all(4.0 <= x < 8.0 for x in left)  # the CPU path's 4 s still to come
     record = json.loads((phone_env.repo / "out/tinynet/w8a16/SM8750/power.s25.json").read_text())
     npu = record["npu"]
     assert npu["mah_per_hour"] == pytest.approx(150 * 3600 / 1000, rel=0.05)  # the stand-in's 150 uAh/s
@@ -468,29 +657,101 @@ def test_power_measures_drain_and_cpu_share_and_resets_the_battery(phone_env, mo
     assert f"| w8a16 | SM8750 | s25 | CPU | {cpu['seconds']:.4g} | " in table
 
 
-def test_power_restores_the_battery_state_after_a_failure_and_on_ctrl_c(phone_env, monkeypatch):
+def remote_processes(phone: Path) -> list[int]:
+    """pids of the stand-in phone's programs still running (they are host processes whose command line holds the
+    phone's folder); a zombie counts as gone."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(phone) in cmdline and state not in ("Z", "X"):
+            found.append(int(proc.name))
+    return found
+
+
+def gone(pids: list[int], seconds: float = 10.0) -> bool:
+    """Every one of these pids ended (kill sends SIGTERM: a process ends a moment later)."""
+    import time
+
+    def alive(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        except OSError:
+            return False
+    end = time.monotonic() + seconds
+    while any(alive(pid) for pid in pids):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def test_power_fails_when_the_loop_dies_at_once_with_its_logs_line(phone_env, monkeypatch):
+    """qnn-net-run failed at once ("Unable to load backend"), yet the task passed with a 2.3 s row (issue 37)."""
+    from build_rules.device import power, session
+    monkeypatch.setenv("BUILD_RULES_POWER_SECONDS", "6")
+    monkeypatch.setenv("BUILD_RULES_POWER_SAMPLE", "1")
+    monkeypatch.setattr(power, "net_run", lambda *a, **k: session.net_run(*a, **k, backend="libQnnGpu.so"))
+    result = run_doit(phone_env.repo, "power:tinynet/w8a16@s25")
+    assert result.code != 0
+    assert re.search(r"power:tinynet/w8a16@s25: the NPU loop \(pid \d+, --duration 6\) ended after \d\.\d s of the 6 s "
+                     r"asked: \[ ERROR \] Unable to load backend\. dlerror\(\): dlopen failed: library "
+                     r'"/data/local/tmp/build_rules/runtime/libQnnGpu.so" not found \(its log: '
+                     r"/data/local/tmp/build_rules/power.npu.log on the phone\); nothing was recorded; the battery "
+                     r"state was restored", result.output), result.output
+    assert not (phone_env.repo / "out/tinynet/w8a16/SM8750/power.s25.json").exists()
+
+
+def test_power_restores_the_battery_state_and_stops_the_loop_after_a_failure_ctrl_c_and_sigterm(phone_env,
+                                                                                                 monkeypatch):
+    import signal
+    import time
+
+    from build_rules.device import power
     monkeypatch.setenv("BUILD_RULES_POWER_SECONDS", "30")
+    running = []  # the stand-in phone's loop, seen while it runs
     set_phone(phone_env.folder, battery={"level": 80, "charge_counter_uah": 3_000_000, "drain_uah_per_s": 150,
                                          "full_uah": 3_750_000, "sysfs": False})  # no /sys battery node: it fails
+    original = power.battery
+
+    def battery(phone):
+        running.extend(remote_processes(phone_env.folder))
+        return original(phone)
+    monkeypatch.setattr(power, "battery", battery)
     result = run_doit(phone_env.repo, "power:tinynet/w8a16@s25")
     assert result.code != 0
     assert ("power:tinynet/w8a16@s25: on s25 (R5CX1234ABC): `cat /sys/class/power_supply/battery/charge_counter"
             in result.output)
     assert "the battery state was restored (dumpsys battery reset)" in result.output
+    assert f"power:tinynet/w8a16@s25: stopped the loop (pid " in result.output
     assert _battery(phone_env.folder)["unplugged"] is False
     assert not (phone_env.repo / "out/tinynet/w8a16/SM8750/power.s25.json").exists()
+    assert running and gone(running), running  # the loop ran when the battery read failed; it is gone now
+    monkeypatch.setattr(power, "battery", original)
 
     set_phone(phone_env.folder, battery={"level": 80, "charge_counter_uah": 3_000_000, "drain_uah_per_s": 150,
-                                         "full_uah": 3_750_000})  # the node back: now a Ctrl-C while sampling
-    from build_rules.device import power
+                                         "full_uah": 3_750_000})  # the node back: now a Ctrl-C, then a SIGTERM
+    for stop in ("ctrl-c", "sigterm"):
+        running.clear()
 
-    def interrupted(seconds):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(power, "_sleep", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        run_doit(phone_env.repo, "power:tinynet/w8a16@s25")
-    assert _battery(phone_env.folder)["unplugged"] is False
-    assert "dumpsys battery reset" in " ".join(phone_env.calls()[-1])
+        def interrupted(seconds):
+            running.extend(remote_processes(phone_env.folder))
+            if stop == "ctrl-c":
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)  # as `kill <doit's pid>` does; power's handler raises
+            time.sleep(5)
+        monkeypatch.setattr(power, "_sleep", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            run_doit(phone_env.repo, "power:tinynet/w8a16@s25")
+        assert _battery(phone_env.folder)["unplugged"] is False, stop
+        assert "dumpsys battery reset" in " ".join(phone_env.calls()[-1]), stop
+        assert running and gone(running), (stop, running)
+        assert any(c[-1].startswith("kill ") for c in phone_env.calls() if "shell" in c), stop
 
 
 AUDIO_HOOK = '''
@@ -614,7 +875,7 @@ def test_a_split_graph_runs_its_parts_in_order_on_the_phone(phone_env, monkeypat
     runs = _net_runs(phone_env.calls())
     assert [r.split("--retrieve_context ")[1].split()[0].rsplit("/", 1)[1] for r in runs] == \
         ["encoder.part1.bin", "encoder.part2.bin"]
-    part2 = [Path(c[-1]).parent.name for c in _pushes(phone_env.calls()) if c[-1].endswith("input_list.txt")]
+    part2 = [Path(c[-1]).name for c in _pushes(phone_env.calls()) if any(a.endswith("input_list.txt") for a in c)]
     assert part2 == ["encoder", "encoder.part2"]  # the evaluation set's list, then part 2's from part 1's outputs
     monkeypatch.setenv("BUILD_RULES_PROFILE_RUNS", "4")
     profile = run_doit(repo, "profile:tinynet/fp16@s25")

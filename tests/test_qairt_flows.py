@@ -489,7 +489,7 @@ def test_the_build_file_stays_light_in_the_dlc_flow(built_dlc):
             "('numpy', 'onnx', 'onnxruntime', 'torch', 'onnxruntime_qnn'))))")
     env = dict(os.environ, QNN_SDK_ROOT=str(base / "qairt" / VERSION), BUILD_RULES_QAIRT_FLOW="dlc",
                PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    env.pop("BUILD_RULES_TOOLCHAIN", None)
+    env["BUILD_RULES_TOOLCHAIN"] = "qairt"
     proc = subprocess.run([sys.executable, "-c", code], cwd=base / "repo", env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []

@@ -43,7 +43,8 @@ def path_without(*programs: str) -> str:
 
 
 def use_sdk(mp: pytest.MonkeyPatch, sdk: Path, calls: Path, host_tools: bool = True) -> None:
-    """Only QNN_SDK_ROOT points at the SDK: no envsetup.sh, no SDK entries on PYTHONPATH / LD_LIBRARY_PATH / PATH.
+    """Only QNN_SDK_ROOT points at the SDK: no envsetup.sh, no SDK entries on PYTHONPATH / LD_LIBRARY_PATH / PATH;
+    the qairt toolchain chosen for the run (BUILD_RULES_TOOLCHAIN=qairt: an SDK alone does not choose it).
     host_tools: stand-in clang++ and make on PATH (what the model-lib flow's library build needs); never an NDK."""
     mp.setenv("QNN_SDK_ROOT", str(sdk))
     mp.setenv("FAKE_QAIRT_LOG", str(calls))
@@ -51,7 +52,8 @@ def use_sdk(mp: pytest.MonkeyPatch, sdk: Path, calls: Path, host_tools: bool = T
     if host_tools:
         path = f"{make_host_tools(calls.parent / 'host-bin')}{os.pathsep}{path}"
     mp.setenv("PATH", path)
-    for name in ("BUILD_RULES_TOOLCHAIN", "BUILD_RULES_QAIRT_FLOW", "FAKE_QAIRT_UNSUPPORTED_OP", "FAKE_QAIRT_WARNING",
+    mp.setenv("BUILD_RULES_TOOLCHAIN", "qairt")
+    for name in ("BUILD_RULES_QAIRT_FLOW", "FAKE_QAIRT_UNSUPPORTED_OP", "FAKE_QAIRT_WARNING",
                  "FAKE_QAIRT_REJECT_OP", "FAKE_QAIRT_KEEP_LAYOUT", "PYTHONPATH", "LD_LIBRARY_PATH"):
         mp.delenv(name, raising=False)
 
@@ -97,12 +99,16 @@ def qairt_copy(built_qairt, tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------------------------- choice
 
-def test_toolchain_choice_env_then_repo_then_sdk_root():
+def test_toolchain_choice_env_then_repo_never_the_sdk_root():
     from build_rules.config import ConfigError
     from build_rules.toolchains import choose
 
-    assert choose("auto", {})[0] == "ort-qnn"
-    assert choose("auto", {"QNN_SDK_ROOT": "/sdk"}) == ("qairt", "QNN_SDK_ROOT is set")
+    assert choose("auto", {}) == ("ort-qnn", "default")
+    # QAIRT's envsetup.sh sets QNN_SDK_ROOT for everyone with the SDK: it is the phone's runtime, not a choice
+    assert choose("auto", {"QNN_SDK_ROOT": "/sdk"}) == (
+        "ort-qnn", "default; QNN_SDK_ROOT is set and used only for the phone's runtime -- toolchain = \"qairt\" in "
+                   "chips.toml or BUILD_RULES_TOOLCHAIN=qairt builds with it")
+    assert choose("qairt", {"QNN_SDK_ROOT": "/sdk"}) == ("qairt", 'chips.toml: toolchain = "qairt"')
     assert choose("ort-qnn", {"QNN_SDK_ROOT": "/sdk"})[0] == "ort-qnn"
     assert choose("qairt", {})[0] == "qairt"
     assert choose("qairt", {"BUILD_RULES_TOOLCHAIN": "ort-qnn"})[0] == "ort-qnn"
@@ -372,6 +378,45 @@ def test_manifest_records_each_binarys_io_contract_from_net_json(built_qairt):
                                  "layout": "NF"}]}
 
 
+def first_lines(output: str) -> list[str]:
+    """A build's first two lines (the up-to-date tasks doit -v 1 lists before them left out), the estimate cut off."""
+    lines = [line for line in output.splitlines() if not line.startswith("-- ")]
+    return [lines[0], re.sub(r"^\d+ task\(s\) to run.*", "N task(s) to run", lines[1])]
+
+
+def test_an_sdk_on_the_machine_does_not_choose_the_toolchain(tinynet_repo, tmp_path, monkeypatch):
+    """QAIRT's envsetup.sh sets QNN_SDK_ROOT (issue 37): the build stays ort-qnn and says why in its first line;
+    toolchain = "qairt" in chips.toml builds with the SDK."""
+    sdk = make_sdk(tmp_path / "qairt" / VERSION)
+    monkeypatch.setenv("QNN_SDK_ROOT", str(sdk))
+    monkeypatch.setenv("PATH", f"{make_host_tools(tmp_path / 'host-bin')}{os.pathsep}{os.environ['PATH']}")
+    for name in ("BUILD_RULES_TOOLCHAIN", "BUILD_RULES_QAIRT_FLOW"):
+        monkeypatch.delenv(name, raising=False)
+    listing = run_doit(tinynet_repo, "list")
+    assert listing.code == 0, listing.output
+    assert "with ort-qnn" in listing.output and re.search(r"^quantize ", listing.output, re.M)
+    assert not re.search(r"^(convert|model_libs|htp_config) ", listing.output, re.M)
+    build = run_doit(tinynet_repo, "-a", "size:tinynet/encoder/w8a16")
+    assert build.code == 0, build.output
+    assert first_lines(build.output) == [
+        "toolchain: ort-qnn (default; QNN_SDK_ROOT is set and used only for the phone's runtime -- toolchain = "
+        "\"qairt\" in chips.toml or BUILD_RULES_TOOLCHAIN=qairt builds with it)", "N task(s) to run"]
+    assert build.output.count("toolchain: ") == 1  # once a build, not per task
+    assert not (tmp_path / "calls.jsonl").exists()
+
+    chips = tinynet_repo / "chips.toml"
+    chips.write_text(chips.read_text().replace('toolchain = "auto"', 'toolchain = "qairt"'))
+    monkeypatch.setenv("FAKE_QAIRT_LOG", str(tmp_path / "calls.jsonl"))
+    listing = run_doit(tinynet_repo, "list")
+    assert listing.code == 0, listing.output
+    assert "with qairt" in listing.output
+    assert re.search(rf"^convert .*\[qairt {VERSION}, model-lib flow\]$", listing.output, re.M)
+    build = run_doit(tinynet_repo, "convert:tinynet/encoder/w8a16")
+    assert build.code == 0, build.output
+    assert first_lines(build.output)[0] == 'toolchain: qairt, model-lib flow (chips.toml: toolchain = "qairt")'
+    assert [r[0] for r in recorded(tmp_path / "calls.jsonl")] and "convert:tinynet/encoder/w8a16" in build.ran
+
+
 def test_doit_list_names_the_toolchain(built_qairt, monkeypatch):
     base, _ = built_qairt
     use_sdk(monkeypatch, base / "qairt" / VERSION, base / "calls.jsonl")
@@ -588,7 +633,7 @@ def test_loading_the_build_file_stays_light_under_qairt(built_qairt):
             "('numpy', 'onnx', 'onnxruntime', 'torch', 'onnxruntime_qnn'))))")
     env = dict(os.environ, QNN_SDK_ROOT=str(base / "qairt" / VERSION), PYTHONPATH=str(ROOT),
                PATH=f"{make_host_tools(base / 'host-bin')}{os.pathsep}{os.environ['PATH']}")
-    env.pop("BUILD_RULES_TOOLCHAIN", None)
+    env["BUILD_RULES_TOOLCHAIN"] = "qairt"
     proc = subprocess.run([sys.executable, "-c", code], cwd=base / "repo", env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []

@@ -3,6 +3,11 @@
 A remote command's exit code: adb's shell protocol (adb 1.0.35+, Android 7+) returns it, but adb's own failures (a
 device that went away: "adb: device 'S' not found", exit 1) use the same codes. So every remote command ends with
 `; echo __BUILD_RULES_RC=$?`: no marker in the output means adb, not the command, failed, and the error says so.
+
+Every call has a timeout (issue 37: a phone that stopped answering hung the task): a bounded default per kind of
+command (SECONDS), longer for pushes and pulls, and for the commands that run the model (qnn-net-run, ort-cpu-run:
+run_seconds(), BUILD_RULES_PHONE_RUN_TIMEOUT) and power's loop (its duration). An expired one is a DeviceError naming
+the command and the phone.
 """
 from __future__ import annotations
 
@@ -15,6 +20,19 @@ import subprocess
 from .errors import DeviceError
 
 MARK = "__BUILD_RULES_RC="
+# seconds an adb call may take, per kind: a short command on the phone (getprop, sha256sum, cat, kill ...), one push
+# (a 100 MB binary or the 31 MB CPU runtime over USB 2 is well under a minute), a pull of one output folder
+SECONDS = {"devices": 30, "shell": 120, "push": 900, "pull": 600}
+RUN_ENV = "BUILD_RULES_PHONE_RUN_TIMEOUT"  # one qnn-net-run / ort-cpu-run over the samples (default 1800 s)
+
+
+def run_seconds() -> float:
+    """The timeout of a command that runs the model on the phone."""
+    value = os.environ.get(RUN_ENV, "").strip()
+    try:
+        return float(value) if value else 1800.0
+    except ValueError:
+        raise DeviceError(f"{RUN_ENV}={value}: expected seconds (e.g. 3600)") from None
 
 
 def adb_path() -> str:
@@ -49,18 +67,21 @@ def parse_devices(text: str) -> list[dict]:
 
 
 def devices() -> list[dict]:
-    code, out, err = _run([adb_path(), "devices", "-l"], timeout=30)
+    code, out, err = _run([adb_path(), "devices", "-l"], timeout=SECONDS["devices"])
     if code != 0:
         raise DeviceError(f"`adb devices -l` failed (exit {code}): {err.strip() or out.strip()}")
     return parse_devices(out)
 
 
-def _run(cmd: list[str], timeout: float | None = None) -> tuple[int, str, str]:
+def _run(cmd: list[str], timeout: float, phone: str = "") -> tuple[int, str, str]:
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise DeviceError(f"`{' '.join(cmd[:6])} ...` did not answer in {timeout:.0f} s (is the phone awake and "
-                          "still plugged in?)") from None
+        shown = " ".join(cmd[1:])
+        shown = shown if len(shown) <= 200 else shown[:200] + " ..."
+        raise DeviceError(f"`adb {shown}` did not finish in {timeout:.0f} s{phone}: is the phone awake, unlocked and "
+                          "still plugged in (`adb devices -l`)? A model run that needs longer: "
+                          f"{RUN_ENV}=<seconds>") from None
     return done.returncode, done.stdout, done.stderr
 
 
@@ -95,8 +116,13 @@ class Adb:
     def getprop(self, prop: str) -> str:
         return self.shell(f"getprop {shlex.quote(prop)}").strip()
 
+    def _run(self, args: list[str], kind: str, timeout: float | None = None) -> tuple[int, str, str]:
+        return _run([self.adb, "-s", self.serial, *args], timeout or SECONDS[kind],
+                    f" on the phone {self.name} ({self.serial})")
+
     def shell(self, command: str, check: bool = True, timeout: float | None = None) -> str:
-        """The remote command's stdout (stderr joined); a non-zero remote exit fails when check is set."""
+        """The remote command's stdout (stderr joined); a non-zero remote exit fails when check is set. timeout: for
+        a command that runs longer than SECONDS["shell"] (a model run: run_seconds())."""
         code, output = self.shell_code(command, timeout)
         if check and code != 0:
             raise DeviceError(f"on {self.name} ({self.serial}): `{command}` exited with {code}:\n"
@@ -104,24 +130,23 @@ class Adb:
         return output
 
     def shell_code(self, command: str, timeout: float | None = None) -> tuple[int, str]:
-        code, out, err = _run([self.adb, "-s", self.serial, "shell", f"{command}; echo {MARK}$?"], timeout)
+        code, out, err = self._run(["shell", f"{command}; echo {MARK}$?"], "shell", timeout)
         at = out.rfind(MARK)
         if at < 0:
             raise self._fail(f"shell '{command[:120]}'", code, err or out)
         remote = int(out[at + len(MARK):].split()[0])
         return remote, out[:at] + (err if err else "")
 
-    def push(self, local: str | os.PathLike, remote: str) -> None:
-        code, out, err = _run([self.adb, "-s", self.serial, "push", str(local), remote])
+    def push(self, local, remote: str) -> None:
+        """`adb push LOCAL... REMOTE`: one file or folder to a path, or several into the folder `remote` (which must
+        exist on the phone: adb refuses several LOCALs into a path that is no folder)."""
+        sources = [str(p) for p in (local if isinstance(local, (list, tuple)) else [local])]
+        code, out, err = self._run(["push", *sources, remote], "push", SECONDS["push"] * max(1, len(sources) // 20))
         if code != 0:
-            raise self._fail(f"push {local} {remote}", code, err or out)
+            shown = sources[0] + (f" (and {len(sources) - 1} more)" if len(sources) > 1 else "")
+            raise self._fail(f"push {shown} {remote}", code, err or out)
 
     def pull(self, remote: str, local: str | os.PathLike) -> None:
-        code, out, err = _run([self.adb, "-s", self.serial, "pull", remote, str(local)])
+        code, out, err = self._run(["pull", remote, str(local)], "pull")
         if code != 0:
             raise self._fail(f"pull {remote} {local}", code, err or out)
-
-    def popen_shell(self, command: str) -> subprocess.Popen:
-        """A long remote command (power's loop), its output read as it comes."""
-        return subprocess.Popen([self.adb, "-s", self.serial, "shell", command], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)

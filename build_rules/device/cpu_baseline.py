@@ -15,6 +15,7 @@ import shlex
 import statistics
 from pathlib import Path
 
+from .adb import run_seconds
 from .cpu_runtime import LOADER, RUNNER, files as runtime_files
 from .devices import REMOTE_ROOT
 from .errors import DeviceError
@@ -71,7 +72,7 @@ def profile(phone, params: dict, graph: str, files: dict, folder: Path, runtime:
     prepared = prepare(phone, params, graph, files, folder / "inputs", runtime)
     output_dir = f"{REMOTE_ROOT}/cpu-profile/{params['model']}/{graph}"
     said = phone.adb.shell(command(prepared, output_dir, "--num_inferences", str(params["warmup"] + params["runs"]),
-                                   "--keep_num_outputs", "1"))
+                                   "--keep_num_outputs", "1"), timeout=run_seconds())
     phone.adb.pull(f"{output_dir}/timings.csv", folder / "timings.csv")
     rows = [line.split(",") for line in (folder / "timings.csv").read_text().splitlines()[1:] if "," in line]
     load = [float(v) / 1000 for event, v in rows if event == "load"]

@@ -9,8 +9,9 @@ outputs, Result_<n>/<tensor>.raw); outputs are read back through the binary's I/
 in order, the tensors crossing each cut handed on (on_phone.py), and the final outputs are judged. The result file <graph>.device.<device>.json beside the binary records
 chip, phone model, build fingerprint, runtime, binary digest, quantization and the numbers, keyed on the binary,
 the runtime's identity, the phone's fingerprint, the evaluation set and the hooks: the same key judges the saved
-numbers again without running the phone. It is written only when the phone run finished; a failed run removes an
-older result, so no file claims what was not measured.
+numbers again without running the phone. It is written only when the phone run finished; a failed run keeps an
+older result, marked `stale` (when and why: results.mark_stale), so no file claims to be of the current binary,
+runtime or phone build when it is not.
 """
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ import tempfile
 from pathlib import Path
 
 from ..errors import BuildError
-from ..files import atomic_write_json, remove_quietly
+from ..files import atomic_write_json
 from .errors import DeviceError
 from .push import sha256
+from .results import mark_stale
 from .session import open_phone, runtime_identity
 
 VERSION = 1
@@ -77,12 +79,16 @@ def check(params: dict) -> dict:
             if saved and saved.get("key") == found["key"]:
                 found["saved"] = True
                 return False
-            remove_quietly(result_path)  # a result of another binary/runtime/phone build is stale from here on
         return True
     with tempfile.TemporaryDirectory(prefix="build-rules-device-") as tmp:
-        outputs, _ = run_graph(phone, params, params["graph"], parts, inputs, Path(tmp), "outputs",
-                               shapes={n: v.shape for n, v in reference[0].items()} if reference else None,
-                               before=keyed)
+        try:
+            outputs, _ = run_graph(phone, params, params["graph"], parts, inputs, Path(tmp), "outputs",
+                                   shapes={n: v.shape for n, v in reference[0].items()} if reference else None,
+                                   before=keyed)
+        except (DeviceError, BuildError) as e:
+            if saved and "key" in saved:  # another binary/runtime/phone build's numbers: kept, marked stale
+                mark_stale(result_path, saved, str(e))
+            raise
     identity, key = found["identity"], found["key"]
     if found.get("saved"):
         print(f"{result_path}: measured on {phone.adb.name} from the same binary, runtime, phone build, "

@@ -13,8 +13,10 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from .adb import run_seconds
 from .devices import REMOTE_ROOT
-from .session import net_run, push_runtime_and
+from .errors import DeviceError
+from .session import missing_library_hint, net_run, push_runtime_and
 from .target import Part, read_outputs, write_inputs
 
 
@@ -73,7 +75,11 @@ def run_graph(phone, params: dict, graph: str, parts: list[Part], samples: list[
         keep = () if not extra else ("--keep_num_outputs", "1" if last and not final_outputs else str(len(samples)))
         io = ("--use_native_input_files", "--use_native_output_files") if native else ()
         with around(run) if around else contextlib.nullcontext():
-            run.said = phone.adb.shell(net_run(binary, run.input_list, output_dir, *extra, *io, *keep, wrapper=wrapper))
+            try:
+                run.said = phone.adb.shell(net_run(binary, run.input_list, output_dir, *extra, *io, *keep,
+                                                   wrapper=wrapper), timeout=run_seconds())
+            except DeviceError as e:
+                raise DeviceError(f"{e}{missing_library_hint(str(e), phone)}") from None
         phone.adb.pull(output_dir, run.pulled)
         if last and not final_outputs:
             break

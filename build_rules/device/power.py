@@ -8,15 +8,21 @@ restores it afterwards, also on a failure or Ctrl-C (SIGINT/SIGTERM). `unplug` a
 reports, so the drain is read from the kernel's live counters, /sys/class/power_supply/battery/charge_counter (uAh)
 and capacity (%). Many phones still charge over USB while "unplugged": hold the charger off (a USB power blocker or
 wireless adb) for numbers that mean anything; the result lists what to hold fixed.
+
+The loop's process on the phone is stopped on every way out but its own end (loop()), and a loop that ended much
+sooner than asked fails with its log's error line (issue 37: a qnn-net-run that could not load its backend gave a
+2.3 s row and a passed task; a Ctrl-C left it running on the phone). The duration is said when the task starts and
+the time left while it runs (say(): through the build's console, as stage progress lines are).
 """
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
 
 from ..errors import BuildError
-from ..files import atomic_write_json, remove_quietly
+from ..files import atomic_write_json
 from .devices import REMOTE_ROOT
 from .errors import DeviceError
 from .session import net_run, open_phone, push_runtime_and
@@ -51,40 +57,104 @@ def battery(phone) -> dict:
     return {"charge_counter_uah": int(values[0]), "level": int(values[1]), "time": time.monotonic()}
 
 
-def loop(phone, command: str, seconds: float, every: float) -> dict:
-    """Start `command` in the background on the phone, sample its CPU ticks every `every` s until it ends."""
-    started = phone.shell(f"{command} > {REMOTE_ROOT}/power.log 2>&1 & echo PID=$!")
+def say(name: str, text: str) -> None:
+    """A line on the console as it happens (doit keeps an action's own prints until it ends): through the build's
+    console, as a stage's progress lines go (progress.py)."""
+    from .. import progress
+    if progress.console is not None:
+        progress.console(f"   {name}: {text}\n")
+    else:
+        print(f"{name}: {text}", flush=True)
+
+
+def loop(phone, command: str, seconds: float, every: float, path: str = "NPU", name: str = "power",
+         later: float = 0.0) -> dict:
+    """Start `command` in the background on the phone, sample its CPU ticks every `every` s until it ends. The
+    remote process is stopped on every way out of here but its own end (a failure, Ctrl-C, SIGTERM), and a loop that
+    ended much sooner than `seconds` fails with its log's last error line. `later`: seconds of loops still to come
+    (the time left the progress lines give)."""
+    log = f"{REMOTE_ROOT}/power.{path.lower()}.log"
+    started = phone.shell(f"{command} > {log} 2>&1 & echo PID=$!")
     pid = int(started.split("PID=")[-1].split()[0])
+    running = True
+    try:
+        result, running = _sample(phone, pid, seconds, every, path, name, later)
+    finally:
+        if running:
+            _stop(phone, pid, name)
+    if result["alive_seconds"] < 0.9 * seconds - every:
+        raise DeviceError(f"the {path} loop (pid {pid}, --duration {seconds:g}) ended after "
+                          f"{result['alive_seconds']:.1f} s of the {seconds:g} s asked: {_last_error(phone, log)} "
+                          f"(its log: {log} on the phone); nothing was recorded")
+    return result
+
+
+def _sample(phone, pid: int, seconds: float, every: float, path: str, name: str, later: float) -> tuple[dict, bool]:
+    """(the loop's numbers, whether it still runs); the CPU share from /proc/<pid>/stat, the battery around it."""
+    from ..progress import format_seconds, interval
+    started = time.monotonic()
     hz = int(phone.shell("getconf CLK_TCK").strip() or 100)
     before = battery(phone)
-    samples, first, last = [], None, None
-    deadline = time.monotonic() + seconds + 30
-    while time.monotonic() < deadline:
+    samples, first, last, seen = [], None, None, None
+    deadline = started + seconds + max(30.0, 0.1 * seconds)
+    next_line = started + interval()
+    while True:
         code, text = phone.shell_code(f"cat /proc/{pid}/stat")
-        if code != 0 or not text.strip():
+        fields = text.strip()[text.strip().rfind(")") + 2:].split() if code == 0 and ")" in text else []
+        if not fields or fields[0] in ("Z", "X"):
             break  # the loop ended
-        ticks, now = cpu_ticks(text.strip()), time.monotonic()
+        now = time.monotonic()
+        seen = now
+        ticks = cpu_ticks(text.strip())
         if last is not None and now > last[1]:
             samples.append(round(100.0 * (ticks - last[0]) / hz / (now - last[1]), 1))
         first = first or (ticks, now)
         last = (ticks, now)
+        if now > deadline:
+            raise DeviceError(f"the {path} loop (pid {pid}) ran {now - started:.0f} s, past its {seconds:g} s: "
+                              "stopped")
+        if now >= next_line:
+            left = max(seconds - (now - started), 0.0) + later
+            say(name, f"{path} loop {format_seconds(now - started)} of {format_seconds(seconds)}, "
+                      f"{format_seconds(left)} left" + (f", process CPU {samples[-1]:.0f} %" if samples else ""))
+            next_line = now + interval()
         _sleep(every)
-    else:
-        phone.shell(f"kill {pid}", check=False)
-        raise DeviceError(f"{phone.name}: the loop (pid {pid}) ran {seconds + 30:.0f} s past its {seconds:g} s")
     after = battery(phone)
     hours = (after["time"] - before["time"]) / 3600
     cpu = (100.0 * (last[0] - first[0]) / hz / (last[1] - first[1])) if last and first and last[1] > first[1] else None
-    return {"seconds": round(after["time"] - before["time"], 2), "cpu_percent_samples": samples,
-            "cpu_percent_mean": cpu, "battery_before": before, "battery_after": after,
-            "percent_per_hour": (before["level"] - after["level"]) / hours if hours else None,
+    return {"seconds": round(after["time"] - before["time"], 2), "alive_seconds": round((seen or started) - started, 2),
+            "cpu_percent_samples": samples, "cpu_percent_mean": cpu, "battery_before": before,
+            "battery_after": after, "percent_per_hour": (before["level"] - after["level"]) / hours if hours else None,
             "mah_per_hour": ((before["charge_counter_uah"] - after["charge_counter_uah"]) / 1000 / hours
-                             if hours else None)}
+                             if hours else None)}, False
+
+
+def _stop(phone, pid: int, name: str) -> None:
+    """Stop the loop's process on the phone (kill sends SIGTERM; qnn-net-run and ort-cpu-run end on it)."""
+    try:
+        code, _ = phone.shell_code(f"kill {pid}", timeout=30)
+    except DeviceError as e:
+        say(name, f"could NOT stop the loop (pid {pid}) on the phone ({e}): run `adb -s {phone.serial} shell kill "
+                  f"{pid}` when the phone is back")
+        return
+    say(name, f"stopped the loop (pid {pid}) on the phone" if code == 0 else f"the loop (pid {pid}) had ended")
+
+
+def _last_error(phone, log: str) -> str:
+    """The log's last error line (qnn-net-run's `[ ERROR ] ...`, `<E> ...`), else its last line."""
+    try:
+        code, text = phone.shell_code(f"cat {log}", timeout=30)
+    except DeviceError as e:
+        return f"its log could not be read ({e})"
+    lines = [line.strip() for line in text.splitlines() if line.strip()] if code == 0 else []
+    errors = [line for line in lines if "ERROR" in line or line.startswith("<E>") or "error" in line.lower()]
+    return (errors or lines or ["the log is empty"])[-1]
 
 
 def power(params: dict) -> dict:
     import tempfile
 
+    from ..progress import format_seconds
     from . import cpu_baseline, cpu_runtime
     from ..samples import load_evaluation
     from .on_phone import remote_binary, remote_inputs
@@ -94,7 +164,6 @@ def power(params: dict) -> dict:
     if cpu_root is not None:
         cpu_runtime.files(cpu_root, params["name"])  # a half-made folder fails before the phone is touched
     phone = open_phone(params)
-    remove_quietly(result_path)
     (part,) = read_parts(params["name"], params["target"])  # an unsplit graph (tasks/device.py picks one)
     inputs, _ = load_evaluation(params["evaluation"])
     inputs_remote = remote_inputs(params, params["graph"], 0, part.name)
@@ -110,24 +179,33 @@ def power(params: dict) -> dict:
             cpu_command = _background(cpu_baseline.command(
                 prepared, f"{REMOTE_ROOT}/cpu-power/{params['model']}/{params['graph']}", "--duration",
                 f"{params['seconds']:g}", "--keep_num_outputs", "1"), cpu_baseline.REMOTE_CPU + "/" + cpu_runtime.LOADER)
+    paths = ["NPU"] + (["CPU"] if cpu_command is not None else [])
+    say(params["name"], f"{len(paths)} loop(s) ({', '.join(paths)}) of {format_seconds(params['seconds'])} each "
+                        f"({params['seconds_from']}): about {format_seconds(len(paths) * params['seconds'])} on the "
+                        "phone; Ctrl-C stops it and restores the battery state"
+                        + ("" if cpu_command is not None else f"; the CPU path is not measured: {cpu_runtime.NOT_SET}"))
     command = _background(net_run(binary_remote, f"{inputs_remote}/input_list.txt",
                                   binary_remote.replace("/bin/", "/power/", 1)[:-len(".bin")], "--perf_profile",
                                   "burst", "--duration", f"{params['seconds']:g}", "--keep_num_outputs", "1"),
                           f"{REMOTE_ROOT}/runtime/qnn-net-run")
     previous = signal.signal(signal.SIGTERM, _interrupt)
-    phone.adb.shell("dumpsys battery unplug")
     failure = None
     try:
-        npu = loop(phone.adb, command, params["seconds"], params["sample_seconds"])
+        phone.adb.shell("dumpsys battery unplug")
+        npu = loop(phone.adb, command, params["seconds"], params["sample_seconds"], "NPU", params["name"],
+                   later=params["seconds"] * (len(paths) - 1))
         cpu = {"measured": False, "reason": cpu_runtime.NOT_SET} if cpu_command is None else \
             {"measured": True, "runner": "ort-cpu-run (ONNX Runtime CPU execution provider, the float graph)",
-             **loop(phone.adb, cpu_command, params["seconds"], params["sample_seconds"])}
+             **loop(phone.adb, cpu_command, params["seconds"], params["sample_seconds"], "CPU", params["name"])}
     except DeviceError as e:
         failure = e
     finally:  # also on Ctrl-C / SIGTERM (KeyboardInterrupt passes through here)
         restored = _restore(phone.adb)
         signal.signal(signal.SIGTERM, previous)
     if failure is not None:
+        if result_path.is_file():  # the last good result stays, marked as such (issue 37)
+            from .results import mark_stale
+            mark_stale(result_path, json.loads(result_path.read_text()), str(failure))
         raise DeviceError(f"{failure}; {restored}") from None
     record = {"device": params["device"]["name"], "phone_model": phone.product, "fingerprint": phone.fingerprint,
               "chip": params["chip"]["name"], "variant": params["variant"], "graph": params["graph"],

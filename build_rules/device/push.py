@@ -1,5 +1,7 @@
 """Push only what the phone lacks: one `sha256sum` over every remote path, then `adb push` of the files whose
-digest differs or that are missing (toybox's sha256sum prints '<digest>  <path>' per file it could read)."""
+digest differs or that are missing (toybox's sha256sum prints '<digest>  <path>' per file it could read): one
+`adb push LOCAL... FOLDER` per remote folder (a device check pushed 207 files one `adb push` each before issue 37).
+Not `adb push --sync`: it compares mtimes, and the evaluation inputs are written anew for every run."""
 from __future__ import annotations
 
 import hashlib
@@ -39,12 +41,21 @@ def push_missing(phone: Adb, files: dict[str, str | Path]) -> dict:
     folders = sorted({remote.rsplit("/", 1)[0] for remote in files if there.get(remote) != local[remote]})
     if folders:
         phone.shell("mkdir -p " + " ".join(shlex.quote(f) for f in folders))
+    by_folder: dict[str, list[str]] = {}
     for remote in sorted(files):
         if there.get(remote) == local[remote]:
             kept.append(remote)
             continue
-        phone.push(files[remote], remote)
         pushed.append(remote)
+        if Path(files[remote]).name == remote.rsplit("/", 1)[1]:
+            by_folder.setdefault(remote.rsplit("/", 1)[0], []).append(remote)
+        else:  # another name on the phone (the CPU baseline's float/<graph>.onnx): a push of its own
+            phone.push(files[remote], remote)
+    for folder, remotes in by_folder.items():
+        if len(remotes) > 1:
+            phone.push([files[r] for r in remotes], folder + "/")  # mkdir -p made the folder above
+        else:
+            phone.push(files[remotes[0]], remotes[0])
     if pushed:
         executables = [r for r in pushed if r.rsplit("/", 1)[1] in EXECUTABLES]
         if executables:

@@ -22,7 +22,19 @@ def _brief(result: dict) -> dict:
     return {"phone_model": result.get("phone_model"), "fingerprint": result.get("fingerprint"),
             "runtime": result.get("runtime"), "binary_sha256": result.get("binary_sha256"),
             "samples": result.get("samples"), "summary": result.get("summary"), "gated": result.get("gated"),
-            "passed": result.get("passed")}
+            "passed": result.get("passed"), **({"stale": result["stale"]} if result.get("stale") else {})}
+
+
+def mark_stale(path: str | Path, result: dict, error: str) -> None:
+    """A run that failed keeps the last good result (issue 37: it was deleted), marked as not of the current binary,
+    runtime or phone build: `stale` says when and why; the next good run replaces the file."""
+    import time
+
+    from ..files import atomic_write_json
+    lines = [line.strip() for line in error.splitlines() if line.strip()] or ["no message"]
+    said = next((line for line in lines if "ERROR" in line or line.startswith("<E>")), lines[0])  # the tool's own
+    atomic_write_json(path, {**result, "stale": {"since": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                                 "why": f"the last run failed: {said[:300]}"}})
 
 
 def report_rows(cells: list[dict], rows: list[dict]) -> list[dict]:
@@ -47,6 +59,8 @@ def markdown(report: dict) -> list[str]:
         runtime = r.get("runtime") or {}
         gate = "; ".join(f"{'pass' if g['passed'] else '**FAIL**' if g['passed'] is False else '–'} ({g['gate']})"
                          for g in r.get("gated") or []) or "–"
+        if r.get("stale"):  # an earlier binary/runtime/phone build's numbers: the last run failed
+            gate += f" (stale since {r['stale']['since']}: the last run failed)"
         s = r.get("summary") or {}
         lines.append(f"| {r['variant']} | {r['chip']} | {r['graph']} | {_fmt(r['emulator'].get('cosine'), 6)} | "
                      f"{r['device']} | {r.get('phone_model') or '–'} | {r.get('fingerprint') or '–'} | "

@@ -57,14 +57,50 @@ def profile_viewer(root: Path, where: str) -> Path:
     return path
 
 
+def release(root: Path) -> tuple[str | None, str | None, str]:
+    """(version, build id, where they came from) of the runtime folder: sdk.yaml (`version: 2.40.0`, `build_id:
+    251030`), else a folder named like a QAIRT download (2.40.0.251030), as the qairt toolchain reads its SDK."""
+    from ..toolchains.qairt import SdkError, Sdk
+    try:
+        return Sdk(root).release()
+    except SdkError:
+        return None, None, "sdk.yaml (unreadable)"
+
+
 def identity(root: Path, pushed: dict[str, str]) -> dict:
-    """The runtime's version (sdk.yaml: `version: X.Y.Z`, `build_id: N`) and the digests of what is pushed."""
-    version = build_id = None
-    yaml = root / "sdk.yaml"
-    if yaml.is_file():
-        text = yaml.read_text(errors="replace")
-        found = re.search(r"^version:\s*(\S+)", text, re.M)
-        version = found.group(1) if found else None
-        found = re.search(r"^build_id:\s*(\S+)", text, re.M)
-        build_id = found.group(1) if found else None
+    """The runtime's version and build id (release()) and the digests of what is pushed."""
+    version, build_id, _ = release(root)
     return {"root": str(root), "version": version, "build_id": build_id, "files": dict(sorted(pushed.items()))}
+
+
+def _numbers(version: str | None) -> tuple[int, ...] | None:
+    found = re.match(r"v?(\d+)\.(\d+)\.(\d+)", version or "")
+    return tuple(int(n) for n in found.groups()) if found else None
+
+
+def built_with(toolchain: dict) -> tuple[str, str]:
+    """(QNN version, what made them) of the binaries a toolchain identity (project.toolchain) compiles."""
+    if toolchain["name"] == "qairt":
+        from ..toolchains.qairt import release_name
+        return toolchain["sdk_version"], f"the qairt toolchain, QAIRT {release_name(toolchain)}"
+    return toolchain["qnn_version"], (f"onnxruntime-qnn {toolchain.get('package_version')} (QNN "
+                                      f"{toolchain['qnn_version']}, build {toolchain.get('build_id')})")
+
+
+def check_loads(where: str, root: Path, toolchain: dict) -> None:
+    """Refuse, before anything talks to the phone, a runtime older than the SDK that compiled the binaries: QNN
+    context binaries load on the runtime of their own SDK or a newer one only (the HTP backend refuses a newer blob:
+    "Using newer context binary on old SDK", QNN_CONTEXT_ERROR_BINARY_VERSION)."""
+    binary, made_by = built_with(toolchain)
+    version, _, source = release(root)
+    setting = ENV if os.environ.get(ENV) else "QNN_SDK_ROOT"
+    if _numbers(version) is None:
+        raise DeviceError(f"{where}: cannot tell the version of the QNN runtime at {root} ({setting}): no sdk.yaml with "
+                          "`version: X.Y.Z` and the folder is not named like a QAIRT release (2.51.0.260929); copy "
+                          f"the SDK's sdk.yaml into it. The binaries need QNN {binary} or newer ({made_by})")
+    if _numbers(version) < _numbers(binary):
+        raise DeviceError(f"{where}: the QNN runtime for the phone is QAIRT {version} ({setting}={root}, {source}), older "
+                          f"than the binaries' QNN {binary} ({made_by}): a phone refuses a context binary from a newer "
+                          f"SDK (\"Using newer context binary on old SDK\"). Use a QAIRT SDK {binary} or newer for the "
+                          f"phone ({setting}), or build the binaries with the phone's SDK (toolchain = \"qairt\" in "
+                          "chips.toml, QNN_SDK_ROOT at that SDK)")

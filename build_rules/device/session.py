@@ -1,8 +1,10 @@
-"""What every device task does first, before anything runs on the phone: the runtime (or fail saying what to set),
-the phone plugged in and ready, its SoC the chip the binaries were compiled for, and what the phone is (model,
-build fingerprint) for the result's key and record. Then the pushes and the qnn-net-run command line."""
+"""What every device task does first, before anything runs on the phone: the runtime (or fail saying what to set;
+one older than the SDK that compiled the binaries is refused), the phone plugged in and ready, its SoC the chip the
+binaries were compiled for, and what the phone is (model, build fingerprint) for the result's key and record. Then
+the pushes and the qnn-net-run command line."""
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +36,7 @@ def open_phone(params: dict, cpu: bool = False) -> Phone:
     device, chip = params["device"], params["chip"]
     root = runtime.folder(where)  # no SDK: fail here, before adb is called at all
     files = runtime.files(root, chip["dsp_arch"], where, cpu=cpu)
+    runtime.check_loads(where, root, params["toolchain"])  # a runtime older than the binaries: before any push
     phone = Adb(device["serial"], device["name"])
     phone.check_ready()
     soc = phone.getprop("ro.soc.model")
@@ -72,3 +75,21 @@ def net_run(binary: str, input_list: str, output_dir: str, *extra: str, backend:
             f"export LD_LIBRARY_PATH={REMOTE_RUNTIME} && "
             f"export ADSP_LIBRARY_PATH={shlex.quote(REMOTE_RUNTIME + ';' + SYSTEM_DSP_PATHS)} && "
             f"{wrapper + ' ' if wrapper else ''}{REMOTE_RUNTIME}/qnn-net-run " + " ".join(shlex.quote(a) for a in args))
+
+
+def missing_library_hint(output: str, phone: Phone) -> str:
+    """qnn-net-run's raw `dlopen failed: library "X" not found`, explained: X is one of the runtime files pushed (then
+    it is gone from the phone: push the runtime anew), or one the runtime folder lacks, or the phone's own."""
+    found = re.search(r'dlopen failed: library "([^"]+)" not found', output)
+    if not found:
+        return ""
+    library = found.group(1).rsplit("/", 1)[-1]
+    clean = f"python -m build_rules.device clean {phone.adb.name}"
+    if library in phone.runtime_files:
+        return (f"\nhint: {library} is part of the QNN runtime this task pushes to {REMOTE_RUNTIME}/ (from "
+                f"{phone.runtime_files[library]}), and qnn-net-run did not find it there on the phone: remove the "
+                f"tool's files with `{clean}` and run the task again, which pushes the whole runtime anew")
+    return (f"\nhint: {library} is not among the QNN runtime files this task pushes ({', '.join(phone.runtime_files)}"
+            f", from {phone.runtime_root}): if the QAIRT SDK has it (lib/aarch64-android/), the runtime push should "
+            "include it (report it); otherwise it is a library of the phone's own system that qnn-net-run could not "
+            "load")

@@ -23,6 +23,7 @@ import sys
 
 from .. import collector, interrupt, stage_table
 from ..config import ConfigError
+from ..device import named
 from ..hashing import ContentChecker, use_key_digests, use_stat_cache
 from ..project import project
 from ..state import DOIT_DB, KEY_DIGESTS, STAT_CACHE, STATE_DIR
@@ -73,6 +74,12 @@ for _name in __all__:
         globals()[_name].__wrapped__ = sys.modules[__name__]
 
 
+def _warn_about_devices() -> None:
+    """A mistake in devices.toml leaves that phone's tasks out and fails nothing else (issue 37): one line each."""
+    for problem in named.device_file().problems.values():
+        print(f"warning: {problem} (its device tasks are left out)", file=sys.stderr)
+
+
 def doit_config() -> dict:
     from ..summary import SummaryReporter
     try:
@@ -84,7 +91,9 @@ def doit_config() -> dict:
         # A config mistake is the user's to fix: the message, not a traceback through doit's loader.
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(3) from None
+    _warn_about_devices()
     os.makedirs(STATE_DIR, exist_ok=True)
+    named.install()  # a device task of a phone devices.toml does not name well: why, not "Invalid parameter"
     interrupt.install()  # Ctrl-C and SIGTERM: state kept, one line, stages stopped
     remove_stale_staging()
     use_stat_cache(STAT_CACHE)

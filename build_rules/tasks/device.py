@@ -14,37 +14,32 @@ its result into the build summary's line for it (device/console.py), since doit 
 """
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 
 from .. import layout
-from ..config import ConfigError, gate_dicts
+from ..config import gate_dicts
 from ..project import chip_params, hook_files, model_data, project, rel, variant_builds
 
 POWER_SECONDS_ENV = "BUILD_RULES_POWER_SECONDS"  # power's fixed task per path (seed: 30-60 min)
 PROFILE_RUNS_ENV = "BUILD_RULES_PROFILE_RUNS"
 
 
-@functools.cache
-def _devices_cached(path: str, mtime_ns: int, chips: tuple) -> dict:
-    from ..device.devices import load_devices
-    from ..device.errors import DeviceError
-    try:
-        return load_devices(Path(path), dict.fromkeys(chips))
-    except DeviceError as e:
-        raise ConfigError(str(e)) from None
-
-
 def devices() -> dict:
-    path = Path("devices.toml")
-    if not path.is_file():
-        return {}
-    return _devices_cached(str(path), path.stat().st_mtime_ns, tuple(project().chips.chips))
+    """The phones devices.toml names well; a phone with a mistake gets no tasks (its line: device_file().problems)."""
+    from ..device.named import device_file
+    return device_file().found
 
 
 def _device_params(device) -> dict:
     return {"name": device.name, "serial": device.serial, "soc": device.soc, "model": device.model}
+
+
+def _common(device, chip) -> dict:
+    """What every device task's action needs about the phone, the chip and what compiled its binaries (the
+    toolchain's identity: the runtime pushed must be as new, device/runtime.check_loads)."""
+    return {"chip": chip_params(chip), "chips": list(project().chips.chips), "device": _device_params(device),
+            "toolchain": project().toolchain}
 
 
 def _builds_on(device):
@@ -80,7 +75,6 @@ def device_check_tasks():
         return
     from ..device import console, device_check
     from ..device.devices import check_result
-    chips = list(project().chips.chips)
     for device in devices().values():
         for model, variant, chip in _builds_on(device):
             data_params, data_dep = model_data(model)
@@ -90,8 +84,8 @@ def device_check_tasks():
                 result = check_result(model.name, variant.name, chip.name, graph.name, device.name)
                 name = f"{model.name}/{graph.name}/{variant.name}@{device.name}"
                 params = {"name": f"device_check:{name}", "model": model.name, "graph": graph.name,
-                          "variant": variant.name, "quantization": variant.settings(), "chip": chip_params(chip),
-                          "chips": chips, "device": _device_params(device), "target": target,
+                          "variant": variant.name, "quantization": variant.settings(), **_common(device, chip),
+                          "target": target,
                           "evaluation": evaluation, "hooks": rel(model.hooks), "gates": gate_dicts(graph.gates),
                           "outputs": {"result": result}, **data_params}
                 yield {"name": name,
@@ -117,8 +111,7 @@ def profile_tasks():
             result = profile_result(model.name, variant.name, chip.name, device.name)
             name = f"{model.name}/{variant.name}@{device.name}"
             params = {"name": f"profile:{name}", "model": model.name, "variant": variant.name,
-                      "chip": chip_params(chip), "chips": list(project().chips.chips), "device": _device_params(device),
-                      "graphs": graphs, "runs": runs, "warmup": 3,
+                      **_common(device, chip), "graphs": graphs, "runs": runs, "warmup": 3,
                       "perf_profile": os.environ.get("BUILD_RULES_PERF_PROFILE", "burst"),
                       "profiling_level": os.environ.get("BUILD_RULES_PROFILING_LEVEL", "basic"),
                       # the real-time factor's audio duration and graph runs (device/realtime.py)
@@ -137,7 +130,9 @@ def power_tasks():
         return
     from ..device import console, power
     from ..device.devices import power_result
-    seconds = float(os.environ.get(POWER_SECONDS_ENV, "1800"))
+    asked = os.environ.get(POWER_SECONDS_ENV, "").strip()
+    seconds = float(asked or 1800)
+    seconds_from = f"{POWER_SECONDS_ENV}={asked}" if asked else f"the default; {POWER_SECONDS_ENV} sets it"
     for device in devices().values():
         for model, variant, chip in _builds_on(device):
             # the first graph that is one binary (a split graph's parts would loop as several processes)
@@ -148,10 +143,10 @@ def power_tasks():
             result = power_result(model.name, variant.name, chip.name, device.name)
             name = f"{model.name}/{variant.name}@{device.name}"
             params = {"name": f"power:{name}", "model": model.name, "variant": variant.name, "graph": graph.name,
-                      "chip": chip_params(chip), "chips": list(project().chips.chips), "device": _device_params(device),
-                      "target": target, "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
+                      **_common(device, chip), "target": target,
+                      "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
                       "float_model": layout.float_file(model.name, graph.name, ".sim.onnx"),  # the CPU path
-                      "seconds": seconds, "sample_seconds": float(os.environ.get("BUILD_RULES_POWER_SAMPLE", "2")),
+                      "seconds": seconds, "seconds_from": seconds_from, "sample_seconds": float(os.environ.get("BUILD_RULES_POWER_SAMPLE", "2")),
                       "outputs": {"result": result}}
             yield {"name": name, "actions": [(power.run, [params]), (console.action, ["power", params])],
                    "file_dep": [*_target_files(target), params["evaluation"], params["float_model"]],

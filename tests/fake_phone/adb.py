@@ -4,7 +4,7 @@ Formats (Android platform-tools 35): `adb devices -l` prints 'List of devices at
 padded to 22 columns, the state, then ' usb:<path> product:<p> model:<m> device:<d> transport_id:<n>', then an empty
 line. A serial not connected: "adb: device '<serial>' not found" on stderr, exit 1; no device: "adb: no
 devices/emulators found"; several without -s: "adb: more than one device/emulator". `adb shell` returns the remote
-command's exit code (shell protocol). push: '<local>: 1 file pushed, 0 skipped. <rate> MB/s (<n> bytes in <t>s)';
+command's exit code (shell protocol). push: `push [--sync] [-n] [-z ALG] [-Z] LOCAL... REMOTE` (push());
 pull of a missing path: "adb: error: failed to stat remote object '<path>': No such file or directory", exit 1.
 """
 from __future__ import annotations
@@ -97,6 +97,9 @@ def main(argv: list[str]) -> int:
     if trigger and trigger in " ".join(argv):
         (phone.folder / "gone").write_text("unplugged\n")
         return _err(f"adb: device '{phone.serial}' not found")
+    hang = phone.data.get("hang_when")
+    if hang and hang in " ".join(argv):  # a phone that stopped answering (adb waits for it without end)
+        time.sleep(3600)
     if phone.data["state"] == "unauthorized":
         return _err("adb: device unauthorized.\nThis adb server's $ADB_VENDOR_KEYS is not set\nTry 'adb "
                     "kill-server' if that seems wrong.\nOtherwise check for a confirmation dialog on your device.")
@@ -127,20 +130,63 @@ def devices(long: bool) -> int:
 
 
 def push(phone: Phone, args: list[str]) -> int:
-    if len(args) != 2:
-        return _err("adb: push requires an argument")
-    local, remote = Path(args[0]), args[1]
-    if not local.exists():
-        return _err(f"adb: error: cannot stat '{local}': No such file or directory")
+    """`push [--sync] [-n] [-z ALGORITHM] [-Z] LOCAL... REMOTE` (adb's help text). Several LOCALs, or a LOCAL folder
+    into an existing folder, need REMOTE to be a folder on the phone; a folder is copied whole (into REMOTE/<name> when
+    REMOTE is a folder). adb creates the missing parent folders of a target and gives the remote file the local
+    mtime; --sync skips a file the phone has with the same size and mtime ("only push files that are newer on the
+    host than the device")."""
+    sync = dry = False
+    rest = list(args)
+    paths = []
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--sync":
+            sync = True
+        elif arg == "-n":
+            dry = True
+        elif arg == "-Z":
+            continue
+        elif arg == "-z":
+            if not rest or rest.pop(0) not in ("any", "none", "brotli", "lz4", "zstd"):
+                return _err("adb: error: -z requires an algorithm (any, none, brotli, lz4, zstd)")
+        elif arg.startswith("-") and len(arg) > 1:
+            return _err(f"adb: error: unknown option {arg} (push [--sync] [-z ALGORITHM] [-Z] LOCAL... REMOTE)")
+        else:
+            paths.append(arg)
+    if len(paths) < 2:
+        return _err("adb: usage: push requires an argument")
+    *locals_, remote = paths
     target = phone.host(remote)
-    if remote.endswith("/") or target.is_dir():
-        target = target / local.name
-    target.parent.mkdir(parents=True, exist_ok=True)
+    for local in locals_:
+        if not Path(local).exists():
+            return _err(f"adb: error: cannot stat '{local}': No such file or directory")
+    if len(locals_) > 1 and not target.is_dir():
+        return _err(f"adb: error: target '{remote}' is not a directory")
     started = time.perf_counter()
-    shutil.copyfile(local, target)
-    os.chmod(target, local.stat().st_mode & 0o777)
-    size, seconds = local.stat().st_size, max(time.perf_counter() - started, 1e-4)
-    print(f"{local}: 1 file pushed, 0 skipped. {size / seconds / 1e6:.1f} MB/s ({size} bytes in {seconds:.3f}s)")
+    pushed = skipped = size = 0
+    for local in map(Path, locals_):
+        base = target / local.name if (target.is_dir() or remote.endswith("/")) else target
+        pairs = [(f, base / f.relative_to(local)) for f in sorted(local.rglob("*")) if f.is_file()] \
+            if local.is_dir() else [(local, base)]
+        count = 0
+        for source, dest in pairs:
+            st = source.stat()
+            if sync and dest.is_file() and dest.stat().st_size == st.st_size and \
+                    int(dest.stat().st_mtime) == int(st.st_mtime):
+                skipped += 1
+                continue
+            if not dry:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, dest)
+                os.chmod(dest, st.st_mode & 0o777)
+                os.utime(dest, (st.st_mtime, st.st_mtime))
+            count += 1
+            size += st.st_size
+        pushed += count
+        print(f"{local}: {count} file{'s' if count != 1 else ''} pushed, 0 skipped.")
+    seconds = max(time.perf_counter() - started, 1e-4)
+    print(f"{pushed} file{'s' if pushed != 1 else ''} pushed, {skipped} skipped. {size / seconds / 1e6:.1f} MB/s "
+          f"({size} bytes in {seconds:.3f}s)")
     return 0
 
 

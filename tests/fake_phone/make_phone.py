@@ -13,7 +13,8 @@ phone.json's battery (a constant drain); `dumpsys thermalservice` shows phone.js
 thermal {"status": N, "temperatures": {name: [type, celsius]}} (tests set it with set_phone);
 `/system/bin/time -v` prints toybox's "Max RSS (KiB)" of the program it ran, measured on the host. Set FAKE_ADB_PHONES to the phones folder and FAKE_ADB_LOG to a file
 for a JSON line per adb call. phone.json "unplug_when": a substring of an adb command line at which the phone is
-gone (it and every later call get "adb: device '<serial>' not found", exit 1).
+gone (it and every later call get "adb: device '<serial>' not found", exit 1); "hang_when": a substring at which
+adb waits without end (a phone that stopped answering).
 The runtime's bin/aarch64-android/qnn-net-run is net_run.py: it refuses to run off the phone, checks its flags and
 its environment (LD_LIBRARY_PATH, ADSP_LIBRARY_PATH, the chip's Stub/Skel) and runs the context binary on the x86
 HTP emulator (onnxruntime-qnn), so the numbers a device check judges are real HTP numerics.
@@ -53,7 +54,7 @@ def make_phone(phones: Path, serial: str, *, soc: str = "SM8750", arch: str = "v
         "battery": {"level": 80, "charge_counter_uah": charge_counter_uah, "drain_uah_per_s": drain_uah_per_s,
                     "full_uah": 3_750_000},
         "thermal": {"status": 0, "temperatures": {"cpu-0-0": [0, 38.5], "skin": [3, 31.0], "battery": [2, 29.0]}},
-        "unplug_when": None}, indent=2))
+        "unplug_when": None, "hang_when": None}, indent=2))
     return folder
 
 

@@ -132,6 +132,7 @@ def _main(argv: list[str]) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # build_rules, for the emulator
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the stand-in SDK's binaries
     from fake_qairt import tools as qairt_tools
+    _refuse_a_newer_binary(backend, binary, qairt_tools)
     if binary.read_bytes().startswith(qairt_tools.STAND_IN_BINARY):
         return _run_qairt_stand_in(args, fs, cwd, binary, arch, qairt_tools)
     from build_rules import dist
@@ -270,6 +271,24 @@ def _parse_list(fs: Path, cwd: str, input_list: str, inputs: list[tuple]) -> lis
     if not samples:
         raise Fail("[ ERROR ] the input list is empty")
     return samples
+
+
+def _refuse_a_newer_binary(backend: Path, binary: Path, tools) -> None:
+    """A context binary from a newer SDK than the runtime's HTP backend does not load (QNN: only the runtime of the
+    binary's SDK or a newer one loads it). The runtime's version is the pushed backend library's (the stand-in SDK's
+    placeholder says "of QAIRT <version>"); the binary's is the QNN build id a real one embeds (v2.51.0.2609...), or
+    the stand-in SDK's stamp. The messages are the ones a 2.32 runtime printed for a 2.50 binary (a public field
+    note; QnnContext.h: QNN_CONTEXT_ERROR_BINARY_VERSION, "incompatible version of the binary")."""
+    import re
+    runtime = re.search(rb"of QAIRT (\d+)\.(\d+)\.(\d+)", backend.read_bytes()[:4096])
+    data = binary.read_bytes()
+    if data.startswith(tools.STAND_IN_BINARY):
+        made = re.match(r"(\d+)\.(\d+)\.(\d+)", tools._binary_meta(str(binary))["sdk_version"])
+    else:
+        made = re.search(rb"v(\d+)\.(\d+)\.(\d+)\.\d{8,}", data)
+    if runtime and made and tuple(map(int, made.groups())) > tuple(map(int, runtime.groups())):
+        raise Fail("<E> Using newer context binary on old SDK\n<E> Fail to get context blob with err 5000\n"
+                   "<E> Failed to create context from binary with err 0x1388")
 
 
 def _run_qairt_stand_in(args, fs: Path, cwd: str, binary: Path, arch: str, tools) -> int:
