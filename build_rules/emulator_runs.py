@@ -81,13 +81,19 @@ def iter_results(opener: str, args: tuple, items: list, what: str = "samples",
 
 def _in_process(opener: str, args: tuple, items: list, counter) -> Iterator[tuple[int, object]]:
     from .emulator_pool import resolve
-    with emulator_slots.slot(waiting=_say_waiting):
+    with holding_slot():
         apply = resolve(opener)(*args)
         for index, item in enumerate(items):
             result = apply(item)
             if counter is not None:
                 counter.done += 1
             yield index, result
+
+
+def holding_slot():
+    """For emulator work this process does itself, outside iter_results (an old-form evaluate hook): one of the
+    machine's slots, held for the block."""
+    return emulator_slots.slot(waiting=_say_waiting)
 
 
 def _say_waiting(n: int) -> None:
