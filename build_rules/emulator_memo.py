@@ -68,11 +68,21 @@ def runtime() -> list:
 class Memo:
     """The memo for one binary: get(feed) -> outputs or None, put(feed, outputs)."""
 
-    def __init__(self, ctx_model, folder: str | os.PathLike = EMULATOR_OUTPUTS):
+    def __init__(self, ctx_model=None, folder: str | os.PathLike = EMULATOR_OUTPUTS, *, model: bytes | None = None,
+                 options: dict | None = None):
+        """ctx_model: a compiled binary's ctx model (a split graph's: a list). Or model (ONNX bytes) and options: a
+        float or QDQ model the emulator compiles in-process with these options (tune's candidates, diagnose)."""
         self.folder = Path(folder)
         self.limit = limit_bytes()
         self.enabled = self.limit > 0
-        self._prefix = json.dumps([binary_digest(ctx_model), runtime()]).encode() if self.enabled else b""
+        if not self.enabled:
+            self._prefix = b""
+        elif model is not None:
+            import xxhash
+            self._prefix = json.dumps(["model", xxhash.xxh3_128(model).hexdigest(), options, runtime()],
+                                      sort_keys=True).encode()
+        else:
+            self._prefix = json.dumps([binary_digest(ctx_model), runtime()]).encode()
 
     def key(self, feed: dict) -> str:
         import numpy as np
@@ -113,12 +123,11 @@ class Memo:
             return
         import numpy as np
 
-        from .files import atomic_write_bytes
         buffer = io.BytesIO()
         np.savez(buffer, names=np.array(list(outputs), dtype=str),
                  **{f"o{i}": value for i, value in enumerate(outputs.values())})
         data = buffer.getvalue()
-        atomic_write_bytes(self._path(self.key(feed)), data)
+        _write(self._path(self.key(feed)), data)
         _written_since_prune += len(data)
         if _written_since_prune == len(data) or _written_since_prune > self.limit // 16:
             prune(self.folder, self.limit)
@@ -146,6 +155,21 @@ def prune(folder: str | os.PathLike = EMULATOR_OUTPUTS, limit: int | None = None
         _remove(Path(path))
         removed += size
     return removed
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Beside, then renamed: a reader sees the whole entry or none. No fsync (a build output's writes have one): an
+    entry torn by a crash does not load, and is a miss."""
+    import tempfile
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(Path(tmp))
+        raise
 
 
 def _scandir(folder: Path):

@@ -101,12 +101,12 @@ def _say_waiting(n: int) -> None:
           f"({emulator_slots.ENV}={n}; see docs/building.md)", flush=True)
 
 
-def open_binary(ctx_model):
+def open_binary(ctx_model, eager: bool = False):
     """feed -> outputs for one binary (a split graph: its parts in order), through the output memo: the session is
-    opened at the first feed the memo does not have."""
+    opened at the first feed the memo does not have (eager: now, so a binary the emulator cannot load fails here)."""
     from . import emulator_memo
     memo = emulator_memo.Memo(ctx_model)
-    session = None
+    session = _open(ctx_model) if eager else None
 
     def run(feed: dict) -> dict:
         nonlocal session
@@ -115,6 +115,52 @@ def open_binary(ctx_model):
             if session is None:
                 session = _open(ctx_model)
             outputs = session(feed)
+            memo.put(feed, outputs)
+        return outputs
+
+    return run
+
+
+class EmulatorCompileError(RuntimeError):
+    """The emulator could not compile a model in-process (run_model_outputs)."""
+
+
+def run_model_outputs(model, inputs: list[dict], *, soc_model: int, vtcm_mb: int, fp16: bool = False,
+                      what: str = "emulator samples") -> list[dict]:
+    """A float or QDQ model (a path or ONNX bytes) compiled in-process for one SoC, as tune's candidates and diagnose
+    run it (ort_qnn.emulator_session: no context binary written), over the inputs: each worker compiles it once.
+    Through the output memo, keyed by the model's bytes and the compile options. Raises EmulatorCompileError when
+    it does not compile."""
+    from pathlib import Path
+    data = model if isinstance(model, bytes) else Path(model).read_bytes()
+    options = {"soc_model": soc_model, "vtcm_mb": vtcm_mb, "fp16": fp16}
+    from . import emulator_memo, progress
+    memo = emulator_memo.Memo(model=data, options=options)
+    outputs = [memo.get(feed) for feed in inputs]
+    missing = [i for i, o in enumerate(outputs) if o is None]
+    with progress.counting(what, len(inputs)) as counter:
+        counter.done = len(inputs) - len(missing)
+        for k, result in iter_results("build_rules.emulator_runs:open_model", (data, options),
+                                      [inputs[i] for i in missing], what, counter):
+            outputs[missing[k]] = result
+    return outputs
+
+
+def open_model(data: bytes, options: dict):
+    """feed -> outputs of a model compiled in-process now (run_model_outputs' workers), through the output memo."""
+    from . import emulator_memo
+    from .toolchains import ort_qnn
+    try:
+        session = ort_qnn.emulator_session(data, **options)
+    except Exception as e:  # onnxruntime raises its own exception types
+        raise EmulatorCompileError(f"{type(e).__name__}: {str(e).strip()[:600]}") from None
+    names = [o.name for o in session.get_outputs()]
+    memo = emulator_memo.Memo(model=data, options=options)
+
+    def run(feed: dict) -> dict:
+        outputs = memo.get(feed)
+        if outputs is None:
+            outputs = dict(zip(names, session.run(names, feed)))
             memo.put(feed, outputs)
         return outputs
 

@@ -127,10 +127,10 @@ class Candidates:
         return path
 
     def run(self, model: Path, indices: list[int]) -> list[dict]:
-        from ...toolchains import ort_qnn
-        session = ort_qnn.emulator_session(model, soc_model=self.chip["soc_id"], vtcm_mb=self.chip["vtcm_mb"])
-        names = [o.name for o in session.get_outputs()]
-        return [dict(zip(names, session.run(names, self.inputs[i]))) for i in indices]
+        """The model's outputs on the samples, on the emulator (across its workers, through its output memo)."""
+        from ...emulator_runs import run_model_outputs
+        return run_model_outputs(model, [self.inputs[i] for i in indices], soc_model=self.chip["soc_id"],
+                                 vtcm_mb=self.chip["vtcm_mb"])
 
     def measure(self, sixteen, full: bool = False) -> dict:
         """Summary metrics (cosine, sqnr, max_abs, task metrics) with `sixteen` at 16 bit."""
