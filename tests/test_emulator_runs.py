@@ -96,6 +96,10 @@ def test_workers_give_the_serial_runs_bytes_in_sample_order(binary, spy, monkeyp
     # two worker processes, each opening the binary once and running a share of the 7 samples
     assert len(opened) == 2 and len(set(opened)) == 2 and str(os.getpid()) not in opened
     assert len(ran) == 7 and set(ran) == set(opened)
+    # the progress line counts the samples done on both workers: all 7 by the last one's turn
+    from build_rules import progress
+    lines = [progress.line() for _ in emulator_runs.iter_outputs(binary, feeds)]
+    assert "7/7 samples" in lines[-1] and all("/7 samples" in line for line in lines)
     # a split graph's form (a list of parts) takes the same road
     assert _same_bytes(serial, emulator_runs.run_outputs([binary], feeds))
 
