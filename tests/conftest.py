@@ -118,7 +118,8 @@ ort_qnn.open_context_binary = _recorded
 
 @pytest.fixture
 def emulator_sessions(tmp_path, monkeypatch):
-    """A function returning the context models the stage processes opened on the HTP emulator so far."""
+    """A function returning the context models the stage processes opened on the HTP emulator so far (a binary whose
+    outputs on the samples are in the emulator output memo is not opened: out/.build-state/emulator-outputs)."""
     spy = tmp_path / "emulator-spy"
     spy.mkdir()
     (spy / "sitecustomize.py").write_text(EMULATOR_SPY)
@@ -127,4 +128,6 @@ def emulator_sessions(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(spy), str(ROOT), os.environ.get("PYTHONPATH"))
                                                      if p))
     monkeypatch.setenv("BUILD_RULES_TEST_EMULATOR_LOG", str(log))
+    # one emulator worker: a session opened is then a measurement (with more, each worker opens the binary once)
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "1")
     return lambda: log.read_text().splitlines()
