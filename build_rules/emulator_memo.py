@@ -127,7 +127,9 @@ class Memo:
         np.savez(buffer, names=np.array(list(outputs), dtype=str),
                  **{f"o{i}": value for i, value in enumerate(outputs.values())})
         data = buffer.getvalue()
-        _write(self._path(self.key(feed)), data)
+        from .files import atomic_write_bytes
+        # no fsync, unlike a build output's: an entry torn by a crash does not load, and is a miss
+        atomic_write_bytes(self._path(self.key(feed)), data, fsync=False)
         _written_since_prune += len(data)
         if _written_since_prune == len(data) or _written_since_prune > self.limit // 16:
             prune(self.folder, self.limit)
@@ -155,21 +157,6 @@ def prune(folder: str | os.PathLike = EMULATOR_OUTPUTS, limit: int | None = None
         _remove(Path(path))
         removed += size
     return removed
-
-
-def _write(path: Path, data: bytes) -> None:
-    """Beside, then renamed: a reader sees the whole entry or none. No fsync (a build output's writes have one): an
-    entry torn by a crash does not load, and is a miss."""
-    import tempfile
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        _remove(Path(tmp))
-        raise
 
 
 def _scandir(folder: Path):
