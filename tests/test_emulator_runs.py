@@ -194,3 +194,14 @@ def test_bad_settings_say_what_is_expected(monkeypatch):
     monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "-1")
     with pytest.raises(ValueError, match=r"BUILD_RULES_EMULATOR_MEMO_MB='-1': expected the emulator output memo"):
         emulator_memo.limit_bytes()
+
+
+def test_diagnose_gets_the_checks_outputs_from_the_memo(tinynet_repo, emulator_sessions):
+    """One binary, one input, one emulator run across stages: the build checked head@SM8750 on its evaluation set;
+    diagnose's plain-binary runs on 4 of those samples are the check's, read from the memo."""
+    from conftest import run_doit
+    result = run_doit(tinynet_repo, "diagnose:tinynet/head/w8a16@SM8750")
+    assert result.code == 0, result.output
+    assert emulator_sessions() == []  # (its exposed model compiles in-process: emulator_session, not a binary)
+    log = (tinynet_repo / "out/tinynet/w8a16/SM8750/head.diagnose.log").read_text()
+    assert "all 4 plain binary samples from the emulator output memo: the emulator does not run" in log, log
