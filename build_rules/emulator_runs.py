@@ -67,14 +67,14 @@ def iter_results(opener: str, args: tuple, items: list, what: str = "samples",
     counter: a progress counter whose .done counts items as they complete on any worker."""
     if not items:
         return
-    workers = min(worker_count(), len(items))
-    if workers <= 1 or emulator_slots.held() is not None:  # (a worker, or a job inside a job: this process's slot)
-        yield from _in_process(opener, args, items, counter)
-        return
     backend = _backend()
     if backend == "local":
-        from . import emulator_pool
-        yield from emulator_pool.run(opener, args, items, workers, what, counter)
+        workers = min(worker_count(), len(items))
+        if workers <= 1 or emulator_slots.held() is not None:  # (a worker, or a job inside a job: this one's slot)
+            yield from _in_process(opener, args, items, counter)
+        else:
+            from . import emulator_pool
+            yield from emulator_pool.run(opener, args, items, workers, what, counter)
     else:
         raise ValueError(f"unknown emulator backend {backend!r}")
 
