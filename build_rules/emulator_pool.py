@@ -40,7 +40,7 @@ class _Worker:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         code = (f"import sys; sys.path.insert(0, {_ROOT!r}); from build_rules.emulator_pool import serve; "
-                f"serve({to_child_r}, {from_child_w})")
+                f"serve({to_child_r}, {from_child_w}, {os.getpid()})")
         try:
             self.process = subprocess.Popen([sys.executable, "-c", code], pass_fds=(to_child_r, from_child_w),
                                             stdin=subprocess.DEVNULL)
@@ -120,12 +120,13 @@ def _error(error, index, what: str) -> BaseException:
     return WorkerError(f"an emulator worker failed{where}:\n{error}")
 
 
-def serve(read_fd: int, write_fd: int) -> None:
+def serve(read_fd: int, write_fd: int, parent: int) -> None:
     """A worker's body: hold a slot, open the job once, run the items it is sent until told to stop."""
     import queue
     import threading
 
     from . import emulator_slots
+    _die_with(parent)
     receive, send = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
     try:
         opener, args = receive.recv()
@@ -161,6 +162,23 @@ def serve(read_fd: int, write_fd: int) -> None:
                 send.send(("failed", index, _picklable(e)))
                 return
             send.send(("done", index, result))
+
+
+def _die_with(parent: int) -> None:
+    """End with the process that started this worker, even when it is killed outright (a stage gets SIGKILL when
+    its build is interrupted, and runs no cleanup): Linux's parent-death signal. Ctrl-C reaches the whole process
+    group; the parent handles it and ends the workers, which ignore it. SIGTERM ends a worker, whatever disposition
+    it inherited (an ignored signal stays ignored across exec)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the pipe's EOF ends the worker after its current item
+        pass
+    if os.getppid() != parent:  # the parent died before the signal was set
+        os._exit(1)
 
 
 def _picklable(error: BaseException):

@@ -120,6 +120,45 @@ def test_closing_early_runs_no_more_samples_and_leaves_no_worker(binary, spy, mo
     assert done < 40, f"{done} of 40 samples ran though the caller stopped after the first"
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()  # a zombie has ended (its reaper may be slow in a container)
+    except FileNotFoundError:
+        return False
+
+
+def test_workers_end_with_a_stage_killed_outright(spy, monkeypatch):
+    """An interrupted build kills its stage processes with SIGKILL (no cleanup runs): their workers end too, even in
+    the middle of an item that would take an hour (here: functools.partial(time.sleep) over [3600] * 4)."""
+    import signal
+    import time
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    job = ("import time; from build_rules import emulator_runs; "
+           "list(emulator_runs.iter_results('functools:partial', (time.sleep,), [3600] * 4))")
+    stage = subprocess.Popen([sys.executable, "-c", job])
+
+    def workers() -> list[int]:
+        try:
+            return [int(p) for p in Path(f"/proc/{stage.pid}/task/{stage.pid}/children").read_text().split()]
+        except FileNotFoundError:
+            return []
+
+    deadline = time.monotonic() + 120
+    while len(workers()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    started = workers()
+    assert len(started) == 2
+    time.sleep(10)  # started, holding their slots, each asleep in its first item
+    assert stage.poll() is None and all(_alive(pid) for pid in started)
+    stage.send_signal(signal.SIGKILL)
+    stage.wait()
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in started) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in started)
+
+
 def test_a_worker_error_reaches_the_caller_with_the_sample(binary, spy, monkeypatch):
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
     feeds = samples(3, 5)
@@ -205,3 +244,19 @@ def test_diagnose_gets_the_checks_outputs_from_the_memo(tinynet_repo, emulator_s
     assert emulator_sessions() == []  # (its exposed model compiles in-process: emulator_session, not a binary)
     log = (tinynet_repo / "out/tinynet/w8a16/SM8750/head.diagnose.log").read_text()
     assert "all 4 plain binary samples from the emulator output memo: the emulator does not run" in log, log
+
+
+def test_a_check_writes_the_same_bytes_with_one_worker_and_with_two(tinynet_repo, monkeypatch):
+    from conftest import run_doit
+    monkeypatch.setenv("BUILD_RULES_CACHE", "off")  # the check runs each time (no restore)
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "0")  # and runs its samples on the emulator each time
+    folder = tinynet_repo / "out/tinynet/w8a16/SM8750"
+    written = []
+    for workers in ("1", "2"):
+        monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", workers)
+        for name in ("head.check.json", "head.measure.json"):
+            (folder / name).unlink()
+        result = run_doit(tinynet_repo, "check:tinynet/head/w8a16@SM8750")
+        assert result.code == 0 and result.ran == {"check:tinynet/head/w8a16@SM8750"}, result.output
+        written.append([(folder / name).read_bytes() for name in ("head.check.json", "head.measure.json")])
+    assert written[0] == written[1]
