@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np, onnx
 from onnx import helper, numpy_helper, TensorProto
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from build_rules import emulator_runs
 from build_rules.toolchains import ort_qnn
 
 def lpbq_params(w, block, axis_k, scale_bits=4, bits=4):
@@ -143,7 +144,7 @@ def cosine(a, b):
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 def run_ctx(ctx, feeds):
-    outs = ort_qnn.run_context_binary(Path(ctx), feeds)
+    outs = emulator_runs.run_outputs(Path(ctx), feeds)
     return [np.concatenate([v.ravel() for v in o.values()]) for o in outs]
 
 def gemm_to_matmul(path, out_path, names=None):

@@ -64,9 +64,3 @@ def open_on_cpu(onnx_models: list, optimize: bool = True):
     optimizations, so the chain computes bit for bit what the whole graph computes (with them, a weight two parts
     read, like a tied embedding, is fused differently in each: measured 0.15 on Whisper's logits, w8a16)."""
     return open_chain(onnx_models, lambda path: _cpu_part(path, optimize))
-
-
-def run_on_emulator(ctx_models: list, inputs: list[dict]) -> list[dict]:
-    from . import progress
-    run = open_on_emulator(ctx_models)
-    return [run(feed) for feed in progress.track(inputs, "samples")]

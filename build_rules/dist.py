@@ -442,7 +442,6 @@ def check_contract(chip_dir: Path, graph: str, contract: dict, evaluation: Path,
     import numpy as np
 
     from .samples import load_evaluation
-    from .toolchains import ort_qnn
 
     ctx_path = chip_dir / (ctx_name or f"{graph}_ctx.onnx")
     binary = chip_dir / (binary_name or f"{graph}.bin")
@@ -454,23 +453,14 @@ def check_contract(chip_dir: Path, graph: str, contract: dict, evaluation: Path,
         if inputs and tensor["name"] not in inputs[0]:
             raise DistError(f"{where}: index input '{tensor['name']}' is not in {evaluation} "
                             f"(it has {sorted(inputs[0])})")
+    from . import emulator_runs
     with tempfile.TemporaryDirectory(prefix="dist-verify-") as tmp:
         wrapper = _bare_binary_model(ctx_path, binary, contract, Path(tmp))
-        try:
-            run_bare = ort_qnn.open_context_binary(wrapper)
-            run_float = ort_qnn.open_context_binary(ctx_path)
-        except Exception as e:  # onnxruntime raises its own exception types
-            raise _EmulatorRefused(f"{type(e).__name__}: {str(e).strip()[:400]}") from None
+        feeds = [{t["name"]: np.asarray(sample[t["name"]]) for t in contract["inputs"]} for sample in inputs]
         worst = 0.0
-        for number, sample in enumerate(inputs):
-            feed = {t["name"]: quantize(np.asarray(sample[t["name"]]), t) for t in contract["inputs"]}
-            try:
-                raw = run_bare(feed)
-            except Exception as e:
-                raise DistError(f"{where}: the binary refused inputs typed as the index says "
-                                f"({', '.join(t['name'] + ' ' + t['dtype'] for t in contract['inputs'])}): "
-                                f"{str(e).strip()[:400]}") from None
-            reference = run_float({t["name"]: np.asarray(sample[t["name"]]) for t in contract["inputs"]})
+        runs = emulator_runs.iter_results("build_rules.dist:open_contract_runs", (str(wrapper), str(ctx_path), contract,
+                                                                                 where), feeds, "verify samples")
+        for number, (raw, reference) in runs:
             for tensor in contract["outputs"]:
                 got = dequantize(raw[tensor["name"]], tensor)
                 want = np.asarray(reference[tensor["name"]], dtype=np.float64)
@@ -491,6 +481,31 @@ def check_contract(chip_dir: Path, graph: str, contract: dict, evaluation: Path,
     return {"samples": len(inputs), "worst_steps": worst}
 
 
+def open_contract_runs(wrapper: str, ctx_path: str, contract: dict, where: str):
+    """float sample -> (the bare binary's outputs on its fixed-point inputs, the _ctx.onnx's on the float ones): what
+    each emulator worker of check_contract opens once (emulator_runs.iter_results), both through the output memo."""
+    import numpy as np
+
+    from .emulator_runs import open_binary
+    try:
+        run_bare = open_binary(wrapper, eager=True)
+    except Exception as e:  # onnxruntime raises its own exception types
+        raise _EmulatorRefused(f"{type(e).__name__}: {str(e).strip()[:400]}") from None
+    run_float = open_binary(ctx_path)
+
+    def run(sample: dict) -> tuple[dict, dict]:
+        feed = {t["name"]: quantize(np.asarray(sample[t["name"]]), t) for t in contract["inputs"]}
+        try:
+            raw = run_bare(feed)
+        except Exception as e:
+            raise DistError(f"{where}: the binary refused inputs typed as the index says "
+                            f"({', '.join(t['name'] + ' ' + t['dtype'] for t in contract['inputs'])}): "
+                            f"{str(e).strip()[:400]}") from None
+        return raw, run_float(sample)
+
+    return run
+
+
 def check_steps(chip_dir: Path, graph: str, entry: dict, evaluation: Path, steps: int, where: str) -> dict:
     """Run `steps` steps of a step graph from its first evaluation sample, as an app does: the bare binary with
     the state kept in the binary's own types (each state output written into its input as the index's `write`
@@ -499,8 +514,8 @@ def check_steps(chip_dir: Path, graph: str, entry: dict, evaluation: Path, steps
     same; raises DistError naming the step and output otherwise."""
     import numpy as np
 
+    from .emulator_runs import holding_slot, open_binary
     from .samples import load_evaluation
-    from .toolchains import ort_qnn
 
     contract, step = entry["io"], entry["step"]
     ctx_path, binary = chip_dir / f"{graph}_ctx.onnx", chip_dir / f"{graph}.bin"
@@ -514,13 +529,13 @@ def check_steps(chip_dir: Path, graph: str, entry: dict, evaluation: Path, steps
     cache, greedy = step.get("cache"), step.get("greedy")
     fixed = {t["name"]: quantize(np.asarray(start[t["name"]]), t) for t in contract["inputs"]}
     floats = {t["name"]: np.array(start[t["name"]]) for t in contract["inputs"]}
-    with tempfile.TemporaryDirectory(prefix="dist-steps-") as tmp:
+    with holding_slot(), tempfile.TemporaryDirectory(prefix="dist-steps-") as tmp:
         if entry.get("parts"):  # a split step graph: its parts chained, fixed-point buffers passed on at each cut
             from .dist_parts import open_chains
             run_bare, run_float = open_chains(chip_dir, entry, Path(tmp))
         else:
-            run_bare = ort_qnn.open_context_binary(_bare_binary_model(ctx_path, binary, contract, Path(tmp)))
-            run_float = ort_qnn.open_context_binary(ctx_path)
+            run_bare = open_binary(_bare_binary_model(ctx_path, binary, contract, Path(tmp)), eager=True)
+            run_float = open_binary(ctx_path)
         worst, tokens = 0.0, []
         for number in range(steps):
             raw, reference = run_bare(fixed), run_float(floats)

@@ -115,15 +115,15 @@ def verify_chain(chip_dir: Path, graph: str, entry: dict, evaluation: Path, samp
     import numpy as np
 
     from . import dist_contract as dist
+    from .emulator_runs import holding_slot, open_binary
     from .samples import load_evaluation
-    from .toolchains import ort_qnn
 
     if inputs is None:
         inputs, _ = load_evaluation(str(evaluation), samples)
     if samples is not None:
         inputs = inputs[:samples]
     worst = 0.0
-    with tempfile.TemporaryDirectory(prefix="dist-chain-") as tmp:
+    with holding_slot(), tempfile.TemporaryDirectory(prefix="dist-chain-") as tmp:
         bare, floats = [], []
         for k, part in enumerate(entry["parts"]):
             folder = Path(tmp) / str(k)
@@ -131,8 +131,8 @@ def verify_chain(chip_dir: Path, graph: str, entry: dict, evaluation: Path, samp
             wrapper = dist._bare_binary_model(chip_dir / part["ctx_model"], chip_dir / part["binary"], part["io"],
                                               folder)
             try:
-                bare.append(ort_qnn.open_context_binary(wrapper))
-                floats.append(ort_qnn.open_context_binary(chip_dir / part["ctx_model"]))
+                bare.append(open_binary(wrapper, eager=True))
+                floats.append(open_binary(chip_dir / part["ctx_model"]))
             except Exception as e:
                 raise dist._EmulatorRefused(f"{type(e).__name__}: {str(e).strip()[:400]}") from None
         for number, sample in enumerate(inputs):
@@ -174,15 +174,15 @@ def open_chains(chip_dir: Path, entry: dict, tmp: Path):
     through the bare binaries in fixed point, each cut's buffer passed on as it is, and through the chained
     _ctx.onnx models in float. Each returns every part's outputs, the cut tensors too."""
     from . import dist_contract as dist
-    from .toolchains import ort_qnn
+    from .emulator_runs import open_binary
 
     bare, floats = [], []
     for k, part in enumerate(entry["parts"]):
         folder = Path(tmp) / str(k)
         folder.mkdir()
         wrapper = dist._bare_binary_model(chip_dir / part["ctx_model"], chip_dir / part["binary"], part["io"], folder)
-        bare.append(ort_qnn.open_context_binary(wrapper))
-        floats.append(ort_qnn.open_context_binary(chip_dir / part["ctx_model"]))
+        bare.append(open_binary(wrapper, eager=True))
+        floats.append(open_binary(chip_dir / part["ctx_model"]))
 
     def chained(runners):
         def run(feed: dict) -> dict:

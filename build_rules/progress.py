@@ -12,6 +12,7 @@ machine; tests use a fraction of a second).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -79,6 +80,17 @@ def track(items, what: str = "samples", total: int | None = None, slot: str | No
         for item in items:
             yield item
             counter.done += 1
+    finally:
+        _unregister(slot or what, counter)
+
+
+@contextlib.contextmanager
+def counting(what: str = "samples", total: int | None = None, slot: str | None = None):
+    """A counter for the block: the caller adds to its .done as items complete, in whatever order (the emulator's
+    workers finish samples out of order; emulator_runs counts each as it arrives)."""
+    counter = _register(slot or what, _Counter(what, total))
+    try:
+        yield counter
     finally:
         _unregister(slot or what, counter)
 

@@ -163,8 +163,11 @@ def _spy(tmp_path, monkeypatch, name: str, code: str, log_variable: str) -> Path
 
 @pytest.fixture
 def emulator_sessions(tmp_path, monkeypatch):
-    """A function returning the context models the stage processes opened on the HTP emulator so far."""
+    """A function returning the context models the stage processes opened on the HTP emulator so far (a binary whose
+    outputs on the samples are in the emulator output memo is not opened: out/.build-state/emulator-outputs)."""
     log = _spy(tmp_path, monkeypatch, "emulator-sessions", EMULATOR_SPY, "BUILD_RULES_TEST_EMULATOR_LOG")
+    # one emulator worker: a session opened is then a measurement (with more, each worker opens the binary once)
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "1")
     return lambda: log.read_text().splitlines()
 
 
@@ -194,6 +197,8 @@ ort_qnn.open_context_binary = _counted
 def sample_runs(tmp_path, monkeypatch):
     """A function returning, per context model, how many samples the stage processes ran on it since the last call."""
     log = _spy(tmp_path, monkeypatch, "samples", SAMPLE_SPY, "BUILD_RULES_TEST_SAMPLE_LOG")
+    # one emulator worker: an early verdict then stops at the deciding sample (workers may run a little ahead)
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "1")
 
     def runs() -> dict[str, int]:
         counts: dict[str, int] = {}

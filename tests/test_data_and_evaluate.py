@@ -89,6 +89,50 @@ def test_data_stage_feeds_the_hooks_and_evaluate_gates_against_float(tmp_path):
     assert "verify:tinynet/encoder" in again.ran and "evaluate:tinynet/w8a16@SM8750" in again.ran
 
 
+PER_SAMPLE = '''
+
+def evaluation_samples():
+    return list(range(len(_images())))
+
+
+def evaluate_sample(run_graph, index):
+    features = run_graph("encoder", {"image": _images()[index]})["features"]
+    return {"class": int(np.argmax(run_graph("head", {"features": features})["logits"]))}
+
+
+def combine(results):
+    return {"accuracy": float(np.mean([r["class"] % 2 == 0 for r in results])), "images": len(results)}
+'''
+
+
+def test_the_per_sample_form_runs_across_workers_and_gives_the_old_forms_numbers(tmp_path, emulator_sessions,
+                                                                                  monkeypatch):
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "0")  # every sample on the emulator, in both forms
+    repo = make(tmp_path)
+    tasks = ("evaluate:tinynet/float", "evaluate:tinynet/fp16@SM8750")
+    assert run_doit(repo, *tasks).code == 0
+    reports = ("out/tinynet/float/model.evaluate.json", "out/tinynet/fp16/SM8750/evaluate.json")
+    old = [json.loads((repo / r).read_text()) for r in reports]
+    # the old form opened each graph once, in the stage process
+    assert sorted(emulator_sessions()) == ["out/tinynet/fp16/SM8750/encoder_ctx.onnx",
+                                           "out/tinynet/fp16/SM8750/head_ctx.onnx"]
+    hooks = repo / "models/tinynet/hooks.py"
+    hooks.write_text(hooks.read_text() + PER_SAMPLE)  # both forms: the per-sample one is used
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    result = run_doit(repo, *tasks)
+    assert result.code == 0 and set(tasks) <= result.ran, result.output
+    new = [json.loads((repo / r).read_text()) for r in reports]
+    assert new == old and old[1]["metrics"]["images"] == 4 and old[1]["graph_runs"] == {"encoder": 4, "head": 4}
+    # two workers, each opening both binaries once for its share of the 4 images
+    assert sorted(emulator_sessions()[2:]) == ["out/tinynet/fp16/SM8750/encoder_ctx.onnx"] * 2 + \
+        ["out/tinynet/fp16/SM8750/head_ctx.onnx"] * 2
+    # half the form is an error that says what is missing
+    hooks.write_text(hooks.read_text().replace("def combine(", "def combined("))
+    result = run_doit(repo, "evaluate:tinynet/float")
+    assert result.code != 0 and "the per-sample evaluate form needs evaluation_samples, evaluate_sample, combine; " \
+        "combine missing" in result.output, result.output
+
+
 def test_a_failed_model_gate_names_the_float_reference(tmp_path, emulator_sessions):
     repo = make(tmp_path, gate='{ metric = "accuracy", min = 1.5 }')
     result = run_doit(repo, "evaluate:tinynet/fp16@SM8750")

@@ -3,7 +3,7 @@ calling them, whether DATA_DIR and CHECKPOINTS are set) is built once, and each 
 
 Two models: the tiny net's head graph alone with a data stage, evaluation_inputs, score and evaluate (every stage
 that calls a hook, on one chip and the fp16 variant, so nothing quantizes), and an ONNX-only graph with a
-transform hook and no evaluation_inputs (verify then asks calibration_inputs). report, sensitivity and tune call score through the
+transform hook, no evaluation_inputs (verify then asks calibration_inputs) and the per-sample evaluate form. report, sensitivity and tune call score through the
 same function as check and are not run here: they measure on the emulator for minutes.
 """
 from __future__ import annotations
@@ -107,10 +107,26 @@ def transform(model):
     _record("transform", model=model)
     model.graph.node[0].name = "patched"
     return model
+
+
+def evaluation_samples():
+    _record("evaluation_samples")
+    return [1, 2]
+
+
+def evaluate_sample(run_graph, sample):
+    outputs = run_graph("net", {"x": np.full((1, 4), sample, np.float32)})
+    _record("evaluate_sample", run_graph=run_graph, sample=sample)
+    return {"y": float(outputs["y"].sum())}
+
+
+def combine(results):
+    _record("combine", results=results)
+    return {"total": sum(r["y"] for r in results)}
 '''
 
 RUN = {"pytorch": ("data", "calibrate:tinynet/head", "check:tinynet/head/fp16@SM8750", "evaluate:tinynet/float"),
-       "onnx": ("verify:det/net",)}
+       "onnx": ("verify:det/net", "evaluate:det/float")}
 STAGES_RUN = {"data", "export", "simplify", "verify", "calibrate", "check", "evaluate"}
 
 
@@ -144,7 +160,8 @@ def hook_calls(tmp_path_factory) -> list[dict]:
     (onnx_folder / "hooks.py").write_text(ONNX_HOOKS)
     (onnx_folder / "model.toml").write_text('[model]\nonnx = "net.onnx"\nhooks = "hooks.py"\nchips = ["SM8750"]\n'
                                             '[graphs.net]\ninputs = { x = { shape = [1, 4], dtype = "float32" } }\n'
-                                            '[variants.fp16]\nprecision = "fp16"\n')
+                                            '[variants.fp16]\nprecision = "fp16"\n'
+                                            '[evaluate]\ngate = { metric = "total", min = -1000 }\n')
     onnx_repo = make_repo(tmp_path_factory.mktemp("hooks-onnx"), {"det": onnx_folder})
     for repo, name in ((pytorch, "pytorch"), (onnx_repo, "onnx")):
         result = run_doit(repo, *RUN[name])
@@ -168,7 +185,7 @@ def hook_rows() -> list[dict]:
         signature, called_by, data_dir, checkpoints = _cells(line)
         found = re.match(r"`(\w+)\((.*)\) -> (.+?)`", signature)
         assert found, signature
-        arguments = dict(a.split(": ", 1) for a in re.split(r", (?=\w+: )", found.group(2)))
+        arguments = dict(a.split(": ", 1) for a in re.split(r", (?=\w+: )", found.group(2))) if found.group(2) else {}
 
         def stages(cell):
             from build_rules.stage_table import BY_NAME
@@ -184,7 +201,7 @@ ROWS = hook_rows()
 def test_the_table_has_a_row_for_every_hook_the_stages_call():
     names = [row["hook"] for row in ROWS]
     assert names == ["prepare_data", "build", "calibration_inputs", "evaluation_inputs", "score", "evaluate",
-                     "transform"]
+                     "evaluation_samples", "evaluate_sample", "combine", "transform"]
     # the workers, and samples.py, where they load the hooks and call build, transform and score
     stage_sources = "".join(p.read_text() for p in [*(ROOT / "build_rules/stages").rglob("*.py"),
                                                      ROOT / "build_rules/samples.py"])
@@ -196,8 +213,9 @@ def test_the_table_has_a_row_for_every_hook_the_stages_call():
 def test_each_hook_gets_what_its_row_says(hook_calls, row):
     calls = [c for c in hook_calls if c["hook"] == row["hook"]]
     assert calls, f"{row['hook']} was never called"
-    for call in calls:
-        assert call["arguments"] == row["arguments"], call
+    for call in calls:  # "object": whatever the model's own hooks make of it (evaluate_sample's sample)
+        assert call["arguments"] == {name: call["arguments"][name] if kind == "object" else kind
+                                     for name, kind in row["arguments"].items()}, call
     observed = {c["stage"] for c in calls}
     assert observed <= row["stages"], f"called in {observed - row['stages']}, which the row does not name"
     assert row["stages"] & STAGES_RUN <= observed, f"not called in {(row['stages'] & STAGES_RUN) - observed}"

@@ -18,6 +18,7 @@ pytest.importorskip("onnxruntime_qnn")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+from build_rules import emulator_runs  # noqa: E402
 from build_rules.toolchains import ort_qnn  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -310,7 +311,7 @@ def test_run_quantized_on_emulator_matches_cpu(tiny, compiled_43):
     import onnxruntime as ort
 
     feeds = samples(3, 42)
-    got = ort_qnn.run_context_binary(compiled_43["ctx_model"], feeds)
+    got = emulator_runs.run_outputs(compiled_43["ctx_model"], feeds)
     cpu = ort.InferenceSession(str(tiny), providers=["CPUExecutionProvider"])
     assert len(got) == len(feeds)
     for feed, out in zip(feeds, got):
@@ -322,7 +323,7 @@ def test_run_fp16_float_model_on_emulator(tmp_path, tiny):
     res = ort_qnn.compile_context_binary(tiny, tmp_path / "fp", "tiny_fp", soc_model=69, vtcm_mb=8, fp16=True)
     assert res["ops"]["cpu_io"] == [] and res["target"]["arch"] == "79"
     feed = samples(1, 7)
-    got = ort_qnn.run_context_binary(res["ctx_model"], feed)[0]["y"]
+    got = emulator_runs.run_outputs(res["ctx_model"], feed)[0]["y"]
     import onnxruntime as ort
 
     ref = ort.InferenceSession(str(tiny), providers=["CPUExecutionProvider"]).run(["y"], feed[0])[0]

@@ -139,7 +139,7 @@ def test_chained_parts_compute_what_the_whole_graph_computes_on_the_cpu(onet_spl
 def test_the_chain_on_the_emulator_agrees_with_the_unsplit_binary(onet_split, tmp_path):
     import numpy as np
 
-    from build_rules import chain
+    from build_rules import emulator_runs
     from build_rules.samples import compare, load_evaluation
     from build_rules.toolchains import ort_qnn
     repo, _ = onet_split
@@ -147,8 +147,8 @@ def test_the_chain_on_the_emulator_agrees_with_the_unsplit_binary(onet_split, tm
                                            vtcm_mb=8, fp16=False)
     inputs, reference = load_evaluation(str(repo / "out/onet/float/onet.evaluation.npz"))
     inputs, reference = inputs[::5], reference[::5]  # 4 of the 20
-    unsplit = ort_qnn.run_context_binary(whole["ctx_model"], inputs)
-    chained = chain.run_on_emulator([repo / f"out/onet/w8a8/{CHIP}/onet.part{k}_ctx.onnx" for k in (1, 2)], inputs)
+    unsplit = emulator_runs.run_outputs(whole["ctx_model"], inputs)
+    chained = emulator_runs.run_outputs([repo / f"out/onet/w8a8/{CHIP}/onet.part{k}_ctx.onnx" for k in (1, 2)], inputs)
     against_float = (compare(reference, unsplit), compare(reference, chained))
     for name in ("box", "landmarks", "face_prob"):
         assert abs(against_float[0][name]["cosine"] - against_float[1][name]["cosine"]) < 2e-3, against_float

@@ -1,6 +1,10 @@
-"""Model-level evaluation: the evaluate(run_graph) hook scores all graphs working together (e.g.
+"""Model-level evaluation: the evaluate hooks score all graphs working together (e.g.
 greedy decoding with encoder + decoder -> WER), once on the float models (ONNX Runtime CPU) and once
 per variant and chip on the compiled binaries (HTP emulator). The gate can be relative to float.
+
+Two forms (docs/model-toml.md): evaluate_sample(run_graph, sample) per sample of evaluation_samples(), with
+combine(results), runs the samples across the emulator's workers; evaluate(run_graph), the older form, runs them all
+in one call, in this process.
 
 The metrics are remembered with what they were measured from in evaluate.measure.json beside the report (not a
 target): a re-run of a failed evaluation from the same binaries, hooks and data (`doit --continue`, or a plain
@@ -137,24 +141,96 @@ def equal_reference(params: dict) -> dict | None:
 
 
 def _evaluate(params: dict) -> tuple[dict, dict]:
-    """(metrics, graph runs) of the evaluate hook over the graphs, on the CPU or the HTP emulator."""
+    """(metrics, graph runs) of the evaluate hooks over the graphs, on the CPU or the HTP emulator."""
     hooks = load_hooks(params["hooks"], params.get("data_dir"), params.get("checkpoints"))
+    if per_sample(hooks):
+        return _evaluate_per_sample(params, hooks)
     if not hasattr(hooks, "evaluate"):
-        raise BuildError(f"{params['hooks']}: model.toml has [evaluate] but the hooks have no evaluate(run_graph)")
+        raise BuildError(f"{params['hooks']}: model.toml has [evaluate] but the hooks have neither evaluate(run_graph) "
+                         "nor evaluation_samples(), evaluate_sample(run_graph, sample) and combine(results)")
+    # the old form: one call over every sample, in this process (it holds one emulator slot)
+    with _slot(params):
+        run_graph = progress.count_graph_runs(_graph_runner(params), params.get("float_report"))
+        metrics = {k: float(v) for k, v in hooks.evaluate(run_graph).items()}
+    return metrics, dict(run_graph.runs)
+
+
+PER_SAMPLE = ("evaluation_samples", "evaluate_sample", "combine")
+
+
+def per_sample(hooks) -> bool:
+    """The per-sample form: evaluation_samples() -> [picklable sample], evaluate_sample(run_graph, sample) -> dict,
+    combine([dict, ...]) -> {metric: value}. A partial set names what is missing."""
+    present = [name for name in PER_SAMPLE if hasattr(hooks, name)]
+    if present and len(present) < len(PER_SAMPLE):
+        missing = [name for name in PER_SAMPLE if name not in present]
+        raise BuildError(f"{hooks.__file__}: the per-sample evaluate form needs {', '.join(PER_SAMPLE)}; "
+                         f"{', '.join(missing)} missing (or remove {', '.join(present)} to use evaluate(run_graph))")
+    return bool(present)
+
+
+def _evaluate_per_sample(params: dict, hooks) -> tuple[dict, dict]:
+    """Each sample scored on its own, on the emulator across workers (each opens the graphs' binaries once), the
+    results combined in sample order."""
+    from .. import emulator_runs
+    samples = list(hooks.evaluation_samples())
     if params["on"] == "emulator":
-        from .. import chain
-        from ..toolchains import ort_qnn
-        # a split graph is its parts' binaries, run in order
-        runners = {g: chain.open_on_emulator(p) if isinstance(p, list) else ort_qnn.open_context_binary(p)
-                   for g, p in params["graphs"].items()}
+        with progress.counting("evaluation samples", len(samples)) as counter:
+            scored = [result for _, result in emulator_runs.iter_results(
+                "build_rules.stages.evaluate:open_scorer", (params,), samples, "evaluation samples", counter)]
+    else:  # the CPU: fast, and ONNX Runtime's CPU provider uses the cores itself
+        score = open_scorer(params, hooks)
+        scored = [score(sample) for sample in progress.track(samples, "evaluation samples")]
+    graph_runs: dict[str, int] = {}
+    for _, runs in scored:
+        for graph, n in runs.items():
+            graph_runs[graph] = graph_runs.get(graph, 0) + n
+    metrics = {k: float(v) for k, v in hooks.combine([result for result, _ in scored]).items()}
+    return metrics, graph_runs
+
+
+def open_scorer(params: dict, hooks=None):
+    """sample -> (evaluate_sample's result, graph runs it made): what each emulator worker opens once."""
+    if hooks is None:
+        hooks = load_hooks(params["hooks"], params.get("data_dir"), params.get("checkpoints"))
+    run = _graph_runner(params)
+
+    def score(sample):
+        runs: dict[str, int] = {}
+
+        def run_graph(graph: str, feed: dict) -> dict:
+            outputs = run(graph, feed)
+            runs[graph] = runs.get(graph, 0) + 1
+            return outputs
+
+        return hooks.evaluate_sample(run_graph, sample), runs
+
+    return score
+
+
+def _graph_runner(params: dict):
+    """run_graph(graph, feed) over the float models (CPU) or the binaries (emulator, through its output memo; a
+    split graph's parts in order); each graph opened at its first run."""
+    if params["on"] == "emulator":
+        from ..emulator_runs import open_binary as opener
     else:
-        runners = {g: _cpu_runner(p) for g, p in params["graphs"].items()}
+        opener = _cpu_runner
+    runners: dict = {}
 
     def run_graph(graph: str, feed: dict) -> dict:
+        if graph not in params["graphs"]:
+            raise BuildError(f"{params['hooks']}: evaluate asked for graph {graph!r}; graphs: "
+                             f"{', '.join(params['graphs'])}")
         if graph not in runners:
-            raise BuildError(f"{params['hooks']}: evaluate asked for graph {graph!r}; graphs: {', '.join(runners)}")
+            runners[graph] = opener(params["graphs"][graph])
         return runners[graph](feed)
 
-    run_graph = progress.count_graph_runs(run_graph, params.get("float_report"))
-    metrics = {k: float(v) for k, v in hooks.evaluate(run_graph).items()}
-    return metrics, dict(run_graph.runs)
+    return run_graph
+
+
+def _slot(params: dict):
+    import contextlib
+    if params["on"] != "emulator":
+        return contextlib.nullcontext()
+    from ..emulator_runs import holding_slot
+    return holding_slot()

@@ -6,7 +6,8 @@ What it does:
 - `compile_context_binary()` compiles a float or QDQ model offline for one Snapdragon SoC. It writes a raw QNN
   context binary `<graph>.bin` plus an EPContext model `<graph>_ctx.onnx` that points at it.
 - `read_binary_target()` reads back which chip and VTCM size a binary was built for.
-- `run_context_binary()` runs a compiled model on the x86 HTP emulator that ships in the wheel.
+- `open_context_binary()` opens a compiled model on the x86 HTP emulator that ships in the wheel (stages run it
+  through build_rules/emulator_runs.py: workers, the machine-wide limit, the output memo).
 
 This module is imported when build files are loaded, and only `identity()` runs then. So onnxruntime, onnx and
 numpy are imported inside the functions that need them, never at module level.
@@ -452,7 +453,7 @@ def emulator_session(model: bytes | Path, *, soc_model: int, vtcm_mb: int = 8, f
     """An onnxruntime session that runs a float or QDQ model on the x86 HTP emulator, compiled in-process for one SoC.
 
     For tuning loops: no context binary is written. Outputs equal those of the compiled context binary of the same
-    model and SoC run with run_context_binary() (measured: max abs difference 0 on MTCNN O-Net, u8).
+    model and SoC run with open_context_binary() (measured: max abs difference 0 on MTCNN O-Net, u8).
     CPU fallback is refused: every run is on QNNExecutionProvider.
     """
     ort = _ort()
@@ -756,14 +757,3 @@ def open_context_binary(ctx_model: Path):
         return dict(zip(names, values))
 
     return run
-
-
-def run_context_binary(ctx_model: Path, inputs: list[dict[str, "np.ndarray"]]) -> list[dict[str, "np.ndarray"]]:
-    """Run a compiled EPContext model on the x86 HTP emulator (QNN EP), once per input dict.
-
-    Returns one dict per input, mapping output names to arrays. The emulator is 30-110x slower than the CPU EP,
-    so keep input lists small.
-    """
-    from .. import progress
-    run = open_context_binary(ctx_model)
-    return [run(feed) for feed in progress.track(inputs, "samples")]

@@ -31,7 +31,9 @@ Hooks:
     calibration_inputs(graph, count)   -> [{input name: ndarray}]
     evaluation_inputs(graph)           -> [{input name: ndarray}]
     score(graph, inputs, outputs)      -> {} (encoder) | {"accuracy"} (decoder: next-token accuracy)
-    evaluate(run_graph)                -> {"wer", "utterances", "tokens"}: greedy decoding of the held-out clips
+    evaluation_samples()               -> the held-out clips' indices
+    evaluate_sample(run_graph, index)  -> one clip's greedy decoding: {"errors", "words", "audio_seconds"}
+    combine(results)                   -> {"wer", "utterances", "audio_seconds"} over the clips scored
 Also: greedy_decode() (the step loop an app runs), greedy_decode_without_cache() (the reference),
 transcribe_pytorch().
 
@@ -561,20 +563,37 @@ def _transcribe(run_graph: Callable[[str, dict], dict], indices: list[int], log=
     return refs, hyps
 
 
-def evaluate(run_graph: Callable[[str, dict], dict]) -> dict[str, float]:
-    """Greedy-decoding WER over the held-out clips.
+def evaluation_samples() -> list[int]:
+    """The held-out clips, by index: what evaluate_sample() scores one at a time (in parallel on the emulator)."""
+    return split("evaluation")
+
+
+def evaluate_sample(run_graph: Callable[[str, dict], dict], index: int) -> dict[str, Any]:
+    """One clip's greedy decoding and its word errors.
 
     ``run_graph(graph_name, {input name: array}) -> {output name: array}`` runs
     one graph (ONNX Runtime on the float model, or a compiled binary on the
-    HTP emulator): the encoder once per clip, the decoder once per token
-    (greedy_decode keeps the caches in numpy). WER: lowercase, punctuation
-    stripped, word edit distance summed over the clips / reference words. audio_seconds: the clips' length
-    (the real-time factor's denominator when `doit profile` times the graphs on a phone).
+    HTP emulator): the encoder once, the decoder once per token (greedy_decode
+    keeps the caches in numpy). Word errors: lowercase, punctuation stripped,
+    word edit distance against the reference transcript.
     """
     fe = _sibling("frontend")
-    indices = split("evaluation")
-    refs, hyps = _transcribe(run_graph, indices)
-    return {"wer": fe.wer(refs, hyps), "utterances": len(indices), "audio_seconds": _audio_seconds(indices)}
+    (ref,), (hyp,) = _transcribe(run_graph, [index])
+    r, h = fe.normalize(ref), fe.normalize(hyp)
+    return {"errors": fe.word_errors(r, h), "words": len(r), "audio_seconds": _audio_seconds([index])}
+
+
+def combine(results: list[dict[str, Any]]) -> dict[str, float]:
+    """WER over the clips scored (word errors summed / reference words summed), the clip count, and audio_seconds:
+    the clips' length (the real-time factor's denominator when `doit profile` times the graphs on a phone).
+    Works on any prefix of the clips' results: the metrics of the clips scored so far."""
+    errors = words = 0
+    seconds = 0.0
+    for result in results:
+        errors += result["errors"]
+        words += result["words"]
+        seconds += result["audio_seconds"]
+    return {"wer": errors / max(words, 1), "utterances": len(results), "audio_seconds": seconds}
 
 
 def _audio_seconds(indices: list[int]) -> float:

@@ -259,7 +259,7 @@ def markdown(result: dict, params: dict) -> str:
              f"{len(result['samples'])} evaluation samples (numbers {', '.join(map(str, result['samples']))}); "
              f"{result['exposed']} of {result['tensors_total']} activation tensors exposed"
              + (f" (every {result['every']}th)" if result["every"] > 1 else "")
-             + f"; SQNR floor {result['floor_db']:g} dB. Compile {result['seconds']['compile']:.1f} s, emulator "
+             + f"; SQNR floor {result['floor_db']:g} dB. Emulator (compile and runs) "
              f"{result['seconds']['emulator']:.1f} s, total {result['seconds']['total']:.1f} s.", "",
              "Diagnose does not judge the gate (`doit check` does, on the whole evaluation set): on a binary that "
              "passes it, what follows is where the binary is weakest, not a fault to fix.", "",

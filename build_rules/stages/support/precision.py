@@ -130,17 +130,20 @@ class Candidates:
         return path
 
     def run(self, model: Path, indices: list[int]) -> list[dict]:
+        """The model's outputs on the samples, on the emulator (across its workers, through its output memo)."""
         return [outputs for _, outputs in self.iter_run(model, indices)]
 
     def iter_run(self, model: Path, indices: list[int]):
         """(position, outputs) of each sample in `indices`, in order; closing it stops the rest (an early miss)."""
-        from ...toolchains import ort_qnn
-        session = ort_qnn.emulator_session(model, soc_model=self.chip["soc_id"], vtcm_mb=self.chip["vtcm_mb"])
-        names = [o.name for o in session.get_outputs()]
+        from ...emulator_runs import iter_model_outputs
         kept = list(self.reference[0])  # the graph's outputs (a QDQ model may have more)
-        for position, i in enumerate(indices):
-            outputs = dict(zip(names, session.run(names, self.inputs[i])))
-            yield position, {n: outputs[n] for n in kept}
+        runs = iter_model_outputs(model, [self.inputs[i] for i in indices], soc_model=self.chip["soc_id"],
+                                  vtcm_mb=self.chip["vtcm_mb"])
+        try:
+            for position, outputs in runs:
+                yield position, {n: outputs[n] for n in kept}
+        finally:
+            runs.close()
 
     def metrics(self, indices: list[int], outputs: list[dict]) -> dict:
         """check.measure of `outputs` (for the evaluation samples `indices`: a binary's, a candidate's on the CPU)

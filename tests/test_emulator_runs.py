@@ -1,0 +1,262 @@
+"""The emulator door (build_rules/emulator_runs.py): samples across worker processes, the machine-wide limit on
+sessions, and the output memo. The binary is a small Conv/Gemm model compiled for SM8750 in tmp_path."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime_qnn")
+
+from build_rules import emulator_memo, emulator_runs  # noqa: E402
+from build_rules.toolchains import ort_qnn  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_ort_qnn_toolchain import make_tiny, samples  # noqa: E402
+
+# Imported by every Python process started with the spy's PYTHONPATH (the workers): logs each session opened and
+# each run, with the process and the machine's monotonic clock, to $SPY_LOG.
+SPY = '''
+import os, time
+from build_rules.toolchains import ort_qnn
+
+_open = ort_qnn.open_context_binary
+
+
+def _log(line):
+    with open(os.environ["SPY_LOG"], "a") as f:
+        f.write(line + "\\n")
+
+
+def _recorded(ctx_model, *args, **kwargs):
+    _log(f"open {os.getpid()} {time.monotonic()}")
+    run = _open(ctx_model, *args, **kwargs)
+
+    def timed(feed):
+        started = time.monotonic()
+        try:
+            return run(feed)
+        finally:
+            _log(f"run {os.getpid()} {started} {time.monotonic()}")
+    return timed
+
+
+ort_qnn.open_context_binary = _recorded
+'''
+
+
+@pytest.fixture(scope="module")
+def binary(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("emulator_runs")
+    return ort_qnn.compile_context_binary(make_tiny(work / "tiny.onnx"), work / "SM8750", "tiny", soc_model=69,
+                                          vtcm_mb=8, fp16=True)["ctx_model"]
+
+
+@pytest.fixture
+def spy(tmp_path, monkeypatch):
+    """Sessions and runs of this process and its workers: a function returning the log's lines, split."""
+    folder = tmp_path / "spy"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(SPY)
+    log = tmp_path / "spy.log"
+    log.write_text("")
+    monkeypatch.setenv("SPY_LOG", str(log))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(folder), str(ROOT)]))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # private emulator slots: other test runs on the machine do not count
+    monkeypatch.chdir(tmp_path)  # the memo under ./out/.build-state
+    monkeypatch.setattr(ort_qnn, "open_context_binary", ort_qnn.open_context_binary)  # put back after the test
+    exec(SPY, {})  # this process too
+    return lambda: [line.split() for line in log.read_text().splitlines()]
+
+
+def _same_bytes(a: list[dict], b: list[dict]) -> bool:
+    return len(a) == len(b) and all(
+        list(x) == list(y) and all(x[k].dtype == y[k].dtype and x[k].shape == y[k].shape
+                                   and x[k].tobytes() == y[k].tobytes() for k in x) for x, y in zip(a, b))
+
+
+def test_workers_give_the_serial_runs_bytes_in_sample_order(binary, spy, monkeypatch):
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "0")
+    feeds = samples(7, 3)
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "1")
+    serial = emulator_runs.run_outputs(binary, feeds)
+    assert [line[0] for line in spy()].count("open") == 1 and {line[1] for line in spy()} == {str(os.getpid())}
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    (Path(os.environ["SPY_LOG"])).write_text("")
+    parallel = emulator_runs.run_outputs(binary, feeds)
+    assert _same_bytes(serial, parallel)
+    opened = [line[1] for line in spy() if line[0] == "open"]
+    ran = [line[1] for line in spy() if line[0] == "run"]
+    # two worker processes, each opening the binary once and running a share of the 7 samples
+    assert len(opened) == 2 and len(set(opened)) == 2 and str(os.getpid()) not in opened
+    assert len(ran) == 7 and set(ran) == set(opened)
+    # the progress line counts the samples done on both workers: all 7 by the last one's turn
+    from build_rules import progress
+    lines = [progress.line() for _ in emulator_runs.iter_outputs(binary, feeds)]
+    assert "7/7 samples" in lines[-1] and all("/7 samples" in line for line in lines)
+    # a split graph's form (a list of parts) takes the same road
+    assert _same_bytes(serial, emulator_runs.run_outputs([binary], feeds))
+
+
+def test_closing_early_runs_no_more_samples_and_leaves_no_worker(binary, spy, monkeypatch):
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "0")
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    runs = emulator_runs.iter_outputs(binary, samples(40, 4))
+    index, first = next(runs)
+    runs.close()
+    assert index == 0 and list(first) == ["y"]
+    workers = {line[1] for line in spy() if line[0] == "open"}
+    assert len(workers) == 2
+    for pid in workers:
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid), 0)
+    done = len([line for line in spy() if line[0] == "run"])
+    assert done < 40, f"{done} of 40 samples ran though the caller stopped after the first"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()  # a zombie has ended (its reaper may be slow in a container)
+    except FileNotFoundError:
+        return False
+
+
+def test_workers_end_with_a_stage_killed_outright(spy, monkeypatch):
+    """An interrupted build kills its stage processes with SIGKILL (no cleanup runs): their workers end too, even in
+    the middle of an item that would take an hour (here: functools.partial(time.sleep) over [3600] * 4)."""
+    import signal
+    import time
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    job = ("import time; from build_rules import emulator_runs; "
+           "list(emulator_runs.iter_results('functools:partial', (time.sleep,), [3600] * 4))")
+    stage = subprocess.Popen([sys.executable, "-c", job])
+
+    def workers() -> list[int]:
+        try:
+            return [int(p) for p in Path(f"/proc/{stage.pid}/task/{stage.pid}/children").read_text().split()]
+        except FileNotFoundError:
+            return []
+
+    deadline = time.monotonic() + 120
+    while len(workers()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    started = workers()
+    assert len(started) == 2
+    time.sleep(10)  # started, holding their slots, each asleep in its first item
+    assert stage.poll() is None and all(_alive(pid) for pid in started)
+    stage.send_signal(signal.SIGKILL)
+    stage.wait()
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in started) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in started)
+
+
+def test_a_worker_error_reaches_the_caller_with_the_sample(binary, spy, monkeypatch):
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    feeds = samples(3, 5)
+    feeds[2] = {"x": np.zeros((1, 3, 4, 4), np.float32)}  # a wrong shape: onnxruntime refuses it in the worker
+    with pytest.raises(Exception, match="x"):
+        emulator_runs.run_outputs(binary, feeds)
+
+
+def test_a_limit_of_one_runs_one_session_at_a_time_machine_wide(binary, spy, tmp_path, monkeypatch):
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "0")
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "1")
+    job = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+        from test_ort_qnn_toolchain import samples
+        from build_rules import emulator_runs
+        assert len(emulator_runs.run_outputs({str(binary)!r}, samples(4, int(sys.argv[1])))) == 4
+    """)
+    jobs = [subprocess.Popen([sys.executable, "-c", job, str(seed)]) for seed in (6, 7)]
+    assert [p.wait(timeout=600) for p in jobs] == [0, 0]
+    spans = {}
+    for kind, pid, *times in spy():
+        first, last = spans.get(pid, (float("inf"), 0.0))
+        spans[pid] = (min(first, float(times[0])), max(last, float(times[-1])))
+    assert len(spans) == 2
+    (a_first, a_last), (b_first, b_last) = sorted(spans.values())
+    assert a_last <= b_first, f"two sessions ran at once under a limit of 1: {spans}"
+
+
+def test_a_second_stage_gets_the_memos_bytes_without_the_emulator(binary, spy, monkeypatch):
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "1")
+    feeds = samples(3, 8)
+    first = emulator_runs.run_outputs(binary, feeds)
+    assert len([line for line in spy() if line[0] == "run"]) == 3
+    # another stage (evaluate's graphs, dist verify) runs the same binary on the same bytes: the memo answers
+    run = emulator_runs.open_binary(binary)
+    again = [run({"x": f["x"].copy()}) for f in feeds]
+    assert _same_bytes(first, again)
+    assert _same_bytes(first, emulator_runs.run_outputs(binary, feeds))
+    assert len([line for line in spy() if line[0] == "run"]) == 3 and len([l for l in spy() if l[0] == "open"]) == 1
+    # other input bytes are another entry
+    other = samples(1, 9)
+    emulator_runs.run_outputs(binary, other)
+    assert len([line for line in spy() if line[0] == "run"]) == 4
+
+
+def test_a_corrupt_entry_is_a_miss_and_the_memo_stays_bounded(binary, spy, monkeypatch):
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "1")
+    feeds = samples(4, 10)
+    first = emulator_runs.run_outputs(binary, feeds)
+    entries = sorted(Path("out/.build-state/emulator-outputs").rglob("*.npz"))
+    assert len(entries) == 4
+    memo = emulator_memo.Memo(binary)
+    broken = Path("out/.build-state/emulator-outputs") / memo.key(feeds[1])[:2] / f"{memo.key(feeds[1])}.npz"
+    broken.write_bytes(broken.read_bytes()[:100])
+    assert _same_bytes(first, emulator_runs.run_outputs(binary, feeds))
+    assert len([line for line in spy() if line[0] == "run"]) == 5  # only the broken one ran again
+    # a limit of 2.5 entries keeps the most recently used (sample 1 was just written again, sample 3 read)
+    size = entries[0].stat().st_size
+    for k, feed in enumerate(feeds):
+        path = Path("out/.build-state/emulator-outputs") / memo.key(feed)[:2] / f"{memo.key(feed)}.npz"
+        os.utime(path, (1000 + k, 1000 + k))
+    assert emulator_memo.prune(limit=int(size * 2.5)) > 0
+    kept = [k for k, feed in enumerate(feeds) if memo.get(feed) is not None]
+    assert kept == [2, 3]
+
+
+def test_bad_settings_say_what_is_expected(monkeypatch):
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "many")
+    with pytest.raises(ValueError, match=r"BUILD_RULES_EMULATOR_WORKERS='many': expected a whole number"):
+        emulator_runs.worker_count()
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "-1")
+    with pytest.raises(ValueError, match=r"BUILD_RULES_EMULATOR_MEMO_MB='-1': expected the emulator output memo"):
+        emulator_memo.limit_bytes()
+
+
+def test_diagnose_gets_the_checks_outputs_from_the_memo(tinynet_repo, emulator_sessions):
+    """One binary, one input, one emulator run across stages: the build checked head@SM8750 on its evaluation set;
+    diagnose's plain-binary runs on 4 of those samples are the check's, read from the memo."""
+    from conftest import run_doit
+    result = run_doit(tinynet_repo, "diagnose:tinynet/head/w8a16@SM8750")
+    assert result.code == 0, result.output
+    assert emulator_sessions() == []  # (its exposed model compiles in-process: emulator_session, not a binary)
+    log = (tinynet_repo / "out/tinynet/w8a16/SM8750/head.diagnose.log").read_text()
+    assert "all 4 plain binary samples from the emulator output memo: the emulator does not run" in log, log
+
+
+def test_a_check_writes_the_same_bytes_with_one_worker_and_with_two(tinynet_repo, monkeypatch):
+    from conftest import run_doit
+    monkeypatch.setenv("BUILD_RULES_CACHE", "off")  # the check runs each time (no restore)
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "0")  # and runs its samples on the emulator each time
+    folder = tinynet_repo / "out/tinynet/w8a16/SM8750"
+    written = []
+    for workers in ("1", "2"):
+        monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", workers)
+        for name in ("head.check.json", "head.measure.json"):
+            (folder / name).unlink()
+        result = run_doit(tinynet_repo, "check:tinynet/head/w8a16@SM8750")
+        assert result.code == 0 and result.ran == {"check:tinynet/head/w8a16@SM8750"}, result.output
+        written.append([(folder / name).read_bytes() for name in ("head.check.json", "head.measure.json")])
+    assert written[0] == written[1]
