@@ -13,7 +13,10 @@ from collections.abc import Iterator
 
 def iter_outputs(ctx_model, inputs: list[dict], what: str = "samples") -> Iterator[tuple[int, dict]]:
     """(index, {output name: array}) for each input sample, in sample order; closing it stops the rest."""
-    from . import progress
+    from . import emulator_ray, progress
+    if emulator_ray.configured():  # a Ray cluster is named: the samples run there (docs/ray.md)
+        yield from emulator_ray.iter_outputs(ctx_model, inputs, what, _open)
+        return
     run = _open(ctx_model)
     for index, feed in enumerate(progress.track(inputs, what)):
         yield index, run(feed)
