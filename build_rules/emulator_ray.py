@@ -116,12 +116,13 @@ def iter_outputs(ctx_model, inputs: list[dict], what: str, open_binary) -> Itera
     cluster = address()
     ray = connect(cluster)
     files, local_model = _bundle(ctx_model)
-    name = ", ".join(str(p) for p in ctx_model) if isinstance(ctx_model, (list, tuple)) else str(ctx_model)
+    parts = [str(p) for p in ctx_model] if isinstance(ctx_model, (list, tuple)) else [str(ctx_model)]
+    name = ", ".join(parts)  # for errors: every file of the binary
     resources = ray.cluster_resources()
     declared = _RESOURCE in resources
     chunks = _chunks(len(inputs), max(1, int(resources.get(_RESOURCE if declared else "CPU", 0))))
     task = ray.remote(_run_chunk).options(num_cpus=1, resources={_RESOURCE: 1} if declared else None,
-                                          max_retries=_int_env(RETRIES_ENV, 3), name=f"emulator {Path(name).name}")
+                                          max_retries=_int_env(RETRIES_ENV, 3), name=f"emulator {Path(parts[0]).name}")
     # Put once: each node fetches the files once, whatever the number of chunks, and only a worker that has not
     # opened this binary yet (the reference travels in a list, so Ray does not fetch it before the task starts).
     binary = [ray.put(files), _digest(files)]

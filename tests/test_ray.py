@@ -149,6 +149,20 @@ def test_another_onnxruntime_qnn_on_a_worker_is_refused(on_cluster, tinynet_repo
     assert not (out / "encoder.check.json").exists() and not (out / "encoder.measure.json").exists()
 
 
+def test_a_chain_of_parts_through_ray_equals_the_local_run(on_cluster, built_tinynet, monkeypatch):
+    """A split graph's parts go as one binary of several files (each part's ctx model and .bin in a folder of its
+    own on the worker): here the tiny model's encoder then its head, a chain as chain.py runs one."""
+    from build_rules import emulator_runs
+    from build_rules.samples import load_evaluation
+    parts = [str(built_tinynet / VARIANT_DIR / f"{graph}_ctx.onnx") for graph in ("encoder", "head")]
+    inputs, _ = load_evaluation(str(built_tinynet / "out/tinynet/float/encoder.evaluation.npz"))
+    remote = emulator_runs.run_outputs(parts, inputs)
+    monkeypatch.setenv("BUILD_RULES_RAY_ADDRESS", "off")
+    local = emulator_runs.run_outputs(parts, inputs)
+    assert [sorted(sample) for sample in local] == [["logits"]] * len(inputs)
+    assert len(remote) == len(local) and all(_same(a, b) for a, b in zip(remote, local))
+
+
 # --- a node killed mid-job -----------------------------------------------------------------------------------------
 
 def _samples(built_tinynet: Path, copies: int) -> tuple[str, list[dict], list[dict]]:
@@ -168,19 +182,32 @@ def _samples(built_tinynet: Path, copies: int) -> tuple[str, list[dict], list[di
     return ctx, inputs * copies, local
 
 
-def _kill_when_busy(cluster, node: int, killed: list, timeout: float = 120) -> threading.Thread:
-    """A thread that SIGKILLs the node once one of its workers runs an emulator task."""
+def _run_with_a_node_killed(cluster, ctx: str, inputs: list[dict], resources: dict | None = None):
+    """The job, with an extra node that is SIGKILLed as soon as one of its workers runs a chunk (as when its machine
+    dies); returns the outputs, or the BuildError the job ended with. Afterwards the cluster has lost the node."""
+    from build_rules import emulator_runs
+    from build_rules.errors import BuildError
+    node = cluster.add_node(resources=resources)
+    cluster.wait_for_nodes(3)
+    killed, finished = threading.Event(), threading.Event()
+
     def watch():
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while not killed.is_set() and not finished.is_set():
             if cluster.workers_running(node):
                 cluster.kill_node(node)
-                killed.append(time.monotonic())
-                return
+                killed.set()
             time.sleep(0.05)
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result = emulator_runs.run_outputs(ctx, inputs)
+    except BuildError as e:
+        result = e
+    finished.set()
+    watcher.join()
+    assert killed.is_set(), "the extra node never ran a chunk"
+    cluster.wait_for_nodes(2)  # it is dead for the cluster too
+    return result
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -189,58 +216,35 @@ def _same(a: dict, b: dict) -> bool:
 
 
 def test_a_node_killed_mid_job_is_retried_and_the_numbers_stay_exact(on_cluster, built_tinynet):
-    from build_rules import emulator_runs
     ctx, inputs, local = _samples(built_tinynet, 600)
-    node = on_cluster.add_node()
-    on_cluster.wait_for_nodes(3)
-    killed = []
-    watcher = _kill_when_busy(on_cluster, node, killed)
-    outputs = emulator_runs.run_outputs(ctx, inputs)  # 3 chunks of 800 samples, one per node
-    watcher.join()
-    assert killed, "the extra node never ran an emulator task"
+    outputs = _run_with_a_node_killed(on_cluster, ctx, inputs)  # 3 chunks of 800 samples, one per node
+    assert isinstance(outputs, list), outputs
     assert len(outputs) == len(inputs)
     assert all(_same(out, local[i % len(local)]) for i, out in enumerate(outputs))
-    on_cluster.wait_for_nodes(2)  # it is dead for the cluster too
 
 
 def test_when_ray_gives_up_a_clear_error(on_cluster, built_tinynet, monkeypatch):
-    from build_rules import emulator_runs
     from build_rules.errors import BuildError
     ctx, inputs, _ = _samples(built_tinynet, 600)
     monkeypatch.setenv("BUILD_RULES_RAY_RETRIES", "0")
-    node = on_cluster.add_node()
-    on_cluster.wait_for_nodes(3)
-    killed = []
-    watcher = _kill_when_busy(on_cluster, node, killed)
-    with pytest.raises(BuildError) as failure:
-        emulator_runs.run_outputs(ctx, inputs)
-    watcher.join()
-    assert killed
+    failure = _run_with_a_node_killed(on_cluster, ctx, inputs)
+    assert isinstance(failure, BuildError), "the job finished although its task was lost and no retry was allowed"
     assert re.fullmatch(
         rf"the Ray cluster at {re.escape(on_cluster.address)} lost the emulator task of {re.escape(ctx)} \(samples "
         r"\d+\.\.\d+\) and gave up after 0 retries \(\w+: .+\): a node died or ran out of memory; `ray status "
         rf"--address {re.escape(on_cluster.address)}` shows the nodes left\. Rerun the build \(finished stages are "
-        r"kept\), raise BUILD_RULES_RAY_RETRIES, or unset BUILD_RULES_RAY_ADDRESS to run here", str(failure.value))
-    on_cluster.wait_for_nodes(2)
+        r"kept\), raise BUILD_RULES_RAY_RETRIES, or unset BUILD_RULES_RAY_ADDRESS to run here", str(failure))
 
 
 def test_when_no_node_is_left_a_clear_error(on_cluster, built_tinynet, monkeypatch):
     """Only a node that declares the `emulator` resource runs emulator tasks once the cluster has one; it dies
     mid-job, Ray would wait for another forever: the job fails after BUILD_RULES_RAY_NO_NODE_SECONDS."""
-    from build_rules import emulator_runs
     from build_rules.errors import BuildError
     ctx, inputs, _ = _samples(built_tinynet, 300)
     monkeypatch.setenv("BUILD_RULES_RAY_NO_NODE_SECONDS", "2")
-    node = on_cluster.add_node(resources={"emulator": 1})
-    on_cluster.wait_for_nodes(3)
-    killed = []
-    watcher = _kill_when_busy(on_cluster, node, killed)
-    with pytest.raises(BuildError) as failure:
-        emulator_runs.run_outputs(ctx, inputs)
-    watcher.join()
-    assert killed
-    assert str(failure.value) == (
+    failure = _run_with_a_node_killed(on_cluster, ctx, inputs, resources={"emulator": 1})
+    assert isinstance(failure, BuildError), "the job finished without the only node that could run it"
+    assert str(failure) == (
         f"the Ray cluster at {on_cluster.address} has had no live node offering the 'emulator' resource for 2 s, so "
         f"{ctx} (samples 0..1199) cannot run: start a worker node (`ray start --address {on_cluster.address}`), wait "
         "longer (BUILD_RULES_RAY_NO_NODE_SECONDS) or unset BUILD_RULES_RAY_ADDRESS to run here")
-    on_cluster.wait_for_nodes(2)
