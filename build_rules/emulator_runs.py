@@ -27,18 +27,32 @@ def worker_count() -> int:
 
 
 def _backend() -> str:
-    """Where emulator jobs run: "local" (worker processes on this machine)."""
-    return "local"
+    """Where a binary's samples run: "ray" when a Ray cluster is named (emulator_ray.py: only iter_outputs' jobs, whose
+    files travel), else "local" (worker processes on this machine)."""
+    from . import emulator_ray
+    return "ray" if emulator_ray.configured() else "local"
 
 
 def iter_outputs(ctx_model, inputs: list[dict], what: str = "samples") -> Iterator[tuple[int, dict]]:
     """(index, {output name: array}) for each input sample, in sample order; closing it stops the rest."""
     from . import emulator_memo
-    yield from _through_memo(emulator_memo.Memo(ctx_model), _BINARY, (ctx_model,), inputs, what)
+    memo = emulator_memo.Memo(ctx_model)
+    if _backend() == "ray":  # a Ray cluster is named: the samples the memo lacks run there (docs/ray.md)
+        from . import emulator_ray
+
+        def on_ray(items: list[dict], counter) -> Iterator[tuple[int, dict]]:
+            for index, outputs in emulator_ray.iter_outputs(ctx_model, items, what, _open):
+                memo.put(items[index], outputs)
+                counter.done += 1
+                yield index, outputs
+        yield from _through_memo(memo, on_ray, inputs, what)
+    else:
+        yield from _through_memo(memo, lambda items, counter: iter_results(_BINARY, (ctx_model,), items, what, counter),
+                                 inputs, what)
 
 
-def _through_memo(memo, opener: str, args: tuple, inputs: list[dict], what: str) -> Iterator[tuple[int, dict]]:
-    """(index, outputs) in sample order: the memo's where it has them, the rest run by opener's workers."""
+def _through_memo(memo, run_missing, inputs: list[dict], what: str) -> Iterator[tuple[int, dict]]:
+    """(index, outputs) in sample order: the memo's where it has them, the rest from run_missing(items, counter)."""
     from . import progress
     remembered = {}
     for index, feed in enumerate(inputs):
@@ -52,7 +66,7 @@ def _through_memo(memo, opener: str, args: tuple, inputs: list[dict], what: str)
         print(f"all {len(inputs)} {what} from the emulator output memo: the emulator does not run", flush=True)
     with progress.counting(what, len(inputs)) as counter:
         counter.done = len(remembered)
-        runs = iter_results(opener, args, [inputs[i] for i in missing], what, counter)
+        runs = run_missing([inputs[i] for i in missing], counter)
         try:
             for index in range(len(inputs)):
                 yield index, remembered.pop(index) if index in remembered else next(runs)[1]
@@ -69,19 +83,17 @@ def iter_results(opener: str, args: tuple, items: list, what: str = "samples",
                  counter=None) -> Iterator[tuple[int, object]]:
     """(index, apply(item)) for each item in order, where apply = opener(*args) is called once per worker.
     opener: "package.module:function", importable in a fresh interpreter; args and items picklable.
-    counter: a progress counter whose .done counts items as they complete on any worker."""
+    counter: a progress counter whose .done counts items as they complete on any worker.
+    These jobs run on this machine's workers even when a Ray cluster is named: their args name local files (an
+    evaluate hook's graphs) or carry a model compiled in-process; only iter_outputs' binaries travel (docs/ray.md)."""
     if not items:
         return
-    backend = _backend()
-    if backend == "local":
-        workers = min(worker_count(), len(items))
-        if workers <= 1 or emulator_slots.held() is not None:  # (a worker, or a job inside a job: this one's slot)
-            yield from _in_process(opener, args, items, counter)
-        else:
-            from . import emulator_pool
-            yield from emulator_pool.run(opener, args, items, workers, what, counter)
+    workers = min(worker_count(), len(items))
+    if workers <= 1 or emulator_slots.held() is not None:  # (a worker, or a job inside a job: this one's slot)
+        yield from _in_process(opener, args, items, counter)
     else:
-        raise ValueError(f"unknown emulator backend {backend!r}")
+        from . import emulator_pool
+        yield from emulator_pool.run(opener, args, items, workers, what, counter)
 
 
 def _in_process(opener: str, args: tuple, items: list, counter) -> Iterator[tuple[int, object]]:
@@ -141,8 +153,9 @@ def iter_model_outputs(model, inputs: list[dict], *, soc_model: int, vtcm_mb: in
     from . import emulator_memo
     data = model if isinstance(model, bytes) else Path(model).read_bytes()
     options = {"soc_model": soc_model, "vtcm_mb": vtcm_mb, "fp16": fp16}
-    yield from _through_memo(emulator_memo.Memo(model=data, options=options), "build_rules.emulator_runs:open_model",
-                             (data, options), inputs, what)
+    yield from _through_memo(emulator_memo.Memo(model=data, options=options),
+                             lambda items, counter: iter_results("build_rules.emulator_runs:open_model", (data, options),
+                                                                 items, what, counter), inputs, what)
 
 
 def run_model_outputs(model, inputs: list[dict], **options) -> list[dict]:
