@@ -420,10 +420,10 @@ def test_profile_reads_back_latencies_beside_the_cpu_baseline(phone_env, monkeyp
     assert all("/system/bin/time -v /data/local/tmp/build_rules/runtime/qnn-net-run" in c for c in profiled)
     assert not any("--perf_profile" in c for c in runs) and "deprecated" not in result.output
     assert record["perf_profile_form"] == "backend extension config"
-    pushed = {c[-1] for c in _pushes(phone_env.calls())}
-    assert {"/data/local/tmp/build_rules/runtime/libQnnHtpNetRunExtensions.so",
-            "/data/local/tmp/build_rules/config/htp_perf_burst.json",
-            "/data/local/tmp/build_rules/config/netrun_burst.json"} <= pushed
+    pushed = {Path(local).name for local in _pushed(phone_env.calls())}  # (folder pushes: the local files' names)
+    assert {"libQnnHtpNetRunExtensions.so", "htp_perf_burst.json", "netrun_burst.json"} <= pushed
+    assert all((phone_env.folder / "fs/data/local/tmp/build_rules" / f).is_file() for f in (
+        "runtime/libQnnHtpNetRunExtensions.so", "config/htp_perf_burst.json", "config/netrun_burst.json"))
     htp = json.loads((phone_env.folder / "fs/data/local/tmp/build_rules/config/htp_perf_burst.json").read_text())
     assert htp["devices"][0]["cores"][0]["perf_profile"] == "burst"
     # native inputs: the binary's uint16 fixed point for w8a16, its float32 for fp16 (the EPContext model's types)
