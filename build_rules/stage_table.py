@@ -111,8 +111,8 @@ STAGES: tuple[Stage, ...] = (
            "qairt": _q("check", "qairt_check", 4, ("numpy", "onnxruntime"))}),
     Stage("evaluate", "7b evaluate: the model's evaluate hook over all graphs (e.g. WER): float on CPU, each binary "
           "on the emulator", {"ort-qnn": "pipeline:_evaluate_tasks"},
-          # 3: a chip proven equal to the reference takes its evaluation (equal_to)
-          {"ort-qnn": _w("evaluate", 3, ("onnxruntime", "numpy"), sdk=True)}),
+          # 3: a chip proven equal to the reference takes its evaluation (equal_to); 4: early verdicts (bound hook)
+          {"ort-qnn": _w("evaluate", 4, ("onnxruntime", "numpy"), sdk=True)}),
     # The float model's evaluation (evaluate:<model>/float): the evaluate worker, keyed apart from the binaries' and
     # without the toolchain (the float model runs on the CPU).
     Stage("evaluate_float", "", {}, {"ort-qnn": _w("evaluate", 2, ("onnxruntime", "numpy"), key="evaluate_float")}),

@@ -133,6 +133,51 @@ def test_the_per_sample_form_runs_across_workers_and_gives_the_old_forms_numbers
         "combine missing" in result.output, result.output
 
 
+BOUND = '''
+
+def bound(results, total):
+    """What accuracy can still be over all `total` images, given the first ones scored."""
+    right = sum(r["class"] % 2 == 0 for r in results)
+    return {"accuracy": (right / total, (right + total - len(results)) / total)}
+'''
+
+
+def test_a_per_sample_hook_with_a_bound_stops_once_the_gate_cannot_be_met(tmp_path, monkeypatch):
+    """Issue 36 item 2: an evaluation stops once the samples scored decide that a gate fails (the hook's bound says
+    what the metric can still be); its numbers are those of the first samples, marked partial; a relaxed gate
+    measures every sample."""
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "0")
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "1")  # (with more, workers may run a little ahead)
+    repo = make(tmp_path, gate='{ metric = "accuracy", min = 1.5 }')
+    hooks = repo / "models/tinynet/hooks.py"
+    hooks.write_text(hooks.read_text() + PER_SAMPLE + BOUND)
+    task = "evaluate:tinynet/fp16@SM8750"
+    result = run_doit(repo, task)
+    assert result.code != 0
+    assert (f"{task}: gate failed after 1 of 4 samples (partial: accuracy = ") in result.output, result.output
+    from build_rules import results
+    kept = results.last(str(repo / "out/tinynet/fp16/SM8750/evaluate.json"))
+    assert kept["passed"] is False and kept["metrics"]["images"] == 1 and kept["graph_runs"] == {"encoder": 1, "head": 1}
+    best = (kept["metrics"]["accuracy"] + 3) / 4  # the first image as scored, the other three right
+    assert f"accuracy at most {best:.6g} whatever the other 3 samples give, needs >= 1.5)" in result.output, \
+        result.output
+    assert kept["partial"]["samples"] == 1 and kept["partial"]["of"] == 4
+    # a tighter gate is still decided by the same numbers: judged again without the emulator
+    (repo / "models/tinynet/model.toml").write_text((repo / "models/tinynet/model.toml").read_text().replace(
+        'min = 1.5', 'min = 2.0'))
+    again = run_doit(repo, task)
+    assert again.code != 0 and "not run again" in (repo / "out/tinynet/fp16/SM8750/evaluate.log").read_text()
+    assert "gate failed after 1 of 4 samples" in again.output, again.output
+    # a relaxed gate: the partial numbers no longer decide it, every sample is measured
+    (repo / "models/tinynet/model.toml").write_text((repo / "models/tinynet/model.toml").read_text().replace(
+        'min = 2.0', 'min = 0.0'))
+    relaxed = run_doit(repo, task)
+    assert relaxed.code == 0, relaxed.output
+    report = json.loads((repo / "out/tinynet/fp16/SM8750/evaluate.json").read_text())
+    assert report["metrics"]["images"] == 4 and report["graph_runs"] == {"encoder": 4, "head": 4}
+    assert "partial" not in report
+
+
 def test_a_failed_model_gate_names_the_float_reference(tmp_path, emulator_sessions):
     repo = make(tmp_path, gate='{ metric = "accuracy", min = 1.5 }')
     result = run_doit(repo, "evaluate:tinynet/fp16@SM8750")

@@ -71,24 +71,31 @@ def run(params: dict) -> dict:
         remembered = saved if saved.get("key") == key else None
     except (OSError, ValueError, AttributeError):
         remembered = None
+    if remembered is not None and remembered.get("partial") and \
+            gates.still_decided({"partial": remembered["partial"]}, params.get("gates", [])) is None:
+        remembered = None  # stopped after k of N samples, and its gates changed: every sample is measured
     inherited = equal_reference(params) if remembered is None and params.get("reference") else None
+    partial = None
     if remembered is not None:
         print(f"metrics from {memo} (measured from the same binaries, hooks and data): not run again", flush=True)
         metrics, graph_runs = remembered["metrics"], remembered.get("graph_runs", {})
+        partial = remembered.get("partial")
     elif inherited is not None:
         metrics, graph_runs = inherited["metrics"], inherited["graph_runs"]
         key = None  # not this chip's own measurement: its memo never takes these numbers for one (results.py)
     else:
-        metrics, graph_runs = _evaluate(params)
-        atomic_write_json(memo, {"key": key, "metrics": metrics, "graph_runs": graph_runs})
+        metrics, graph_runs, partial = _evaluate(params)
+        atomic_write_json(memo, {"key": key, "metrics": metrics, "graph_runs": graph_runs,
+                                 **({"partial": partial} if partial else {})})
     report = {"on": params["on"], "metrics": metrics, "gates": params.get("gates", [])}
     report["graph_runs"] = graph_runs  # the totals of the emulator runs' progress lines
     if inherited is not None:
         report["equal_to"] = inherited["equal_to"]
     if report["gates"]:
-        needs_float = gates.needs_float(report["gates"])
-        reference = json.loads(open(params["float_report"]).read())["metrics"] if needs_float else None
+        reference = _float_metrics(params)
         try:
+            if partial:  # an early verdict: the metrics of the first k samples, never judged as if of all N
+                raise BuildError(f"{params['name']}: gate {gates.describe_early(partial, metrics)}")
             report["gated"] = gates.judge(params["name"], report["gates"], metrics, reference)
         except BuildError as e:  # the numbers stay in the memo, marked failed (each gate's verdict too)
             report["gated"] = gates.results(report["gates"], metrics, reference)
@@ -101,7 +108,10 @@ def run(params: dict) -> dict:
             if inherited is not None:
                 e = BuildError(f"{e} (the metrics of {inherited['equal_to']['chip']}'s binaries: this chip's "
                                f"outputs equal theirs on {inherited['equal_to']['samples']} samples)")
-            results.keep_failed(memo, report, str(e), key, metrics, graph_runs=graph_runs)
+            if partial:
+                report["partial"] = partial
+            results.keep_failed(memo, report, str(e), key, metrics, graph_runs=graph_runs,
+                                **({"partial": partial} if partial else {}))
             raise e from None
     results.clear_failed(memo)
     atomic_write_json(params["outputs"]["report"], report)
@@ -140,8 +150,16 @@ def equal_reference(params: dict) -> dict | None:
             "equal_to": {"chip": reference["chip"], "samples": samples, "graphs": proofs}}
 
 
-def _evaluate(params: dict) -> tuple[dict, dict]:
-    """(metrics, graph runs) of the evaluate hooks over the graphs, on the CPU or the HTP emulator."""
+def _float_metrics(params: dict) -> dict | None:
+    """The float model's evaluation, the reference of relative gates (None when no gate is relative)."""
+    if not gates.needs_float(params.get("gates", [])):
+        return None
+    return json.loads(Path(params["float_report"]).read_text())["metrics"]
+
+
+def _evaluate(params: dict) -> tuple[dict, dict, dict | None]:
+    """(metrics, graph runs, the early verdict or None) of the evaluate hooks over the graphs, on the CPU or the HTP
+    emulator. Only a per-sample hook with a bound() can stop early (docs/model-toml.md, "Early verdicts")."""
     hooks = load_hooks(params["hooks"], params.get("data_dir"), params.get("checkpoints"))
     if per_sample(hooks):
         return _evaluate_per_sample(params, hooks)
@@ -152,7 +170,7 @@ def _evaluate(params: dict) -> tuple[dict, dict]:
     with _slot(params):
         run_graph = progress.count_graph_runs(_graph_runner(params), params.get("float_report"))
         metrics = {k: float(v) for k, v in hooks.evaluate(run_graph).items()}
-    return metrics, dict(run_graph.runs)
+    return metrics, dict(run_graph.runs), None
 
 
 PER_SAMPLE = ("evaluation_samples", "evaluate_sample", "combine")
@@ -169,15 +187,21 @@ def per_sample(hooks) -> bool:
     return bool(present)
 
 
-def _evaluate_per_sample(params: dict, hooks) -> tuple[dict, dict]:
+def _evaluate_per_sample(params: dict, hooks) -> tuple[dict, dict, dict | None]:
     """Each sample scored on its own, on the emulator across workers (each opens the graphs' binaries once), the
-    results combined in sample order."""
-    from .. import emulator_runs
+    results combined in sample order. With a bound(results, total) hook, the samples stop once those scored decide
+    that a gate fails (early_verdicts.results_until_decided): the metrics are then those of the first k."""
+    from .. import early_verdicts, emulator_runs
     samples = list(hooks.evaluation_samples())
+    early = None
     if params["on"] == "emulator":
+        bound = getattr(hooks, "bound", None)
         with progress.counting("evaluation samples", len(samples)) as counter:
-            scored = [result for _, result in emulator_runs.iter_results(
-                "build_rules.stages.evaluate:open_scorer", (params,), samples, "evaluation samples", counter)]
+            runs = emulator_runs.iter_results("build_rules.stages.evaluate:open_scorer", (params,), samples,
+                                              "evaluation samples", counter)
+            scored, early = early_verdicts.results_until_decided(
+                _results_of(runs), None if bound is None else lambda done, total: bound([r for r, _ in done], total),
+                params.get("gates", []), len(samples), _float_metrics(params))
     else:  # the CPU: fast, and ONNX Runtime's CPU provider uses the cores itself
         score = open_scorer(params, hooks)
         scored = [score(sample) for sample in progress.track(samples, "evaluation samples")]
@@ -186,7 +210,16 @@ def _evaluate_per_sample(params: dict, hooks) -> tuple[dict, dict]:
         for graph, n in runs.items():
             graph_runs[graph] = graph_runs.get(graph, 0) + n
     metrics = {k: float(v) for k, v in hooks.combine([result for result, _ in scored]).items()}
-    return metrics, graph_runs
+    return metrics, graph_runs, early
+
+
+def _results_of(runs):
+    """The results of iter_results' (index, result) pairs; closing this closes it (the samples left never run)."""
+    try:
+        for _, result in runs:
+            yield result
+    finally:
+        runs.close()
 
 
 def open_scorer(params: dict, hooks=None):

@@ -583,6 +583,14 @@ def evaluate_sample(run_graph: Callable[[str, dict], dict], index: int) -> dict[
     return {"errors": fe.word_errors(r, h), "words": len(r), "audio_seconds": _audio_seconds([index])}
 
 
+def bound(results: list[dict[str, Any]], total: int) -> dict[str, tuple]:
+    """What the WER can still be over all the held-out clips, given the first ones scored: at least their word errors
+    over every clip's reference words (known up front); no upper bound (insertions). An early verdict stops on it."""
+    fe = _sibling("frontend")
+    words = sum(len(fe.normalize(clips()[i]["text"])) for i in split("evaluation"))
+    return {"wer": (sum(r["errors"] for r in results) / max(words, 1), None)}
+
+
 def combine(results: list[dict[str, Any]]) -> dict[str, float]:
     """WER over the clips scored (word errors summed / reference words summed), the clip count, and audio_seconds:
     the clips' length (the real-time factor's denominator when `doit profile` times the graphs on a phone).
