@@ -64,14 +64,32 @@ def _int_env(name: str, default: int) -> int:
     return value
 
 
-def connect(cluster: str):
-    """The ray module, connected to `cluster` (this process becomes a Ray driver); a clear error when ray is not
-    installed or the cluster does not answer."""
+def preflight() -> None:
+    """Fails at once, in one line, when the named cluster cannot be used: ray is not installed, or its host:port
+    does not answer. emulator_runs calls it before the output memo reads the binary, so a configured but broken
+    cluster says so on every run, not only on the runs where the memo lacks a sample. (Cheap: no ray.init; the
+    connection itself is made by connect(), when samples are sent.)"""
+    cluster = address()
+    if cluster is None:
+        return
+    ray = _import_ray(cluster)
+    if not (ray.is_initialized() and _connected_to == cluster):
+        _reachable(cluster)
+
+
+def _import_ray(cluster: str):
     try:
         import ray
     except ModuleNotFoundError:
         raise BuildError(f"{_setting()}={cluster} sends emulator runs to a Ray cluster, but the Python package ray "
                          f"is not installed: {RAY_INSTALL} (or unset {_setting()} to run them here)") from None
+    return ray
+
+
+def connect(cluster: str):
+    """The ray module, connected to `cluster` (this process becomes a Ray driver); a clear error when ray is not
+    installed or the cluster does not answer."""
+    ray = _import_ray(cluster)
     global _connected_to
     if ray.is_initialized() and _connected_to != cluster:
         ray.shutdown()  # the setting changed within this process (a test, a bench): connect anew

@@ -36,9 +36,10 @@ def _backend() -> str:
 def iter_outputs(ctx_model, inputs: list[dict], what: str = "samples") -> Iterator[tuple[int, dict]]:
     """(index, {output name: array}) for each input sample, in sample order; closing it stops the rest."""
     from . import emulator_memo
-    memo = emulator_memo.Memo(ctx_model)
     if _backend() == "ray":  # a Ray cluster is named: the samples the memo lacks run there (docs/ray.md)
         from . import emulator_ray
+        emulator_ray.preflight()  # ray missing or the cluster not answering: fails here, before the memo reads
+        memo = emulator_memo.Memo(ctx_model)
 
         def on_ray(items: list[dict], counter) -> Iterator[tuple[int, dict]]:
             for index, outputs in emulator_ray.iter_outputs(ctx_model, items, what, _open):
@@ -47,6 +48,7 @@ def iter_outputs(ctx_model, inputs: list[dict], what: str = "samples") -> Iterat
                 yield index, outputs
         yield from _through_memo(memo, on_ray, inputs, what)
     else:
+        memo = emulator_memo.Memo(ctx_model)
         yield from _through_memo(memo, lambda items, counter: iter_results(_BINARY, (ctx_model,), items, what, counter),
                                  inputs, what)
 

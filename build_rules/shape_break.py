@@ -42,6 +42,8 @@ def shape_break(model, declared: dict, where: str) -> str:
     if not found:
         return ""
     op, name, reason = found.group(1), found.group(2), found.group(3).strip().rstrip(".")
+    if "elem type" in reason:  # a type the graph declares wrong (an int64 output, ...): not a shape; simplify says it
+        return ""
     node = next((n for n in probe.graph.node if n.name == name), None)
     if node is None:
         return ""

@@ -197,8 +197,10 @@ ort_qnn.open_context_binary = _counted
 def sample_runs(tmp_path, monkeypatch):
     """A function returning, per context model, how many samples the stage processes ran on it since the last call."""
     log = _spy(tmp_path, monkeypatch, "samples", SAMPLE_SPY, "BUILD_RULES_TEST_SAMPLE_LOG")
-    # one emulator worker: an early verdict then stops at the deciding sample (workers may run a little ahead)
+    # one emulator worker: an early verdict then stops at the deciding sample (workers may run a little ahead); no
+    # output memo: every sample a stage asks for runs (the memo's own tests: test_emulator_runs.py)
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "1")
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "0")
 
     def runs() -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -102,6 +102,13 @@ class LocalCluster:
             except OSError:
                 pass
 
+    def keep_first_nodes(self, count: int, timeout: float = 60) -> None:
+        """Back to the first `count` nodes started (the head first): the nodes added after them are killed, if a
+        test left one alive (it failed before its kill), and the GCS is waited on until it sees `count` live."""
+        for session in self.sessions[count:]:
+            self.kill_node(session)
+        self.wait_for_nodes(count, timeout)
+
     def wait_for_nodes(self, count: int, timeout: float = 60) -> None:
         """Until the cluster's live nodes are `count` (after a start or a kill), as the GCS sees them."""
         import ray

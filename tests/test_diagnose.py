@@ -41,8 +41,10 @@ def test_an_underflow_is_linted_for_fp16_and_diagnose_names_the_log_at_fp16_and_
     assert ("warning: logpower/frontend/fp16 (fp16): node '/Max' (Max) floors its input at 1e-12 before '/Log' (Log): "
             "1e-12 is below fp16's smallest normal 6.1e-05, so in fp16 the floor is 0") in result.output
     assert "Fix: a larger epsilon in the export (at least 6.1e-05" in result.output
-    # ...and the failed gate names the command that shows where the binary departs from the float model
-    assert ("check:logpower/frontend/fp16@SM8750: gate failed: cosine = ") in result.output
+    # ...and the failed gate (decided early: the first samples already fail it) names the command that shows where
+    # the binary departs from the float model
+    assert re.search(r"check:logpower/frontend/fp16@SM8750: gate failed after \d+ of 12 samples \(partial: cosine = ",
+                     result.output), result.output
     assert "to see which tensor it starts at: doit diagnose:logpower/frontend/fp16@SM8750" in result.output
     assert "to see which tensor it starts at: doit diagnose:logpower/frontend/w8a16@SM8750" in result.output
     assert result.output.count("warning: logpower/frontend/fp16 (fp16): node '/Max'") == 1
@@ -218,10 +220,11 @@ def test_the_init_template_is_this_repos_example():
 
 
 def test_diagnose_says_when_its_samples_miss_the_loss_check_measured(tinynet_repo):
-    """Diagnose runs 4 evenly spaced samples; when check measured the same binary as much worse over the whole
-    evaluation set (here: the 8 samples diagnose skips are 30 x outside the calibrated range, so the binary clips
-    them), the report says so first, with the command that diagnoses them all (a new user's GRU cell looked fine
-    to diagnose at cosine 0.99999 on 4 samples while check measured 0.9956 over 12)."""
+    """Diagnose runs 4 evenly spaced samples; when check measured the same binary as much worse (here: the 8 samples
+    diagnose skips are 30 x outside the calibrated range, so the binary clips them), the report says so first, with
+    the command that diagnoses them all (a new user's GRU cell looked fine to diagnose at cosine 0.99999 on 4 samples
+    while check measured 0.9956 over 12). Check stops once its first samples fail the gate (early verdicts): the line
+    says it measured those k of the 12, not all of them, and the command still names all 12."""
     repo = tinynet_repo
     hooks = repo / "models/tinynet/hooks.py"
     hooks.write_text(hooks.read_text() + '''
@@ -235,13 +238,41 @@ def evaluation_inputs(graph):
 ''')
     task = "tinynet/head/w8a16@SM8750"
     checked = run_doit(repo, f"check:{task}")
-    assert checked.code != 0 and "gate failed" in checked.output, checked.output  # the clipped samples fail it
+    assert checked.code != 0 and "gate failed after" in checked.output, checked.output  # the clipped samples fail it
+    stopped = int(re.search(r"gate failed after (\d+) of 12 samples", checked.output)[1])
+    assert stopped < 12
     result = run_doit(repo, f"diagnose:{task}")
     assert result.code == 0, result.output
     report = (repo / "out/tinynet/w8a16/SM8750/head.diagnose.md").read_text()
     likely = report.split("## Likely fix", 1)[1].strip().splitlines()[0]
-    assert likely.startswith("- These 4 samples miss the loss check measured over all 12: logits "), likely
+    assert likely.startswith(f"- These 4 samples miss the loss check measured on the first {stopped} of 12 samples "
+                             "(it stopped there: they already failed its gate): logits "), likely
     assert likely.endswith("Diagnose them all: `BUILD_RULES_DIAGNOSE_SAMPLES=12 doit diagnose:tinynet/head/"
                            "w8a16@SM8750`."), likely
     measured = json.loads((repo / "out/tinynet/w8a16/SM8750/head.diagnose.json").read_text())
-    assert measured["check"]["samples"] == 12 and measured["samples"] == [0, 4, 7, 11]
+    assert measured["samples"] == [0, 4, 7, 11]
+    assert {k: measured["check"][k] for k in ("samples", "of", "partial")} == {"samples": stopped, "of": 12,
+                                                                              "partial": True}
+
+
+def test_the_subset_line_names_what_check_measured_and_not_when_every_sample_is_diagnosed():
+    """The line's words for a check over the whole set and for one stopped early; none when diagnose ran every
+    sample (its drops then cover the samples check measured: there is nothing left to diagnose)."""
+    from build_rules.stages.support.diagnosis import _subset_missed
+    params = {"model": "m", "graph_name": "g", "variant_name": "w8a8", "chip": {"name": "SM8750"}}
+    here = {"y": {"sqnr": 30.0, "cosine": 0.999}}
+    there = {"y": {"sqnr": 10.0, "cosine": 0.95}}
+
+    def line(samples, check):
+        return _subset_missed({"samples": samples, "final": here, "check": check}, params)
+
+    full = line([0, 4, 7, 11], {"samples": 12, "of": 12, "partial": False, "outputs": there})
+    assert full == ["These 4 samples miss the loss check measured over all 12: y 10.0 dB (cosine 0.95000) there, "
+                    "30.0 dB (cosine 0.99900) here. Diagnose them all: `BUILD_RULES_DIAGNOSE_SAMPLES=12 doit "
+                    "diagnose:m/g/w8a8@SM8750`."]
+    early = line([0, 4, 7, 11], {"samples": 2, "of": 12, "partial": True, "outputs": there})
+    assert early[0].startswith("These 4 samples miss the loss check measured on the first 2 of 12 samples (it stopped "
+                               "there: they already failed its gate): y 10.0 dB")
+    assert early[0].endswith("`BUILD_RULES_DIAGNOSE_SAMPLES=12 doit diagnose:m/g/w8a8@SM8750`.")
+    assert line(list(range(12)), {"samples": 2, "of": 12, "partial": True, "outputs": there}) == []
+    assert line([0, 4, 7, 11], {"samples": 12, "of": 12, "partial": False, "outputs": here}) == []

@@ -70,9 +70,9 @@ def test_written_paths_reads_stage_actions_as_given_and_as_doit_makes_them():
         task("mine:d", [(run_stage, ["check", {}, [], "out/m/d.log"])]),  # not a build_rules stage: not counted
         Task("compile:e", None, targets=["out/m/e.bin"]),  # a group: no actions
     ]}
-    expected = ["out/m/a.check.json", "out/m/a.measure.json", "out/m/a.proof.npz", "out/m/a.log", "out/m/d/",
-                "out/m/b.check.json", "out/m/b.measure.json", "out/m/b.proof.npz", "out/m/b.log",
-                "out/m/c.check.json", "out/m/c.measure.json", "out/m/c.proof.npz"]
+    expected = ["out/m/a.check.json", "out/m/a.measure.json", "out/m/a.proof.npz", "out/m/a.proof.json", "out/m/a.log",
+                "out/m/d/", "out/m/b.check.json", "out/m/b.measure.json", "out/m/b.proof.npz", "out/m/b.proof.json",
+                "out/m/b.log", "out/m/c.check.json", "out/m/c.measure.json", "out/m/c.proof.npz", "out/m/c.proof.json"]
     assert target_set.written_paths(tasks) == expected
     for t in tasks.values():
         t.actions  # doit's action objects, made: the same paths

@@ -367,7 +367,9 @@ def test_automatic_mixed_precision_finds_a_variant_that_passes_its_gate(tmp_path
     repo = mtcnn_without_onet(tmp_path)
     result = run_doit(repo, "-n", "2", "-P", "thread", "--continue")
     assert result.code != 0
-    assert "check:mtcnn/rnet/w8a8@SM8750: gate failed: cosine = 0.99" in result.output
+    # (an early verdict once the samples so far decide it: "gate failed after k of N samples (partial: cosine = ...")
+    assert re.search(r"check:mtcnn/rnet/w8a8@SM8750: gate failed(:| after \d+ of \d+ samples \(partial:) cosine = 0\.9",
+                     result.output), result.output
 
     monkeypatch.setenv("BUILD_RULES_PROGRESS_SECONDS", "0.5")
     result = run_doit(repo, "tune:mtcnn/w8a8")

@@ -48,8 +48,9 @@ def test_chunks_cover_every_sample_once_in_order():
 
 
 def test_without_ray_a_one_line_error(tmp_path):
-    """A cluster named, ray not importable: one line saying what to install. (ray is hidden by a `ray` package
-    first on PYTHONPATH whose import fails as a missing one does.)"""
+    """A cluster named, ray not importable: one line saying what to install, before the output memo reads the
+    binary (here a file that does not exist). (ray is hidden by a `ray` package first on PYTHONPATH whose import
+    fails as a missing one does.)"""
     shim = tmp_path / "no-ray" / "ray"
     shim.mkdir(parents=True)
     (shim / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'ray'\", name='ray')\n")
@@ -80,7 +81,7 @@ def test_a_cluster_that_does_not_answer_fails_at_once(monkeypatch):
     port = free_port()  # nothing listens there
     monkeypatch.setenv("BUILD_RULES_RAY_ADDRESS", f"127.0.0.1:{port}")
     started = time.monotonic()
-    with pytest.raises(BuildError) as failure:
+    with pytest.raises(BuildError) as failure:  # (before the output memo reads the binary, which does not exist)
         emulator_runs.run_outputs("model_ctx.onnx", [{}])
     assert str(failure.value) == (
         f"cannot connect to the Ray cluster at 127.0.0.1:{port} (BUILD_RULES_RAY_ADDRESS): Connection refused; start "
@@ -109,10 +110,14 @@ def cluster(request):
 
 @pytest.fixture
 def on_cluster(cluster, monkeypatch):
+    cluster.keep_first_nodes(2)  # head + the second node, whatever an earlier test that failed left
     for name in ("BUILD_RULES_RAY_RETRIES", "BUILD_RULES_RAY_NO_NODE_SECONDS", "BUILD_RULES_RAY_EXPECT_ORT_QNN"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("BUILD_RULES_RAY_ADDRESS", cluster.address)
     monkeypatch.setenv("BUILD_RULES_CACHE", "off")  # a check must run, not come back from the build cache
+    # and the emulator must run, not come back from the output memo (samples it has are not sent to the cluster:
+    # test_the_memo_sends_only_what_it_lacks, the one test here with the memo on)
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "0")
     return cluster
 
 
@@ -163,6 +168,46 @@ def test_a_chain_of_parts_through_ray_equals_the_local_run(on_cluster, built_tin
     assert len(remote) == len(local) and all(_same(a, b) for a, b in zip(remote, local))
 
 
+def test_the_memo_sends_only_what_it_lacks(on_cluster, built_tinynet, monkeypatch, tmp_path, capsys):
+    """The output memo first: the samples it has are not sent to the cluster, the ones that come back go in it, and
+    a job it has in full does not touch the cluster. The numbers are the local run's."""
+    from build_rules import emulator_runs
+    ctx, inputs, local = _samples(built_tinynet, 1)
+    monkeypatch.chdir(tmp_path)  # a memo of this test's own (out/.build-state/emulator-outputs under the cwd)
+    monkeypatch.delenv("BUILD_RULES_EMULATOR_MEMO_MB")
+    capsys.readouterr()
+    first = emulator_runs.run_outputs(ctx, inputs[:2])
+    said = capsys.readouterr().out
+    assert "samples: 2 in 2 Ray task(s)" in said and "memo" not in said, said
+    every = emulator_runs.run_outputs(ctx, inputs)
+    said = capsys.readouterr().out
+    assert "2 of 4 samples from the emulator output memo" in said and "samples: 2 in 2 Ray task(s)" in said, said
+    again = emulator_runs.run_outputs(ctx, inputs)
+    said = capsys.readouterr().out
+    assert "all 4 samples from the emulator output memo" in said and "Ray task" not in said, said
+    assert all(_same(a, b) for a, b in zip(first, local[:2]))
+    assert all(_same(a, b) for a, b in zip(every, local)) and all(_same(a, b) for a, b in zip(again, local))
+
+
+def test_a_cluster_that_does_not_answer_fails_even_when_the_memo_has_everything(on_cluster, built_tinynet,
+                                                                                monkeypatch, tmp_path):
+    """A cluster named but not answering is a setting to fix: the build says so on every run, not only on the runs
+    where the memo lacks a sample."""
+    from s3_servers import free_port
+
+    from build_rules import emulator_runs
+    from build_rules.errors import BuildError
+    ctx, inputs, _ = _samples(built_tinynet, 1)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("BUILD_RULES_EMULATOR_MEMO_MB")
+    monkeypatch.setenv("BUILD_RULES_RAY_ADDRESS", "off")
+    emulator_runs.run_outputs(ctx, inputs)  # now in the memo
+    port = free_port()
+    monkeypatch.setenv("BUILD_RULES_RAY_ADDRESS", f"127.0.0.1:{port}")
+    with pytest.raises(BuildError, match=rf"^cannot connect to the Ray cluster at 127\.0\.0\.1:{port} "):
+        emulator_runs.run_outputs(ctx, inputs)
+
+
 # --- a node killed mid-job -----------------------------------------------------------------------------------------
 
 def _samples(built_tinynet: Path, copies: int) -> tuple[str, list[dict], list[dict]]:
@@ -203,8 +248,11 @@ def _run_with_a_node_killed(cluster, ctx: str, inputs: list[dict], resources: di
         result = emulator_runs.run_outputs(ctx, inputs)
     except BuildError as e:
         result = e
-    finished.set()
-    watcher.join()
+    finally:
+        finished.set()
+        watcher.join()
+        if not killed.is_set():
+            cluster.kill_node(node)  # not left for the next test
     assert killed.is_set(), "the extra node never ran a chunk"
     cluster.wait_for_nodes(2)  # it is dead for the cluster too
     return result

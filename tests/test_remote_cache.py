@@ -67,10 +67,10 @@ def stage_tasks(ran: set[str]) -> set[str]:
 
 
 def outputs(repo: Path) -> dict[str, bytes]:
-    """Every output but the logs (a restored log says where it came from) and check's emulator memos and the reference
-    chip's proof outputs (not targets: a restored check has none)."""
+    """Every output but the logs (a restored log says where it came from) and check's emulator memos, the reference
+    chip's proof outputs and the other chips' proof memos (not targets: a restored check has none)."""
     return {str(p.relative_to(repo)): p.read_bytes() for p in sorted((repo / "out/tinynet").rglob("*"))
-            if p.is_file() and not p.name.endswith((".log", ".measure.json", ".proof.npz"))}
+            if p.is_file() and not p.name.endswith((".log", ".measure.json", ".proof.npz", ".proof.json"))}
 
 
 def without_seconds(data: bytes) -> dict:

@@ -124,11 +124,12 @@ def test_outputs_of_a_removed_variant_or_chip_are_removed_at_the_next_build(tiny
     # per graph, chip-independent: the fp16 lint's report and log, and the size check's report
     per_variant = 6
     # per graph: binary, ctx model, compile and check reports, 2 logs; a manifest. SM8750, the reference chip, also its
-    # measurement memo and its outputs on the proof samples per graph; SM8550's checks proved equal (no memo)
+    # measurement memo and its outputs on the proof samples per graph; SM8550's checks proved equal (no measurement
+    # memo: a proof memo per graph)
     assert lines[1] == (f"  removed {len(made)} output(s) of targets no longer in models/ or chips.toml: "
-                        f"out/tinynet/fp16/ ({per_variant} files), out/tinynet/fp16/SM8550/ (13 files), "
+                        f"out/tinynet/fp16/ ({per_variant} files), out/tinynet/fp16/SM8550/ (15 files), "
                         f"out/tinynet/fp16/SM8750/ (17 files)")
-    assert len(made) == 36
+    assert len(made) == 38
     assert _files(out / "fp16") == ["SM8550/notes.txt"]  # everything the fp16 tasks wrote: binaries, reports, logs
     assert (out / "w8a16/SM8550/head.bin").is_file() and (out / "float/head.sim.onnx").is_file()
     assert any((tinynet_repo / "out/.cache").iterdir())  # the build cache stays

@@ -116,7 +116,7 @@ def run(params: dict) -> dict:
               "chip": params["chip"]["name"], "fp16": fp16, "samples": subset, "tensors_total": len(graph.tensors),
               "exposed": len(exposed), "every": every, "floor_db": floor, "rows": rows, "drops": drops,
               "exposure": exposure, "final": final_outputs(graph, plain_outputs, floats),
-              "lint": lint, "check": check_measurement(params),
+              "lint": lint, "check": check_measurement(params, len(inputs)),
               "seconds": {"emulator": round(emulator_seconds, 1),  # compile and runs, in the workers
                           "total": round(time.perf_counter() - started, 1)}}
     lap("drops and lint")
@@ -418,10 +418,12 @@ def exposure_check(graph: Graph, emulated: list[dict], plain: list[dict]) -> dic
     return {"identical": worst == 0.0, "max_abs": worst, "outputs": per_output}
 
 
-def check_measurement(params: dict) -> dict | None:
-    """{"samples", "outputs"} of the check stage's measurement of this very binary over the whole evaluation set
-    (its memo beside the binary; same binary, context model and evaluation file), else None. Diagnose runs a few
-    samples: the report says when they miss what check measured (build_rules/stages/support/diagnosis.py)."""
+def check_measurement(params: dict, total: int) -> dict | None:
+    """{"samples", "of", "partial", "outputs"} of the check stage's measurement of this very binary (its memo beside
+    the binary; same binary, context model and evaluation file), else None. Diagnose runs a few samples: the report
+    says when they miss what check measured (build_rules/stages/support/diagnosis.py). "samples" is how many check
+    measured: all `total` of the evaluation set, or, when its gate failed early ("partial": true), the first k of
+    them (stages/check.py measurement(): the memo then holds those k samples' metrics)."""
     import json
     from pathlib import Path
 
@@ -433,9 +435,13 @@ def check_measurement(params: dict) -> dict | None:
         key, metrics = saved["key"], saved["metrics"]
         same = (key.get("ctx_model"), key.get("binary"), key.get("evaluation")) == (
             file_digest(ctx), file_digest(ctx.replace("_ctx.onnx", ".bin")), file_digest(params["evaluation"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        partial = metrics.get("partial")
+        samples = partial["samples"] if partial else metrics.get("samples")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    return {"samples": metrics.get("samples"), "outputs": metrics.get("outputs") or {}} if same else None
+    if not same:
+        return None
+    return {"samples": samples, "of": total, "partial": bool(partial), "outputs": metrics.get("outputs") or {}}
 
 
 def final_outputs(graph: Graph, plain: list[dict], reference: list[dict]) -> dict:

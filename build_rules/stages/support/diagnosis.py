@@ -19,7 +19,7 @@ MAX_LISTED = 24  # tensors in the suggested overrides line
 FOUR_BIT_WEIGHTS = ("int4", "uint4")  # a layer reading these can lose more to its weight than a 16-bit output does
 HTP_WORSE_DB = 6.0  # the binary this much farther from float than the CPU QDQ model: an HTP-only loss
 
-SUBSET_MISS_DB = 3.0  # an output this much worse over check's whole set than on the diagnosed samples
+SUBSET_MISS_DB = 3.0  # an output this much worse in check's measurement than on the diagnosed samples
 
 
 # --- the likely fix ----------------------------------------------------------------------------------------------
@@ -47,20 +47,24 @@ def diagnose(result: dict, params: dict) -> list[str]:
 
 
 def _subset_missed(result: dict, params: dict) -> list[str]:
-    """A line when an output is >= SUBSET_MISS_DB worse over check's whole evaluation set than on these samples: the
-    drops below were looked for where the binary does well (a new user's GRU cell: cosine 0.99999 on 4 samples,
-    0.9956 over 12)."""
+    """A line when an output is >= SUBSET_MISS_DB worse in check's measurement than on these samples: the drops below
+    were looked for where the binary does well (a new user's GRU cell: cosine 0.99999 on 4 samples, 0.9956 over 12).
+    Check's measurement is of the whole evaluation set, or of its first k samples when the gate failed on them and
+    check stopped early (check["partial"]); the line says which. No line when these samples are the whole set."""
     from ...tasks.diagnose import SAMPLES_ENV
     check = result.get("check") or {}
+    total = check.get("of") or check.get("samples") or 0
     worse = [(name, check["outputs"][name], here) for name, here in result["final"].items()
              if name in check.get("outputs", {}) and check["outputs"][name]["sqnr"] < here["sqnr"] - SUBSET_MISS_DB]
-    if not worse:
+    if not worse or len(result["samples"]) >= total:
         return []
     task = f"{params['model']}/{params['graph_name']}/{params['variant_name']}@{params['chip']['name']}"
-    return [f"These {len(result['samples'])} samples miss the loss check measured over all {check['samples']}: "
+    where = (f"on the first {check['samples']} of {total} samples (it stopped there: they already failed its gate)"
+             if check.get("partial") else f"over all {total}")
+    return [f"These {len(result['samples'])} samples miss the loss check measured {where}: "
             + "; ".join(f"{name} {c['sqnr']:.1f} dB (cosine {c['cosine']:.5f}) there, {h['sqnr']:.1f} dB (cosine "
                         f"{h['cosine']:.5f}) here" for name, c, h in worse)
-            + f". Diagnose them all: `{SAMPLES_ENV}={check['samples']} doit diagnose:{task}`."]
+            + f". Diagnose them all: `{SAMPLES_ENV}={total} doit diagnose:{task}`."]
 
 
 def _from_drops(result: dict, params: dict) -> list[str]:
