@@ -195,13 +195,14 @@ def _evaluate_per_sample(params: dict, hooks) -> tuple[dict, dict, dict | None]:
     samples = list(hooks.evaluation_samples())
     early = None
     if params["on"] == "emulator":
-        bound = getattr(hooks, "bound", None)
+        def bound(done: list, total: int) -> dict:  # the hook sees evaluate_sample's results only
+            return hooks.bound([result for result, _ in done], total)
         with progress.counting("evaluation samples", len(samples)) as counter:
             runs = emulator_runs.iter_results("build_rules.stages.evaluate:open_scorer", (params,), samples,
                                               "evaluation samples", counter)
             scored, early = early_verdicts.results_until_decided(
-                _results_of(runs), None if bound is None else lambda done, total: bound([r for r, _ in done], total),
-                params.get("gates", []), len(samples), _float_metrics(params))
+                _results_of(runs), bound if hasattr(hooks, "bound") else None, params.get("gates", []),
+                len(samples), _float_metrics(params))
     else:  # the CPU: fast, and ONNX Runtime's CPU provider uses the cores itself
         score = open_scorer(params, hooks)
         scored = [score(sample) for sample in progress.track(samples, "evaluation samples")]
