@@ -26,31 +26,25 @@ def worker_count() -> int:
     return emulator_slots.limit()
 
 
-def _backend() -> str:
-    """Where a binary's samples run: "ray" when a Ray cluster is named (emulator_ray.py: only iter_outputs' jobs, whose
-    files travel), else "local" (worker processes on this machine)."""
-    from . import emulator_ray
-    return "ray" if emulator_ray.configured() else "local"
-
-
 def iter_outputs(ctx_model, inputs: list[dict], what: str = "samples") -> Iterator[tuple[int, dict]]:
-    """(index, {output name: array}) for each input sample, in sample order; closing it stops the rest."""
-    from . import emulator_memo
-    if _backend() == "ray":  # a Ray cluster is named: the samples the memo lacks run there (docs/ray.md)
-        from . import emulator_ray
-        emulator_ray.preflight()  # ray missing or the cluster not answering: fails here, before the memo reads
-        memo = emulator_memo.Memo(ctx_model)
-
-        def on_ray(items: list[dict], counter) -> Iterator[tuple[int, dict]]:
-            for index, outputs in emulator_ray.iter_outputs(ctx_model, items, what, _open):
-                memo.put(items[index], outputs)
-                counter.done += 1
-                yield index, outputs
-        yield from _through_memo(memo, on_ray, inputs, what)
-    else:
-        memo = emulator_memo.Memo(ctx_model)
-        yield from _through_memo(memo, lambda items, counter: iter_results(_BINARY, (ctx_model,), items, what, counter),
+    """(index, {output name: array}) for each input sample, in sample order; closing it stops the rest. The samples
+    the output memo lacks run on this machine's workers, or on a Ray cluster when one is named (docs/ray.md: only
+    these jobs travel, a binary's files with them)."""
+    from . import emulator_memo, emulator_ray
+    if not emulator_ray.configured():
+        yield from _through_memo(emulator_memo.Memo(ctx_model),
+                                 lambda items, counter: iter_results(_BINARY, (ctx_model,), items, what, counter),
                                  inputs, what)
+        return
+    emulator_ray.preflight()  # ray missing or the cluster not answering: fails here, before the memo reads
+    memo = emulator_memo.Memo(ctx_model)
+
+    def on_ray(items: list[dict], counter) -> Iterator[tuple[int, dict]]:
+        for index, outputs in emulator_ray.iter_outputs(ctx_model, items, what, _open):
+            memo.put(items[index], outputs)  # (workers put their own; Ray's come back here)
+            counter.done += 1
+            yield index, outputs
+    yield from _through_memo(memo, on_ray, inputs, what)
 
 
 def _through_memo(memo, run_missing, inputs: list[dict], what: str) -> Iterator[tuple[int, dict]]:
