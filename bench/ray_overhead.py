@@ -8,10 +8,12 @@ compile:mtcnn/rnet/fp16@SM8750` has run. The jobs are those binaries' checks: ea
 check stage uses. Each job runs in a fresh process, as a stage does, and is timed from the call to the outputs in
 hand (imports of ray / onnxruntime, connecting, worker start and loading the binary included; the interpreter's
 start is not):
-  serial  one emulator session in the process (BUILD_RULES_RAY_ADDRESS=off)
-  local   2 worker processes (spawned here), each loads the binary once and runs a contiguous half
+  serial  one emulator session in the process (BUILD_RULES_EMULATOR_WORKERS=1)
+  local   the tool's local worker pool (BUILD_RULES_EMULATOR_WORKERS=2: 2 worker processes, each pinned to a core,
+          loads the binary once and takes samples as it frees up)
   ray     BUILD_RULES_RAY_ADDRESS = a cluster started here by tests/ray_cluster.py: a head node and a second node,
           1 CPU each, on this machine (build_rules/emulator_ray.py: 2 chunks, 2 Ray tasks)
+The emulator output memo is off in every run (BUILD_RULES_EMULATOR_MEMO_MB=0): each run measures the emulator.
 Rounds interleave the modes (serial local ray serial local ray ...) so a change in the machine's load hits all
 three alike; the table gives medians, every run, and the 1-minute load average before each run. The outputs of
 every run are compared with the serial run's, byte for byte.
@@ -42,27 +44,13 @@ def _digest(outputs: list[dict]) -> str:
     return h.hexdigest()
 
 
-def _local_chunk(ctx: str, feeds: list[dict]) -> list[dict]:
-    from build_rules.toolchains import ort_qnn
-    run = ort_qnn.open_context_binary(ctx)
-    return [run(feed) for feed in feeds]
-
-
 def one_job(mode: str, ctx: str, evaluation: str) -> None:
     """In the child process: run the job once, print {"seconds", "digest"}."""
     from build_rules.samples import load_evaluation
     inputs, _ = load_evaluation(evaluation)
     started = time.perf_counter()
-    if mode == "local":
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-        half = (len(inputs) + 1) // 2
-        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
-            parts = list(pool.map(_local_chunk, [ctx, ctx], [inputs[:half], inputs[half:]]))
-        outputs = parts[0] + parts[1]
-    else:
-        from build_rules import emulator_runs
-        outputs = emulator_runs.run_outputs(ctx, inputs)
+    from build_rules import emulator_runs
+    outputs = emulator_runs.run_outputs(ctx, inputs)
     seconds = time.perf_counter() - started
     print(json.dumps({"seconds": seconds, "digest": _digest(outputs), "samples": len(inputs)}))
 
@@ -91,7 +79,9 @@ def main() -> None:
                 evaluation = args.repo / f"out/mtcnn/float/{graph}.evaluation.npz"
                 for mode in MODES:
                     loads[graph, mode].append(os.getloadavg()[0])
-                    child_env = dict(env, BUILD_RULES_RAY_ADDRESS=cluster.address if mode == "ray" else "off")
+                    child_env = dict(env, BUILD_RULES_RAY_ADDRESS=cluster.address if mode == "ray" else "off",
+                                     BUILD_RULES_EMULATOR_WORKERS="1" if mode == "serial" else "2",
+                                     BUILD_RULES_EMULATOR_MEMO_MB="0")
                     done = subprocess.run([sys.executable, __file__, "x", "--one", mode, str(ctx), str(evaluation)],
                                           env=child_env, capture_output=True, text=True)
                     if done.returncode != 0:

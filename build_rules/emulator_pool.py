@@ -15,6 +15,7 @@ import importlib
 import os
 import subprocess
 import sys
+import time
 import traceback
 from collections import deque
 from collections.abc import Iterator
@@ -50,10 +51,15 @@ class _Worker:
         self.send = Connection(to_child_w, readable=False)
         self.receive = Connection(from_child_r, writable=False)
         self.ready = False
+        self.ready_at: float | None = None  # holding its slot from then (emulator_slots.count_seconds at stop)
         self.items: deque[int] = deque()  # sent, not yet answered
         self.send.send((opener, args))
 
     def stop(self, kill: bool) -> None:
+        if self.ready_at is not None:
+            from . import emulator_slots
+            emulator_slots.count_seconds(time.monotonic() - self.ready_at)
+            self.ready_at = None
         if self.process.poll() is None and not kill:
             try:
                 self.send.send(None)
@@ -72,6 +78,8 @@ def run(opener: str, args: tuple, items: list, workers: int, what: str = "sample
     """(index, opener(*args)(item)) for each item, in item order, from `workers` worker processes. counter.done (a
     progress counter) counts each item as it arrives from any worker."""
     pool = [_Worker(opener, args) for _ in range(max(1, min(workers, len(items))))]
+    if counter is not None:  # the progress line: "120/200 samples on 2 emulator workers"
+        counter.where = f"{len(pool)} emulator worker{'s' if len(pool) > 1 else ''}"
     pending = deque(range(len(items)))
     finished: dict[int, object] = {}
     next_index = 0
@@ -99,7 +107,7 @@ def run(opener: str, args: tuple, items: list, workers: int, what: str = "sample
                                       f"{doing}; its messages are above in this log") from None
                 kind = message[0]
                 if kind == "ready":
-                    worker.ready = True
+                    worker.ready, worker.ready_at = True, time.monotonic()
                 elif kind == "done":
                     worker.items.popleft()
                     finished[message[1]] = message[2]

@@ -40,6 +40,7 @@ def iter_outputs(ctx_model, inputs: list[dict], what: str = "samples") -> Iterat
     memo = emulator_memo.Memo(ctx_model)
 
     def on_ray(items: list[dict], counter) -> Iterator[tuple[int, dict]]:
+        counter.where = "the Ray cluster"
         for index, outputs in emulator_ray.iter_outputs(ctx_model, items, what, _open):
             memo.put(items[index], outputs)  # (workers put their own; Ray's come back here)
             counter.done += 1

@@ -25,6 +25,7 @@ ENV = "BUILD_RULES_EMULATOR_WORKERS"
 _POLL_SECONDS = 0.1
 
 _held: int | None = None  # the slot this process holds (a worker, or a stage running its samples itself)
+_session_seconds = 0.0  # emulator sessions' seconds this stage process ran (its own, and its workers': count_seconds)
 
 
 def cores() -> list[int]:
@@ -59,6 +60,18 @@ def held() -> int | None:
     return _held
 
 
+def count_seconds(seconds: float) -> None:
+    """Add a session's seconds (a worker's, from ready to stopped) to what this process reports (session_seconds)."""
+    global _session_seconds
+    _session_seconds += max(seconds, 0.0)
+
+
+def session_seconds() -> float:
+    """Seconds of emulator sessions this process ran, summed over them: the slot-seconds its task takes of the
+    machine's `limit()` slots (the build log keeps them; plan.py divides the emulator work left by the slots)."""
+    return _session_seconds
+
+
 @contextlib.contextmanager
 def slot(waiting=None, pin: bool = False):
     """Hold one slot for the block (waits for one). In a process that holds one already, a nested job uses it.
@@ -82,6 +95,7 @@ def slot(waiting=None, pin: bool = False):
                 if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
                     raise
                 continue
+            began = time.monotonic()
             try:
                 _held = index
                 if pin:
@@ -90,6 +104,7 @@ def slot(waiting=None, pin: bool = False):
                 yield index
             finally:
                 _held = None
+                count_seconds(time.monotonic() - began)
                 os.close(fd)  # drops the lock
             return
         if not told and waiting is not None:

@@ -19,7 +19,10 @@ holds (see cache_hits) counts as its last restore from the cache, a fraction of 
 that runs again on inputs its measurement memo was made from (a new gate, a failed check judged again: see
 remembered) re-judges the saved numbers without the emulator: it counts as REMEMBERED_SECONDS, not as its last
 measurement. Parallel work inside one task (emulator workers) shows in the seconds the log has for it; doit's own
-jobs divide the sum in one place, Plan.time_left.
+jobs divide the sum in one place, Plan.time_left. The emulator is the other bound: the log keeps each task's emulator
+sessions' seconds (a check on 2 workers for 60 s: ~120), and every task on the machine shares its emulator slots
+(emulator_slots.py), so the work left cannot end before those seconds over the slots, however many jobs doit runs:
+two such checks under `doit -n 2` with 2 slots take ~120 s, not the 60 s their wall times over 2 jobs would say.
 """
 from __future__ import annotations
 
@@ -37,7 +40,8 @@ class Plan:
     doit hands reporters neither its runner nor its options, so two of them are seen as the run goes: `-a` (a task
     starts that the status check finds up to date: every task runs, see start) and `-n` (workers())."""
 
-    def __init__(self, tasks: dict, selected: list[str], dep_manager, decided: dict[str, bool], log_rows):
+    def __init__(self, tasks: dict, selected: list[str], dep_manager, decided: dict[str, bool], log_rows,
+                 emulator_seconds: dict[str, float] | None = None):
         self.tasks, self.selected, self.decided, self.dep_manager = tasks, selected, decided, dep_manager
         self.always = False
         self.to_run = predict(tasks, selected, _status_check(dep_manager, tasks), decided)
@@ -45,6 +49,8 @@ class Plan:
         self.jobs = workers()
         self.started: set[str] = set()
         self.seconds, self.restore_seconds = last_seconds(log_rows)
+        self.emulator = emulator_seconds or {}  # task -> its emulator sessions' seconds, last time it ran
+        self.slots = emulator_slots_here()
         self.hits = cache_hits(tasks, self.to_run) if self.seconds or self.restore_seconds else set()
         self.remembered = remembered(tasks, self.to_run) - self.hits if self.seconds or self.restore_seconds else set()
 
@@ -77,7 +83,22 @@ class Plan:
         left += [max(self.estimate(n) - (now - t0), 0.0) for n, t0 in running.items() if n in self.to_run]
         if not left:
             return 0.0
-        return max(sum(left) / min(self.jobs, len(left)), max(left))
+        emulator = sum(self.emulator_estimate(n) for n in self.to_run if n not in self.started)
+        emulator += sum(self.emulator_estimate(n) * max(1 - (now - t0) / max(self.estimate(n), 1e-9), 0.0)
+                        for n, t0 in running.items() if n in self.to_run)
+        by_slots = emulator / self.slots if self.slots else 0.0
+        return max(sum(left) / min(self.jobs, len(left)), by_slots, max(left))
+
+    def emulator_estimate(self, name: str) -> float:
+        """A task's emulator sessions' seconds: its last run's, or the median of its kind's (0: none, or no emulator
+        run this time: a build-cache copy, or numbers judged again)."""
+        if name in self.remembered or name in self.hits:
+            return 0.0
+        if name in self.seconds:
+            return self.emulator.get(name, 0.0)
+        kind = self.kind(name)
+        same_kind = [self.emulator.get(n, 0.0) for n in self.seconds if self.kind(n) == kind]
+        return statistics.median(same_kind) if same_kind else 0.0
 
     def guessed(self, running: dict[str, float]) -> int:
         """How many of the tasks left (not started, or running) never ran here: their time is another task's."""
@@ -265,6 +286,18 @@ def _status_check(dep_manager, tasks: dict):
         except Exception:  # doit reports the error itself when it checks the task
             return True
     return runs_by_itself
+
+
+def emulator_slots_here() -> int:
+    """The machine's emulator slots the work left shares; 0 (no bound) when a Ray cluster runs the binaries, or the
+    setting is invalid (the first stage that runs the emulator says so)."""
+    from . import emulator_ray, emulator_slots
+    if emulator_ray.configured():
+        return 0
+    try:
+        return emulator_slots.limit()
+    except ValueError:
+        return 0
 
 
 def workers() -> int:

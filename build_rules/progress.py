@@ -35,11 +35,13 @@ class _Counter:
     def __init__(self, what: str, total, value=None):
         self.what, self.total, self.done = what, total, 0
         self._value = value  # a function returning the count (watch), else `done` counts steps
+        self.where = ""  # who runs them, when not this process alone: "2 emulator workers" (emulator_pool sets it)
 
     def describe(self) -> str:
         done = self._value() if self._value else self.done
         total = self.total() if callable(self.total) else self.total
-        return f"{done}/{total} {self.what}" if total else f"{done} {self.what}"
+        text = f"{done}/{total} {self.what}" if total else f"{done} {self.what}"
+        return f"{text} on {self.where}" if self.where else text
 
 
 _counters: dict[str, _Counter] = {}  # slot -> counter, in registration order; printed together

@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import progress
+from . import emulator_slots, progress
 from .errors import BuildError
 
 
@@ -29,6 +29,9 @@ def main(stage: str, staging: str) -> int:
         return _fail(folder, f"{params.get('name', stage)}: no space left on device while writing "
                              f"{e.filename or 'an output'} ({e.strerror}); free space under {folder.parent} "
                              "and run doit again")
+    seconds = emulator_slots.session_seconds()
+    if seconds:  # the slot-seconds this task took of the machine's emulator slots: the build log keeps them (plan.py)
+        values = dict(values, emulator_seconds=round(seconds, 3))
     (folder / "result.json").write_text(json.dumps({"values": values}))
     return 0
 

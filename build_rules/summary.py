@@ -17,7 +17,7 @@ from pathlib import Path
 from doit.reporter import ConsoleReporter
 
 from . import collector, hashing, interrupt, layout, run_hooks
-from .build_log import BuildLog, read_build_log
+from .build_log import BuildLog, emulator_seconds, read_build_log
 from .project import skipped_builds
 from .stage_table import STAGES
 from .state import BUILD_LOG
@@ -77,7 +77,8 @@ class SummaryReporter(ConsoleReporter):
             if self.plan is None:
                 from doit import Globals  # doit's dependency manager for this run: the status check that counts N
                 self.planning = True
-                self.plan = Plan(self.tasks, self.selected, Globals.dep_manager, self.decided, read_build_log())
+                self.plan = Plan(self.tasks, self.selected, Globals.dep_manager, self.decided, read_build_log(),
+                                 emulator_seconds())
                 self.planning = False
                 for skipped in self.held_lines:
                     super().skip_uptodate(skipped)
@@ -112,7 +113,9 @@ class SummaryReporter(ConsoleReporter):
             self.notes += task.values.get("notes", [])  # e.g. quantize: int4 weights the HTP refuses, kept at 8 bit
             self.phone_lines += task.values.get("phone_summary", [])  # device_check, profile, power
             from .runner import CACHE_HITS
-            self._log(task, "restored" if task.name in CACHE_HITS[self.hits_before:] else "ran")
+            restored = task.name in CACHE_HITS[self.hits_before:]
+            self._log(task, "restored" if restored else "ran",
+                      0.0 if restored else task.values.get("emulator_seconds", 0.0))
 
     def add_failure(self, task, fail):
         from doit.exceptions import UnmetDependency
@@ -126,14 +129,14 @@ class SummaryReporter(ConsoleReporter):
         super().add_failure(task, fail)
         self._log(task, "failed")
 
-    def _log(self, task, how: str) -> None:
+    def _log(self, task, how: str, emulator_seconds: float = 0.0) -> None:
         with self.lock:
             start = self.started.pop(task.name, None)
         if start is None:
             return
         seconds = time.time() - start
         self.seconds[task.name] = seconds
-        self.build_log.add(start, seconds, how, task.name)
+        self.build_log.add(start, seconds, how, task.name, emulator_seconds)
 
     def skip_uptodate(self, task):
         if self.planning:

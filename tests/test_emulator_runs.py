@@ -85,11 +85,17 @@ def test_workers_give_the_serial_runs_bytes_in_sample_order(binary, spy, monkeyp
     monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "0")
     feeds = samples(7, 3)
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "1")
+    from build_rules.emulator_slots import session_seconds
+    before = session_seconds()
     serial = emulator_runs.run_outputs(binary, feeds)
     assert [line[0] for line in spy()].count("open") == 1 and {line[1] for line in spy()} == {str(os.getpid())}
+    in_process = session_seconds() - before  # the slot this process held while it ran the 7 samples
+    assert in_process > 0
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
     (Path(os.environ["SPY_LOG"])).write_text("")
+    before = session_seconds()
     parallel = emulator_runs.run_outputs(binary, feeds)
+    assert session_seconds() > before  # the workers' sessions, from ready to stopped: the build log's fifth column
     assert _same_bytes(serial, parallel)
     opened = [line[1] for line in spy() if line[0] == "open"]
     ran = [line[1] for line in spy() if line[0] == "run"]
@@ -99,7 +105,7 @@ def test_workers_give_the_serial_runs_bytes_in_sample_order(binary, spy, monkeyp
     # the progress line counts the samples done on both workers: all 7 by the last one's turn
     from build_rules import progress
     lines = [progress.line() for _ in emulator_runs.iter_outputs(binary, feeds)]
-    assert "7/7 samples" in lines[-1] and all("/7 samples" in line for line in lines)
+    assert "7/7 samples on 2 emulator workers" in lines[-1] and all("/7 samples" in line for line in lines)
     # a split graph's form (a list of parts) takes the same road
     assert _same_bytes(serial, emulator_runs.run_outputs([binary], feeds))
 

@@ -31,12 +31,14 @@ def change_head_checkpoint(repo) -> None:
     torch.save(state, checkpoint)
 
 
-def write_build_log(repo, seconds_of) -> None:
-    """A build log with made-up seconds for every task the fixture's build ran (seconds_of(name) -> s or None)."""
+def write_build_log(repo, seconds_of, emulator_of=lambda name: 0.0) -> None:
+    """A build log with made-up seconds for every task the fixture's build ran (seconds_of(name) -> s or None;
+    emulator_of(name): its emulator sessions' seconds, the fifth column when not 0)."""
     log = repo / "out/.build-state/build.log"
     names = [line.split("\t")[3].strip() for line in log.read_text().splitlines() if not line.startswith("#")]
     rows = ["# build 2026-01-01 00:00:00 pid 1", "1.0\t99.000\tran\texport:tinynet/head"]  # an older run: superseded
-    rows += [f"2.0\t{seconds_of(n):.3f}\tran\t{n}" for n in names if seconds_of(n) is not None]
+    rows += [f"2.0\t{seconds_of(n):.3f}\tran\t{n}" + (f"\t{emulator_of(n):.3f}" if emulator_of(n) else "")
+             for n in names if seconds_of(n) is not None]
     rows.append("3.0\t0.100\trestored\texport:tinynet/head")  # a cache restore does not say how long the work takes
     log.write_text("\n".join(rows) + "\n")
 
@@ -239,6 +241,24 @@ def test_parallel_workers_share_the_time_left(tinynet_repo):
     result = run_doit(tinynet_repo, "-n", "2")
     assert result.code == 0, result.output
     assert f"21 task(s) to run, about {format_seconds(21 * 10.0 / 2)} by out/.build-state/build.log\n" in result.output
+
+
+def test_the_emulator_work_left_is_bounded_by_the_machines_emulator_slots(tinynet_repo, monkeypatch):
+    """Issue 36 item 6: doit's jobs divide the wall times, but every task shares the machine's emulator slots. The
+    head graph's 4 checks each ran 40 s of emulator sessions last time; with one slot they take 160 s whatever
+    `-n` says, more than the 21 tasks' 210 s over doit's 2 jobs. The real build then logs what its checks ran."""
+    from build_rules.build_log import emulator_seconds
+    from build_rules.progress import format_seconds
+    write_build_log(tinynet_repo, lambda n: 10.0, lambda n: 40.0 if n.startswith("check:tinynet/head/") else 0.0)
+    change_head_checkpoint(tinynet_repo)
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "1")
+    result = run_doit(tinynet_repo, "-n", "2")
+    assert result.code == 0, result.output
+    assert f"21 task(s) to run, about {format_seconds(4 * 40.0)} by out/.build-state/build.log\n" in result.output
+    logged = emulator_seconds(str(tinynet_repo / "out/.build-state/build.log"))
+    checks = {n for n in result.ran if n.startswith("check:")}
+    assert len(checks) == 4 and all(logged.get(n, 0) > 0 for n in checks), logged  # their sessions' seconds
+    assert not any(n.startswith(("export:", "simplify:", "compile:")) for n in logged), logged  # no emulator
 
 
 def test_a_rerun_that_judges_remembered_numbers_estimates_seconds_not_their_measurement(tinynet_repo):
