@@ -337,6 +337,40 @@ def test_bisect_tune_needs_no_more_16_bit_tensors_than_the_exhaustive_one_even_w
     assert fast["evaluations"] < exhaustive["evaluations"] and blind["evaluations"] < exhaustive["evaluations"]
 
 
+def test_tuning_a_16_bit_variant_that_misses_stops_at_its_first_measurement(tinynet_repo):
+    """A variant whose activations are already 16 bit is the search's every-tensor-at-16-bit end: when that misses
+    the target, nothing the search can do meets it. The search measures it first and stops there, with one emulator
+    measurement and no 8-bit start (on Whisper w4a16, the 8-bit start alone ran for over 25 min before)."""
+    from build_rules.errors import BuildError
+    from build_rules.stages.support import mixed_precision
+    from build_rules.stages.support.precision import Candidates
+    from build_rules.tasks.tuning import _tuning_graph, _tuning_chip
+    from build_rules.project import chip_params, project, rel
+    import os
+    cwd = os.getcwd()
+    os.chdir(tinynet_repo)
+    try:
+        from build_rules import tasks
+        tasks.project.cache_clear()
+        model = project().models[0]
+        graph = _tuning_graph(model, model.graphs["encoder"], model.variants["w8a16"])
+        settings = dict(chip=chip_params(_tuning_chip(model)), samples=4, hooks=rel(model.hooks))
+        candidates = Candidates(graph, **settings)
+        lines = []
+        with pytest.raises(BuildError) as failed:  # all-16-bit gives cosine 0.99988 on the tuning chip
+            mixed_precision.search(graph, {"metric": "cosine", "min": 0.99999}, log=lines.append, where="tune",
+                                   candidates=candidates, **settings)
+    finally:
+        tasks.project.cache_clear()
+        os.chdir(cwd)
+    assert re.fullmatch(r"tune: encoder: even with all 6 activation tensors at 16 bit, cosine = 0\.999\d+ "
+                        r"\(stopped after 1 of \d+ samples: .*\) misses the target cosine >= 0\.99999 on SM\d+; "
+                        r"relax the target, or change weights / per_channel / calibration of the variant",
+                        str(failed.value)), str(failed.value)
+    assert candidates.evaluations == 1
+    assert len(lines) == 1 and lines[0].startswith("encoder: all 6 candidates at 16 bit: cosine = 0.999"), lines
+
+
 def graph_candidates(graph: dict, settings: dict) -> list[str]:
     from build_rules.stages.support.precision import Candidates
     return Candidates(graph, settings["chip"], settings["samples"], settings["hooks"]).candidates
