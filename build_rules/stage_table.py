@@ -128,16 +128,20 @@ STAGES: tuple[Stage, ...] = (
           # 6: the phones' real-time factor and per-op cycles tables; 7: the figure shows the gated metrics per
           # variant and chip with their thresholds (not SQNR), and the phones' latency, at 1200 x 700; the weights
           # column counts the weights of another type than the variant's (read from the QDQ models)
-          {"any": _w("report", 7, ("onnxruntime", "numpy", "matplotlib"), sdk=True)}),
+          # 8: a check stopped early shows its k samples' numbers marked "k of N" and fails only the gates they decide
+          {"any": _w("report", 8, ("onnxruntime", "numpy", "matplotlib"), sdk=True)}),
     Stage("sensitivity", "10 sensitivity: rank each graph's activation tensors by what 8 bit costs (HTP emulator) "
           "-> table + plot", {"any": "tuning:sensitivity_tasks"},
           # 3: candidates keep the variant's weight overrides and LPBQ blocks
-          {"any": _w("sensitivity", 3, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),
+          # 4: a step graph's state pairs quantized with one encoding, as the build does (state_encodings.py)
+          {"any": _w("sensitivity", 4, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),
     Stage("tune", "11 tune: fewest 16-bit tensors meeting each graph's target -> "
           "out/<model>/tuning/<variant>.tuned.toml", {"any": "tuning:tune_tasks"},
           # 4: the ladder judges the variant as built, then per-layer weight bits; candidates keep the variant's weights
           # 5: a rung, probe or trial that misses stops early (its numbers stopped_after k of N samples)
-          {"any": _w("tune", 5, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
+          # 6: a step graph's state pairs take one encoding in every candidate, and a 16-bit tensor next to a pair
+          # takes the whole pair to 16 bit (what quantize can build)
+          {"any": _w("tune", 6, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
     Stage("diagnose", "7c diagnose: where a binary loses accuracy, tensor by tensor (emulator vs CPU QDQ vs float) "
           "-> <graph>.diagnose.md", {"any": "diagnose:diagnose_tasks"},
           # 2: a drop at a layer reading int4 weights proposes the weight_overrides line; the weight type per row

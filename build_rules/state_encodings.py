@@ -35,6 +35,27 @@ def chain(model, tensor: str, known, through: tuple[str, ...] = PASS_THROUGH_OPS
     return found
 
 
+def tied_tensors(model, pair: tuple[str, str], known) -> list[str]:
+    """Every tensor that takes the pair's one encoding: both tensors and their chains (while known(t))."""
+    return [t for tensor in pair for t in chain(model, tensor, known)]
+
+
+def retyped_with(model) -> dict[str, set[str]]:
+    """tensor -> the tensors onnxruntime's QNN fixer (MixedPrecisionTensorQuantOverridesFixer) gives its type when
+    it is overridden to one other than the default: itself, the outputs of its producer and those of its consumers
+    (each such node takes one type on all its tensors, with a convert on an input produced at another type). The
+    fixer refuses to retype an output with an override of its own, as each tied tensor has."""
+    producer, consumers = {}, {}
+    for node in model.graph.node:
+        outs = [o for o in node.output if o]
+        for o in outs:
+            producer[o] = outs
+        for i in node.input:
+            consumers.setdefault(i, []).append(outs)
+    return {t: {t, *producer.get(t, ()), *(o for outs in consumers.get(t, ()) for o in outs)}
+            for t in {*producer, *consumers}}
+
+
 def ort_ranges(model, tied: list[tuple[str, str]], ranges: Path, override_names: dict[str, str], act_name: str,
                activations_known: set[str]) -> dict[str, dict]:
     """onnxruntime: tensor -> {"quant_type", "rmin", "rmax"} overrides that give both tensors of each pair one scale
@@ -42,19 +63,26 @@ def ort_ranges(model, tied: list[tuple[str, str]], ranges: Path, override_names:
     import numpy as np
 
     data = json.loads(Path(ranges).read_text()).get("data", {})
+    reach = retyped_with(model)
     found = {}
     for pair in tied:
-        tensors = []
         for tensor in pair:
             if tensor not in activations_known or tensor not in data:
                 raise ValueError(f"state tensor {tensor!r} has no calibrated range in {ranges}: it is not an "
                                  "activation of the model (a state input and output must be float graph I/O)")
-            tensors += chain(model, tensor, lambda t: t in data)
+        tensors = tied_tensors(model, pair, lambda t: t in data)
         types = {override_names.get(t, act_name) for t in tensors}
         if len(types) > 1:
             raise ValueError(f"state tensors {pair[0]!r} and {pair[1]!r} have different override types "
                              f"({', '.join(sorted(types))}): a state output and the input it feeds take one type")
         qtype = types.pop()
+        for other, otype in override_names.items():
+            hit = [t for t in reach.get(other, ()) if t in tensors]
+            if otype not in (qtype, act_name) and hit:  # an override at the default type retypes nothing
+                raise ValueError(f"override {other!r} = {otype} makes state tensor {hit[0]!r} {otype} too (it is an "
+                                 f"output of a node next to {other!r}), but the state pair {pair[0]!r} -> {pair[1]!r} "
+                                 f"is {qtype}: set {', '.join(repr(t) for t in tensors)} to {otype} as well, or "
+                                 f"leave {other!r} at {qtype}")
         low = min(float(data[t]["lowest"]["data"][0]) for t in tensors)
         high = max(float(data[t]["highest"]["data"][0]) for t in tensors)
         for tensor in tensors:

@@ -70,6 +70,17 @@ def test_a_failed_check_keeps_its_numbers_and_is_not_measured_again(tinynet_repo
         kept = results.last(str(tinynet_repo / f"out/tinynet/{variant}/{chip}/head.check.json"))
         assert cell["passed"] is False and cell["measured_by"] == "memo"
         assert cell["summary"]["sqnr"] == kept["summary"]["sqnr"]
+        # numbers of 1 sample of 4, so marked: the gate they decide failed, never a verdict on all 4
+        assert cell["partial"] == {"samples": 1, "of": 4, "failed": [f["failure"] for f in kept["partial"]["failed"]]}
+        assert cell["samples"] == 1
+        assert [g["passed"] for g in cell["gated"]] == [False]
+    text = (tinynet_repo / "out/tinynet/report.md").read_text()
+    sqnr = head["w8a16", "SM8750"]["summary"]["sqnr"]
+    assert re.search(rf"^\| w8a16 \| .* \| SM8750 \| .* \| {sqnr:.4g} \(1 of 4 samples\) \| FAIL: head \|$", text,
+                     re.M), text
+    assert re.search(r"^\| w8a16 \| SM8750 \| head \| .* \| memo \(1 of 4 samples\) \|", text, re.M), text
+    assert re.search(r"^\*\*Stopped early\*\* .*: .*w8a16@SM8750 head after 1 of 4 samples: sqnr at most [0-9.]+ whatever "
+                     r"the other 3 samples give, needs >= 500", text, re.M), text
 
     # The gate relaxed: the numbers of 1 sample no longer decide it, so the reference binaries are measured on every
     # sample (once each), the other chip's checks take them from their proofs, and no failure is left behind.

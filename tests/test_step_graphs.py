@@ -193,3 +193,51 @@ def test_the_index_entry_of_a_recurrent_state_and_of_inputs_other_graphs_feed():
                             "sequence from the output of the same name of graph encoder")
     with pytest.raises(dist.DistError, match=r"state h_next -> h: not in the binary's I/O contract"):
         dist.step_entry({"state": {"h_next": "h"}, "cache": None, "greedy": None}, contract, {})
+
+
+def test_tune_sets_a_state_pair_to_one_type_and_the_build_says_which_override_breaks_it(tmp_path, monkeypatch):
+    """Whisper's decoder (bench/whisper_tune.py): tune proposed 'this_self_v_1' at 16 bit with the state input it
+    feeds at 8, which quantize refused, and had measured the graph without the pair's shared encoding at all. Tune's
+    candidates now quantize as the build does, with a 16-bit tensor next to a state pair taking the whole pair to 16
+    bit (output, input and the tensors sharing their encoding); an override that would break a pair is an error that
+    names it."""
+    from build_rules.stages.support.precision import Candidates
+    repo = kvstep_repo(tmp_path)
+    toml = repo / "models/kvstep/model.toml"
+    toml.write_text(toml.read_text() + '\n[variants.w8a8]\ninherits = "w8a16"\nactivations = "uint8"\n')
+    assert run_doit(repo, "check:kvstep/step/w8a8@SM8750").code == 0
+    out = repo / "out/kvstep"
+    graph = {"name": "step", "onnx": str(out / "float/step.sim.onnx"),
+             "ranges": str(out / "calibration/step/ranges.minmax-12.json"),
+             "evaluation": str(out / "float/step.evaluation.npz"),
+             "variant": {"activations": "uint8", "weights": "uint8"},
+             "tied": [("this_k", "k_cache"), ("this_v", "v_cache")]}
+    monkeypatch.chdir(repo)
+    c = Candidates(graph, {"name": "SM8750", "soc_id": 69, "vtcm_mb": 8}, 4, "models/kvstep/hooks.py")
+    # _v_64 feeds the Gemm that makes _v_327, which a Reshape passes on as this_k (one encoding with k_cache)
+    assert c.closed({"_v_64"}) == {"_v_64", "_v_327", "this_k", "k_cache", "_v_333", "this_v", "v_cache"}
+    assert c.closed({"softmax"}) == {"softmax"}  # touches no state pair
+    import onnx
+    from onnx import numpy_helper
+    qdq = onnx.load(str(c.quantize({"_v_64"}, tmp_path / "candidate.onnx")))
+    initializers = {i.name: i for i in qdq.graph.initializer}
+    scales = {n.input[0].removesuffix("_QuantizeLinear_Input"):  # a graph output's Q reads it renamed so
+              (float(numpy_helper.to_array(initializers[n.input[1]])), initializers[n.input[2]].data_type)
+              for n in qdq.graph.node if n.op_type == "QuantizeLinear"}
+    assert scales["k_cache"] == scales["this_k"] == scales["_v_327"] and scales["k_cache"][1] == onnx.TensorProto.UINT16
+    assert c.measure({"_v_64"})["cosine"] > 0.9
+
+    # The build: an override next to a state pair that leaves the pair at 8 bit names the pair and the fix
+    toml.write_text(toml.read_text() + '\n[variants.w8a8_mixed]\ninherits = "w8a8"\n'
+                    '[variants.w8a8_mixed.graphs.step]\noverrides = { "_v_64" = "uint16" }\n')
+    result = run_doit(repo, "quantize:kvstep/step/w8a8_mixed")
+    assert result.code != 0
+    assert ("quantize:kvstep/step/w8a8_mixed: override '_v_64' = QUInt16 makes state tensor '_v_327' QUInt16 too (it "
+            "is an output of a node next to '_v_64'), but the state pair 'this_k' -> 'k_cache' is QUInt8: set "
+            "'this_k', '_v_327', 'k_cache' to QUInt16 as well, or leave '_v_64' at QUInt8") in result.output, result.output
+    assert not (out / "w8a8_mixed/step.qdq.onnx").exists()
+    # tune's closed set, as its proposal writes it, builds and passes the gate
+    pairs = ", ".join(f'"{t}" = "uint16"' for t in sorted(c.closed({"_v_64"})))
+    toml.write_text(toml.read_text().replace('overrides = { "_v_64" = "uint16" }', f"overrides = {{ {pairs} }}"))
+    result = run_doit(repo, "check:kvstep/step/w8a8_mixed@SM8750")
+    assert result.code == 0, result.output

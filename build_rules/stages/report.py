@@ -22,7 +22,7 @@ from ..files import atomic_write_json, atomic_write_text
 from .check import measurement_key, remembered, summarize
 
 
-MEASURED = ("samples", "outputs", "score", "float_score")
+MEASURED = ("samples", "outputs", "score", "float_score", "partial")
 
 
 def _cell_metrics(cell: dict, hooks: str, data_dir) -> tuple[dict | None, str]:
@@ -81,14 +81,17 @@ def run(params: dict) -> dict:
                "gates": cell["gates"], "measured_by": source, "float_ops": compiled.get("float_ops"),
                "weight_types": weight_counts(cell.get("qdq"), weights_memo),
                "mostly_float": mostly_float(compiled.get("float_ops")) or None}
+        command = f"doit check:{params['model']}/{cell['graph']}/{cell['variant']}@{cell['chip']}"
         if metrics is None:  # its check has not run: marked, with the command that measures it
             row.update({"samples": 0, "summary": {}, "float_score": {}, "gated": [], "passed": None,
-                        "measure_with": f"doit check:{params['model']}/{cell['graph']}/{cell['variant']}@{cell['chip']}"})
+                        "measure_with": command})
         else:
             summary = summarize(metrics)
             row.update({"samples": metrics["samples"], "summary": summary, "float_score": metrics.get("float_score", {}),
                         "gated": gates.results(cell["gates"], summary, metrics.get("float_score", {})),
                         "passed": gates.passes_all(cell["gates"], summary, metrics.get("float_score", {}))})
+            if "partial" in metrics:
+                _judge_partial(row, metrics, cell["gates"], command)
         rows.append(row)
     report = {"model": params["model"], "toolchain": params["toolchain"], "variants": params["variants"],
               "cells": rows, "evaluate": evaluations(params.get("evaluations", {})), "quantizers": quantizers(params),
@@ -134,6 +137,27 @@ def quantizers(params: dict) -> dict[str, str]:
         techniques = " + ".join(settings.get("techniques") or []) or settings.get("calibration_method", "minmax")
         found[name] = f"aimet {techniques}" + (f" ({', '.join(sorted(configs))})" if configs else "")
     return found
+
+
+def _judge_partial(row: dict, metrics: dict, gate_list, command: str) -> None:
+    """A check stopped after k of N samples (an early verdict): its numbers are the k samples', marked so, and only
+    the gates those samples decide are failed (the others are not judged); a gate edited since, which the k samples
+    no longer decide, leaves the cell not measured (its check measures every sample again)."""
+    early = gates.still_decided(metrics, gate_list)
+    if early is None:
+        row.update({"samples": 0, "summary": {}, "float_score": {}, "gated": [], "passed": None,
+                    "measured_by": "not measured", "measure_with": command})
+        return
+    failed = {f["metric"] for f in early["failed"]}
+    row["partial"] = {"samples": early["samples"], "of": early["of"], "failed": [f["failure"] for f in early["failed"]]}
+    row["gated"] = [{**g, "passed": False if g["metric"] in failed else None} for g in row["gated"]]
+    row["passed"] = False
+
+
+def _partial_mark(row: dict) -> str:
+    """' (1 of 4 samples)' after the numbers of a check stopped early; '' otherwise."""
+    partial = row.get("partial")
+    return f" ({partial['samples']} of {partial['of']} samples)" if partial else ""
 
 
 def _fmt(value, digits=4) -> str:
@@ -232,8 +256,8 @@ def markdown(report: dict) -> str:
         for g in graphs:
             r = cells.get(g)
             values.append("not measured" if r and r["measured_by"] == "not measured" else
-                          " / ".join(_fmt(r["summary"].get(m)) for m in _gated_metrics(rows, g)) + _equal_mark(r)
-                          if r else "–")
+                          " / ".join(_fmt(r["summary"].get(m)) for m in _gated_metrics(rows, g)) + _partial_mark(r)
+                          + _equal_mark(r) if r else "–")
         failed = [g for g, r in cells.items() if r["passed"] is False]
         unmeasured = [g for g, r in cells.items() if r["measured_by"] == "not measured"]
         verdict = "; ".join(([f"FAIL: {', '.join(failed)}"] if failed else [])
@@ -252,8 +276,14 @@ def markdown(report: dict) -> str:
                                               if r.get("part_bytes") else "")  # a split graph: each part's size
         lines.append(f"| {r['variant']} | {r['chip']} | {r['graph']} | {size} | "
                      f"{r['compile_seconds']:.2f} | {_fmt(s.get('cosine'), 6)} | {_fmt(s.get('sqnr'))} | "
-                     f"{_fmt(s.get('max_abs'))} | {_task_metrics(r)} | {_gate_text(r)} | {r['measured_by']} | "
+                     f"{_fmt(s.get('max_abs'))} | {_task_metrics(r)} | {_gate_text(r)} | {r['measured_by']}{_partial_mark(r)} | "
                      f"{_float_text(r)} |")
+    stopped = [r for r in rows if r.get("partial")]
+    if stopped:  # an early verdict's numbers are those of the first k samples: said, never taken for all N
+        lines += ["", "**Stopped early** (the gate failed whatever the other samples give; the numbers are those of the "
+                      "samples measured): " + "; ".join(
+                          f"{r['variant']}@{r['chip']} {r['graph']} after {r['partial']['samples']} of "
+                          f"{r['partial']['of']} samples: {', '.join(r['partial']['failed'])}" for r in stopped)]
     unmeasured = [r["measure_with"] for r in rows if r.get("measure_with")]
     if unmeasured:  # the report shows what was measured; measuring the rest stays one command away
         how = ", ".join(f"`{c}`" for c in unmeasured) if len(unmeasured) <= 3 else "`doit check` (every missing check)"
@@ -271,7 +301,8 @@ def markdown(report: dict) -> str:
         for name, value in report["evaluate"].items():
             gate = "–" if not value.get("gates") or value.get("passed") is None else \
                 ("pass" if value["passed"] else f"**FAIL** ({value.get('error', '').split(': ', 1)[-1]})")
-            lines.append(f"| {name} | {_beside_float(value.get('metrics') or {}, baseline)} | {gate} |")
+            metrics = _beside_float(value.get("metrics") or {}, baseline) + _partial_mark(value)
+            lines.append(f"| {name} | {metrics} | {gate} |")
     from ..device import results as device_results  # issue 29: "On phones" table (empty without device checks)
     lines += device_results.markdown(report) + device_results.timing_markdown(report)
     lines += ["", "## Variants", ""]
@@ -289,15 +320,17 @@ PANELS_PER_ROW = 3
 
 def panels(report: dict) -> list[dict]:
     """What the figure shows, one panel per gated metric of each graph (and of the model's [evaluate] gate):
-    {"title", "metric", "points": [{"variant", "chip", "value", "passed", "low", "high", "float"}]}; a graph without
-    gates shows its cosine. Points of cells not measured yet have value None."""
+    {"title", "metric", "points": [{"variant", "chip", "value", "passed", "low", "high", "float", "partial"}]}; a
+    graph without gates shows its cosine. Points of cells not measured yet have value None; partial: "k of N" when
+    the value is of the first k samples (an early verdict), else None."""
     found: dict[tuple[str, str], dict] = {}
     rows = report["cells"]
-    entries = [(r["graph"], r["variant"], r["chip"], r["summary"], r["gated"]) for r in rows]
+    entries = [(r["graph"], r["variant"], r["chip"], r["summary"], r["gated"], r.get("partial")) for r in rows]
     for name, value in (report.get("evaluate") or {}).items():
         variant, chip = name.split("@", 1)
-        entries.append(("model", variant, chip, value.get("metrics") or {}, value.get("gated") or []))
-    for graph, variant, chip, measured, gated in entries:
+        entries.append(("model", variant, chip, value.get("metrics") or {}, value.get("gated") or [],
+                        value.get("partial")))
+    for graph, variant, chip, measured, gated, partial in entries:
         metrics = ([g["metric"] for g in gated] or (_gated_metrics(rows, graph) if graph != "model" else []))
         for metric in dict.fromkeys(metrics):
             panel = found.setdefault((graph, metric), {"title": f"{graph}: {metric}", "metric": metric, "points": []})
@@ -306,7 +339,8 @@ def panels(report: dict) -> list[dict]:
             panel["points"].append({"variant": variant, "chip": chip,
                                     "value": float(value) if isinstance(value, (int, float)) else None,
                                     "passed": gate.get("passed"), "low": gate.get("low"), "high": gate.get("high"),
-                                    "float": gate.get("float")})
+                                    "float": gate.get("float"),
+                                    "partial": f"{partial['samples']} of {partial['of']}" if partial else None})
     return list(found.values())
 
 
@@ -373,7 +407,8 @@ def figure(report: dict):
             ax.scatter(x, y, color=color, marker=marker, s=60, zorder=3,
                        edgecolors="red" if failed else "none", linewidths=2.2)
             if len(chips) <= 2:  # the value beside its point (more chips: their values would overlap)
-                ax.annotate(f"{point['value']:.4g}", (x, y), xytext=(7, -3), textcoords="offset points", fontsize=9)
+                stopped = f" ({point['partial']} samples)" if point.get("partial") else ""
+                ax.annotate(f"{point['value']:.4g}{stopped}", (x, y), xytext=(7, -3), textcoords="offset points", fontsize=9)
         for bound in sorted(limits):  # the gate's threshold(s): a lower and an upper one for max_change
             ax.axhline(bound, color="black", linestyle="--", linewidth=1.2, zorder=2)
         floats = {p["float"] for p in panel["points"] if p["float"] is not None}

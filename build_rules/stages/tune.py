@@ -23,8 +23,8 @@ from pathlib import Path
 
 from .. import layout, results
 from ..files import atomic_write_json, atomic_write_text
-from .support.mixed_precision import search, values
-from .support.precision import describe
+from .support.mixed_precision import search
+from .support.precision import describe, values
 from .support import tune_ladder
 
 

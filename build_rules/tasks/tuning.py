@@ -74,10 +74,13 @@ def _search(model: Model) -> dict:
 
 
 def _tuning_graph(model: Model, graph: Graph, variant: Variant) -> dict:
-    return {"name": graph.name, "onnx": layout.float_file(model.name, graph.name, ".sim.onnx"),
-            "ranges": ranges_file(model, graph, variant),
-            "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
-            "variant": variant.settings_for(graph.name)}
+    found = {"name": graph.name, "onnx": layout.float_file(model.name, graph.name, ".sim.onnx"),
+             "ranges": ranges_file(model, graph, variant),
+             "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
+             "variant": variant.settings_for(graph.name)}
+    if graph.state:  # measured as built: each state output quantized as the input it feeds (quantize's "tied")
+        found["tied"] = sorted(graph.state.items())
+    return found
 
 
 def _tuning_deps(g: dict) -> list[str]:

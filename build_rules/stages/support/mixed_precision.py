@@ -28,7 +28,7 @@ from __future__ import annotations
 from ... import gates
 from ...dtypes import BY_NAME
 from ...errors import BuildError
-from .precision import Candidates, clean, describe, meets
+from .precision import Candidates, clean, describe, meets, values
 from .precision import search as search_full
 
 SEARCHES = ("bisect", "exhaustive")
@@ -94,10 +94,13 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
         log(f"  full set misses: {_names(group)} back to 16 bit -> {values(target, final)}")
     if not meets(target, final):
         raise BuildError(f"{where}: {name}: no mixed precision met {describe(target)} on the full set")
-    result.update(sixteen_bit=[t for t in order if t in kept], tuned=clean(final))
+    # a step graph's state pairs the kept tensors touch are 16 bit too (precision.Candidates.closed): listed last
+    closed = c.closed(kept)
+    result.update(sixteen_bit=[t for t in order if t in closed] + sorted(closed - set(order)), tuned=clean(final))
     if cpu is not None:
         result.update(cpu_evaluations=cpu.evaluations, cpu_seconds=round(cpu.seconds + cpu.build_seconds, 1))
-    log(f"{name}: {len(kept)} of {len(order)} tensors at 16 bit: {values(target, final)}")
+    state = f" and {len(closed - kept)} of the state pairs they touch" if closed - kept else ""
+    log(f"{name}: {len(kept)} of {len(order)} tensors{state} at 16 bit: {values(target, final)}")
     return _done(result, c)
 
 
@@ -211,13 +214,3 @@ def _done(result: dict, c: Candidates) -> dict:
     result.update(evaluations=c.evaluations, emulator_seconds=round(c.seconds, 1), samples=len(c.subset),
                   full_samples=len(c.inputs))
     return result
-
-
-def values(target, summary: dict) -> str:
-    """'cosine = 0.99912' (one per gate of the target); 'cosine = 0.91 (stopped after 2 of 8 samples: ...)' when
-    the measurement stopped at a decided miss."""
-    text = ", ".join(f"{m} = {summary[m]:.5g}" for m in gates.metrics(target) if m in summary)
-    partial = summary.get("partial")
-    if partial:
-        text += f" (stopped after {partial['samples']} of {partial['of']} samples: {'; '.join(partial['failed'])})"
-    return text

@@ -39,6 +39,16 @@ def evenly_spaced(count: int, wanted: int) -> list[int]:
 describe = gates.describe_all
 
 
+def values(target, summary: dict) -> str:
+    """'cosine = 0.99912' (one per gate of the target); 'cosine = 0.91 (stopped after 2 of 8 samples: ...)' when
+    the measurement stopped at a decided miss."""
+    text = ", ".join(f"{m} = {summary[m]:.5g}" for m in gates.metrics(target) if m in summary)
+    partial = summary.get("partial")
+    if partial:
+        text += f" (stopped after {partial['samples']} of {partial['of']} samples: {'; '.join(partial['failed'])})"
+    return text
+
+
 def meets(target, summary: dict) -> bool:
     """Whether every gate of `target` (one gate, a list of them, or None) holds for these measurements. A partial
     summary (measured with this target, stopped once it missed: measured_until_missed) is a miss."""
@@ -73,43 +83,48 @@ class Candidates:
         variant = graph["variant"]
         # Tensors the variant itself pins to a type keep it; every other tensor is 8 or 16 bit as asked.
         self.pinned = dict(variant.get("overrides", {}))
+        # A step graph's state pairs: quantized with one encoding, as the build's quantize does (state_encodings.py)
+        self.tied = [tuple(pair) for pair in graph.get("tied") or []]
         self.candidates = self._candidates()
 
     def _candidates(self) -> list[str]:
-        """Activation tensors the quantizer calibrates, except graph inputs (the binary's input format stays)
-        and tensors the variant already pins."""
+        """Activation tensors the quantizer calibrates, except graph inputs (the binary's input format stays;
+        a state input goes with its output, closed() below) and tensors the variant already pins."""
         from ...toolchains import ort_qnn
+        from ...state_encodings import retyped_with, tied_tensors
         model = ort_qnn.preprocessed_model(self.graph["onnx"])
         ranges = json.loads(Path(self.graph["ranges"]).read_text())
         calibrated = set((ranges.get("data") or ranges.get("tensors") or {}).keys()) if isinstance(ranges, dict) else set()
-        inputs = {i.name for i in model.graph.input}
+        self._neighbours = retyped_with(model)
+        self._tied_groups = [set(tied_tensors(model, pair, lambda t: t in calibrated)) for pair in self.tied]
+        fixed = {i.name for i in model.graph.input} | set(self.pinned)
         order = []
         for node in model.graph.node:
             for out in node.output:
-                if out and out in calibrated and out not in inputs and out not in self.pinned and out not in order:
+                if out and out in calibrated and out not in fixed and out not in order:
                     order.append(out)
         return order
+
+    def closed(self, sixteen) -> set[str]:
+        """`sixteen` with every state pair it touches at 16 bit too: the state output, the input it feeds and the
+        tensors sharing their encoding take one type (state_encodings.py), and a 16-bit tensor next to one of them
+        retypes it (onnxruntime's fixer, effective(), which refuses to where the tensor has an override of its own:
+        the pair's). The state input of the binary is then 16 bit, as the app's copy of its output."""
+        found = set(sixteen)
+        while True:
+            reach = set().union(*(self._neighbours.get(t, {t}) for t in found)) if found else set()
+            more = set().union(*(g for g in self._tied_groups if g & reach and not g <= found)) - found
+            if not more:
+                return found
+            found |= more
 
     def effective(self, sixteen) -> set[str]:
         """The candidate tensors the quantizer writes at 16 bit when `sixteen` are asked for: a 16-bit tensor makes
         every output of its producer and of its consumers 16 bit too (onnxruntime's
         MixedPrecisionTensorQuantOverridesFixer gives such a node the same type on all inputs and outputs, with a
         convert on an input whose producer stays 8-bit: that input's values keep 8-bit precision)."""
-        if not hasattr(self, "_neighbourhood"):
-            from ...toolchains import ort_qnn
-            model = ort_qnn.preprocessed_model(self.graph["onnx"])
-            producer, consumers = {}, {}
-            for node in model.graph.node:
-                outs = [o for o in node.output if o]
-                for o in outs:
-                    producer[o] = outs
-                for i in node.input:
-                    consumers.setdefault(i, []).append(outs)
-            candidates = set(self.candidates)
-            self._neighbourhood = {t: candidates & {t, *producer.get(t, ()), *(o for outs in consumers.get(t, ())
-                                                                             for o in outs)}
-                                   for t in self.candidates}
-        return set().union(*(self._neighbourhood.get(t, {t}) for t in sixteen)) if sixteen else set()
+        candidates = set(self.candidates)
+        return set().union(*(candidates & self._neighbours.get(t, {t}) for t in self.closed(sixteen)))
 
     def producers(self) -> dict[str, tuple[str, str]]:
         """tensor -> (node name, op type)."""
@@ -123,10 +138,11 @@ class Candidates:
         blocks too): the search is over activation types only."""
         from ..quantize import write_qdq
         overrides = dict(self.pinned)
-        overrides.update({t: SIXTEEN for t in sixteen})
+        overrides.update({t: SIXTEEN for t in self.closed(sixteen)})
         spec = QuantSpec.from_settings(self.graph["variant"]).replace(
             activations="uint8", overrides=overrides, quantizer="ort", techniques=(), technique_params={})
-        write_qdq(spec, self.graph["onnx"], path, [], ranges=self.graph["ranges"], extra_outputs=extra_outputs)
+        write_qdq(spec, self.graph["onnx"], path, [], ranges=self.graph["ranges"], tied=self.tied or None,
+                  extra_outputs=extra_outputs)
         return path
 
     def run(self, model: Path, indices: list[int]) -> list[dict]:
@@ -156,7 +172,7 @@ class Candidates:
     def measure(self, sixteen, full: bool = False, target=None) -> dict:
         """Summary metrics (cosine, sqnr, max_abs, task metrics) with `sixteen` at 16 bit. With `target`, the runs
         stop once the samples so far decide that it is missed: then the summary is partial (meets() says a miss)."""
-        key = (frozenset(sixteen), full)
+        key = (frozenset(self.closed(sixteen)), full)
         if key in self._memo and answers(self._memo[key], target):
             return self._memo[key]
         started = time.perf_counter()

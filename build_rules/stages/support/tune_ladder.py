@@ -27,7 +27,7 @@ from ...dtypes import TYPES
 from ...files import atomic_write_json, atomic_write_text
 from ...quant_spec import QuantSpec
 from . import weight_bits
-from .precision import Candidates, clean, measured_until_missed, meets
+from .precision import Candidates, clean, measured_until_missed, meets, values
 
 # The weight type an AIMET rung uses for a variant's weights (dtypes.py: AIMET's HTP configs take signed <= 8 bit).
 AIMET_WEIGHTS = {t.name: t.aimet_weight for t in TYPES if t.weight}
@@ -99,13 +99,14 @@ class Ladder:
         path = folder / f"{graph['name']}.qdq.onnx"
         if not spec.is_aimet:
             from ..quantize import write_qdq
-            write_qdq(spec, graph["onnx"], path, [], ranges=graph["ranges"])
+            write_qdq(spec, graph["onnx"], path, [], ranges=graph["ranges"], tied=graph.get("tied"))
         else:
             from .. import aimet
             calibration = graph["calibration"]
             aimet.quantize({"name": f"{self.params['name']} {rung['name']}", "onnx": graph["onnx"],
                             "input_list": calibration["input_list"], "inputs": calibration["inputs"],
                             "variant": spec.settings(), "htp_arch": calibration["htp_arch"], "progress": False,
+                            "tied": graph.get("tied"),
                             "outputs": {"onnx": str(path), "encodings": str(folder / f"{graph['name']}.json"),
                                         "float_onnx": str(folder / f"{graph['name']}.float.onnx")}})
         return path
@@ -186,12 +187,8 @@ class Ladder:
                 if not full and "partial" not in summary and any(m not in summary for m in metrics):
                     continue  # a task metric the score hook gives on the full set only: judged there
                 ok = meets(graph["target"], summary)
-                values = ", ".join(f"{m} = {summary[m]:.5g}" for m in metrics if m in summary)
-                partial = summary.get("partial")
-                stopped = f" (stopped after {partial['samples']} of {partial['of']}: {'; '.join(partial['failed'])})" \
-                    if partial else ""
-                print(f"ladder {rung['name']}: {name} {built['bytes'] / 1e3:.1f} KB, {values} on "
-                      f"{'all' if full else 'the tuning'} samples{stopped}: {'meets' if ok else 'misses'} "
+                print(f"ladder {rung['name']}: {name} {built['bytes'] / 1e3:.1f} KB, {values(graph['target'], summary)} "
+                      f"on {'all' if full else 'the tuning'} samples: {'meets' if ok else 'misses'} "
                       f"{' and '.join(metrics)}", flush=True)
                 if not ok:
                     return False
@@ -210,8 +207,9 @@ def search(params: dict) -> dict:
     missed = [name for name, summary in base.items() if not meets(ladder._graph(name)["target"], summary)]
     for name, summary in base.items():
         metrics = gates.metrics(ladder._graph(name)["target"])
-        print(f"{params['variant']} as built: {name}: {', '.join(f'{m} = {summary[m]:.5g}' for m in metrics)} on all "
-              f"samples: {'misses' if name in missed else 'meets'} {' and '.join(metrics)}", flush=True)
+        on = "" if "partial" in summary else " on all samples"  # else values() says after how many it stopped
+        print(f"{params['variant']} as built: {name}: {values(ladder._graph(name)['target'], summary)}{on}: "
+              f"{'misses' if name in missed else 'meets'} {' and '.join(metrics)}", flush=True)
     if not missed:
         found["notes"].append("the variant meets every target: no other variant tried")
         return found
