@@ -645,6 +645,11 @@ def test_power_measures_drain_and_cpu_share_and_resets_the_battery(phone_env, mo
     assert cpu["measured"] is True and cpu["mah_per_hour"] == pytest.approx(150 * 3600 / 1000, rel=0.05)
     assert cpu["cpu_percent_samples"] and cpu["cpu_percent_mean"] > 5
     assert "screen off (or the same brightness)" in record["hold_fixed"]
+    # burst through the backend extension config on the 2.40 runtime, as profile asks (--perf_profile: deprecated)
+    loops = [c for c in _net_runs(phone_env.calls()) if "--duration 4" in c]
+    assert loops and all("--config_file /data/local/tmp/build_rules/config/netrun_burst.json" in c for c in loops)
+    assert not any("--perf_profile" in c for c in loops)
+    assert record["perf_profile"] == "burst" and record["perf_profile_form"] == "backend extension config"
     assert _battery(phone_env.folder)["unplugged"] is False
     shells = [" ".join(c) for c in phone_env.calls() if "shell" in c]
     assert any("dumpsys battery unplug" in s for s in shells) and "dumpsys battery reset" in shells[-1]
@@ -655,6 +660,24 @@ def test_power_measures_drain_and_cpu_share_and_resets_the_battery(phone_env, mo
     assert (f"  phone       power:tinynet/w8a16@s25: NPU {npu['mah_per_hour']:.4g} mAh/h over {npu['seconds']} s, "
             f"CPU {cpu['mah_per_hour']:.4g} mAh/h over {cpu['seconds']} s\n") in result.output
     assert f"| w8a16 | SM8750 | s25 | CPU | {cpu['seconds']:.4g} | " in table
+
+
+def test_a_bad_power_or_profile_setting_is_one_line_naming_it(phone_env, monkeypatch):
+    """BUILD_RULES_POWER_SECONDS and BUILD_RULES_PROFILE_RUNS are read while the phone tasks are made: a value that
+    is not one is the setting's own line before any task, not a traceback through doit's loader."""
+    for name, value, said in (
+            ("BUILD_RULES_POWER_SECONDS", "30min", "error: BUILD_RULES_POWER_SECONDS='30min' is not a number of "
+             "seconds > 0 (each power loop's length); unset it for the default 1800"),
+            ("BUILD_RULES_POWER_SECONDS", "0", "error: BUILD_RULES_POWER_SECONDS='0' is not a number of seconds > 0"),
+            ("BUILD_RULES_PROFILE_RUNS", "2.5", "error: BUILD_RULES_PROFILE_RUNS='2.5' is not a whole number of runs "
+             ">= 1; unset it for the default 20")):
+        monkeypatch.setenv(name, value)
+        result = run_doit(phone_env.repo, "list")
+        assert result.code == 3 and said in result.output and "Traceback" not in result.output, result.output
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("BUILD_RULES_POWER_SECONDS", "90")
+    result = run_doit(phone_env.repo, "list", "--all")
+    assert result.code == 0 and "battery drain and CPU share over 90 s per path" in result.output, result.output
 
 
 def remote_processes(phone: Path) -> list[int]:

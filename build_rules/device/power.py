@@ -25,7 +25,7 @@ from ..errors import BuildError
 from ..files import atomic_write_json
 from .devices import REMOTE_ROOT
 from .errors import DeviceError
-from .session import net_run, open_phone, push_runtime_and
+from .session import REMOTE_RUNTIME, net_run, open_phone, push_runtime_and
 
 BATTERY = "/sys/class/power_supply/battery"
 _sleep = time.sleep  # (tests interrupt the sampling loop here, as a Ctrl-C would)
@@ -155,7 +155,7 @@ def power(params: dict) -> dict:
     import tempfile
 
     from ..progress import format_seconds
-    from . import cpu_baseline, cpu_runtime
+    from . import cpu_baseline, cpu_runtime, perf_config, runtime
     from ..samples import load_evaluation
     from .on_phone import remote_binary, remote_inputs
     from .target import parts as read_parts, write_inputs
@@ -167,10 +167,16 @@ def power(params: dict) -> dict:
     (part,) = read_parts(params["name"], params["target"])  # an unsplit graph (tasks/device.py picks one)
     inputs, _ = load_evaluation(params["evaluation"])
     inputs_remote = remote_inputs(params, params["graph"], 0, part.name)
+    version = runtime.identity(phone.runtime_root, {})["version"]
     with tempfile.TemporaryDirectory(prefix="build-rules-power-") as tmp:
         input_files = write_inputs(params["name"], part, inputs, Path(tmp), inputs_remote)
         binary_remote = remote_binary(params, part.name)
-        push_runtime_and(phone, {binary_remote: part.binary, **input_files})
+        # burst as profile asks for it: the backend extension config where the runtime takes it (--perf_profile is
+        # deprecated for HTP there), else --perf_profile
+        perf_flags, perf_files, perf_form = perf_config.request(version, "burst", phone.runtime_root,
+                                                                Path(tmp) / "config", REMOTE_RUNTIME,
+                                                                params["name"])
+        push_runtime_and(phone, {binary_remote: part.binary, **input_files, **perf_files})
         cpu_command = None
         if cpu_root is not None:
             prepared = cpu_baseline.prepare(phone, params, params["graph"],
@@ -185,9 +191,9 @@ def power(params: dict) -> dict:
                         "phone; Ctrl-C stops it and restores the battery state"
                         + ("" if cpu_command is not None else f"; the CPU path is not measured: {cpu_runtime.NOT_SET}"))
     command = _background(net_run(binary_remote, f"{inputs_remote}/input_list.txt",
-                                  binary_remote.replace("/bin/", "/power/", 1)[:-len(".bin")], "--perf_profile",
-                                  "burst", "--duration", f"{params['seconds']:g}", "--keep_num_outputs", "1"),
-                          f"{REMOTE_ROOT}/runtime/qnn-net-run")
+                                  binary_remote.replace("/bin/", "/power/", 1)[:-len(".bin")], *perf_flags,
+                                  "--duration", f"{params['seconds']:g}", "--keep_num_outputs", "1"),
+                          f"{REMOTE_RUNTIME}/qnn-net-run")
     previous = signal.signal(signal.SIGTERM, _interrupt)
     failure = None
     try:
@@ -209,7 +215,7 @@ def power(params: dict) -> dict:
         raise DeviceError(f"{failure}; {restored}") from None
     record = {"device": params["device"]["name"], "phone_model": phone.product, "fingerprint": phone.fingerprint,
               "chip": params["chip"]["name"], "variant": params["variant"], "graph": params["graph"],
-              "seconds_per_path": params["seconds"], "npu": npu, "cpu": cpu, "hold_fixed": HOLD_FIXED}
+              "seconds_per_path": params["seconds"], "perf_profile": "burst", "perf_profile_form": perf_form, "npu": npu, "cpu": cpu, "hold_fixed": HOLD_FIXED}
     atomic_write_json(result_path, record)
     print(f"{params['name']}: NPU {npu['percent_per_hour']:.2f} %/h, {npu['mah_per_hour']:.1f} mAh/h, process CPU "
           f"{npu['cpu_percent_mean'] or 0:.1f} %; CPU path: "
