@@ -558,8 +558,12 @@ def _evaluate_gates(root: _Table) -> tuple[Threshold, ...]:
 def load_models(models_dir: Path, chips: ChipTable, cache: TomlCache | None = None) -> list[Model]:
     if not models_dir.is_dir():
         return []
-    return [load_model(folder, chips, cache) for folder in sorted(models_dir.iterdir())
-            if (folder / "model.toml").is_file()]
+    folders = sorted(models_dir.iterdir())
+    for folder in folders:  # a model folder copied as a link to a path that is not there would vanish silently
+        if folder.is_symlink() and not folder.exists():
+            raise ConfigError(f"{folder}: a link to {os.readlink(folder)}, which does not exist; copy the folder "
+                              f"itself (cp -rL) or remove the link")
+    return [load_model(folder, chips, cache) for folder in folders if (folder / "model.toml").is_file()]
 
 
 # --- context size: max_context_mb, split, share_weights (docs/split.md) ------------------------------------------

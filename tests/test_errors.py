@@ -189,6 +189,17 @@ def test_unknown_chip_in_default_list(tmp_path):
     assert "error: chips.toml: default: unknown chip 'QCS9999'" in result.output
 
 
+def test_a_model_folder_copied_as_a_dangling_link_is_named(tmp_path):
+    """This repo's models/mtcnn is a link into build_rules/templates: `cp -r` copies the link, which points nowhere
+    in the copy; the model would vanish from `doit list` without a word."""
+    repo = make_repo(tmp_path / "repo", {"tinynet": TEST_MODELS / "tinynet"})
+    (repo / "models/mtcnn").symlink_to("../build_rules/templates/repo/models/mtcnn")
+    result = run_doit(repo, "list")
+    assert result.code == 3
+    assert ("error: models/mtcnn: a link to ../build_rules/templates/repo/models/mtcnn, which does not exist; copy "
+            "the folder itself (cp -rL) or remove the link") in result.output, result.output
+
+
 def test_failed_gate_names_metric_value_and_threshold(tinynet_repo):
     toml = tinynet_repo / "models/tinynet/model.toml"
     text = toml.read_text()
