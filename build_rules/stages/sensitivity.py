@@ -44,6 +44,14 @@ PLOTTED = 40  # tensors in the .png (the .md lists all)
 
 
 def run(params: dict) -> dict:
+    from ..errors import BuildError
+    try:
+        return _rank(params)
+    except BuildError as e:  # a candidate the HTP does not build (precision.py) says which task met it
+        raise BuildError(f"{params['name']}: {e}") from None
+
+
+def _rank(params: dict) -> dict:
     started = time.perf_counter()
     c = Candidates(params["graph"], params["chip"], params["samples"], params["hooks"], params.get("data_dir"))
     method = params["search"]["method"]

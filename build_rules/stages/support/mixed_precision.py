@@ -54,6 +54,7 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
     if method not in SEARCHES:
         raise ValueError(f"unknown search {method!r}; expected one of {', '.join(SEARCHES)}")
     c = candidates or Candidates(graph, chip, samples, hooks, data_dir)
+    c.not_built_is_a_miss = True  # a trial the HTP does not build cannot ship: the search goes on past it
     from ... import progress
     progress.watch(lambda: c.evaluations, f"emulator measurements for {name}")  # a search: no total known ahead
     # A variant with 16-bit activations is (nearly) all candidates at 16 bit: when tune gets here it has usually
@@ -109,6 +110,11 @@ def _all_16bit(c: Candidates, target, order: list[str], name: str, chip: dict, w
     that misses the target (a miss stops early: the error gives the numbers so far)."""
     top = c.measure(set(order), full=True, target=target)
     log(f"{name}: all {len(order)} candidates at 16 bit: {values(target, top)}")
+    if "not_built" in top:  # the upper end of every search: nothing below it can be judged against it
+        raise BuildError(f"{where}: {top['not_built']}; so no mix of 8 and 16 bit is searched. A variant with 16-bit "
+                         "activations throughout (activations = \"uint16\", its graph inputs too) may build where "
+                         "this does not: tune's whole-variant ladder tries those first unless [tuning] try_variants "
+                         "= false")
     if not meets(target, top):
         raise BuildError(f"{where}: {name}: even with all {len(order)} activation tensors at 16 bit, "
                          f"{values(target, top)} misses the target {describe(target)} on {chip['name']}; "

@@ -41,7 +41,9 @@ describe = gates.describe_all
 
 def values(target, summary: dict) -> str:
     """'cosine = 0.99912' (one per gate of the target); 'cosine = 0.91 (stopped after 2 of 8 samples: ...)' when
-    the measurement stopped at a decided miss."""
+    the measurement stopped at a decided miss; 'not built: ...' for a candidate the HTP does not build."""
+    if "not_built" in summary:
+        return f"not built: {summary['not_built']}"
     text = ", ".join(f"{m} = {summary[m]:.5g}" for m in gates.metrics(target) if m in summary)
     partial = summary.get("partial")
     if partial:
@@ -54,7 +56,7 @@ def meets(target, summary: dict) -> bool:
     summary (measured with this target, stopped once it missed: measured_until_missed) is a miss."""
     if not target:
         return True
-    if "partial" in summary:
+    if "partial" in summary or "not_built" in summary:  # a binary that does not build cannot ship: a miss
         return False
     for gate in gates.as_list(target):
         if gate["metric"] not in summary:
@@ -85,6 +87,9 @@ class Candidates:
         self.pinned = dict(variant.get("overrides", {}))
         # A step graph's state pairs: quantized with one encoding, as the build's quantize does (state_encodings.py)
         self.tied = [tuple(pair) for pair in graph.get("tied") or []]
+        # A search judged by a target (mixed_precision.py) counts a candidate the HTP does not build as a miss;
+        # a ranking (sensitivity) cannot place it and stops with the message (measure()).
+        self.not_built_is_a_miss = False
         self.candidates = self._candidates()
 
     def _candidates(self) -> list[str]:
@@ -97,7 +102,8 @@ class Candidates:
         calibrated = set((ranges.get("data") or ranges.get("tensors") or {}).keys()) if isinstance(ranges, dict) else set()
         self._neighbours = retyped_with(model)
         self._tied_groups = [set(tied_tensors(model, pair, lambda t: t in calibrated)) for pair in self.tied]
-        fixed = {i.name for i in model.graph.input} | set(self.pinned)
+        self.graph_inputs = [i.name for i in model.graph.input]
+        fixed = set(self.graph_inputs) | set(self.pinned)
         order = []
         for node in model.graph.node:
             for out in node.output:
@@ -177,9 +183,18 @@ class Candidates:
             return self._memo[key]
         started = time.perf_counter()
         indices = list(range(len(self.inputs))) if full else self.subset
+        if key in self._memo and "not_built" in self._memo[key]:
+            return self._not_built(self._memo[key])
+        from ...emulator_runs import EmulatorCompileError
         model = self.quantize(sixteen, self.work / "candidate.onnx")
         reference = [self.reference[i] for i in indices]
-        outputs, missed = measured_until_missed(self.iter_run(model, indices), reference, target)
+        try:
+            outputs, missed = measured_until_missed(self.iter_run(model, indices), reference, target)
+        except EmulatorCompileError as e:  # QNN refused the candidate's graph (seen: a graph input kept 8 bit
+            self.evaluations += 1          # converted to 16 bit for a Gemm fails to finalize, MEM_ALLOC)
+            self.seconds += time.perf_counter() - started
+            self._memo[key] = {"not_built": self.why_not_built(sixteen, e)}
+            return self._not_built(self._memo[key])
         if missed is not None:
             self.evaluations += 1
             self.seconds += time.perf_counter() - started
@@ -201,6 +216,25 @@ class Candidates:
         self.seconds += time.perf_counter() - started
         self._memo[key] = summary
         return summary
+
+
+    def why_not_built(self, sixteen, error) -> str:
+        """One line: what was at 16 bit, the graph inputs kept at the variant's type beside 16-bit nodes, and QNN's
+        error (its first line)."""
+        effective = sorted(self.effective(sixteen))
+        names = ", ".join(effective[:4]) + (f" and {len(effective) - 4} more" if len(effective) > 4 else "")
+        beside = [i for i in self.graph_inputs if i not in self.pinned and self._neighbours.get(i, set()) & set(effective)]
+        inputs = (f"; graph input{'s' if len(beside) > 1 else ''} {', '.join(beside)} kept at 8 bit beside them "
+                  "(the search keeps the binary's input format)" if beside else "")
+        qnn = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return (f"the HTP of {self.chip['name']} does not build {self.graph['name']} with {len(effective)} activation "
+                f"tensor{'s' if len(effective) != 1 else ''} at 16 bit ({names}){inputs}: {qnn}")
+
+    def _not_built(self, summary: dict) -> dict:
+        if self.not_built_is_a_miss:
+            return summary
+        from ...errors import BuildError
+        raise BuildError(f"{summary['not_built']}; this candidate cannot be measured")
 
 
 def answers(summary: dict, target) -> bool:
