@@ -515,6 +515,27 @@ def test_profile_reads_the_thermal_state_flags_a_throttled_run_and_cools_down(ph
     pushed = phone_env.folder / "fs/data/local/tmp/build_rules/inputs/tinynet/w8a16/SM8750/encoder/native/0000.image.raw"
     assert np.array_equal(np.fromfile(pushed, dtype=np.uint16), quantize(first.astype(np.float32), tensor).reshape(-1))
 
+    # A later profile that fails keeps these numbers and their raw logs, marked stale (as device_check and power
+    # do; it deleted them at its start): the phone's runtime loses its stub after the push
+    from build_rules.device import on_phone
+    result_path = phone_env.repo / "out/tinynet/w8a16/SM8750/profile.s25.json"
+    logs = sorted(str(p.relative_to(result_path.with_suffix(""))) for p in result_path.with_suffix("").rglob("*"))
+    assert logs
+    original = on_phone.push_runtime_and
+
+    def push_then_lose_the_stub(phone, more):
+        pushed = original(phone, more)
+        (phone_env.folder / "fs/data/local/tmp/build_rules/runtime/libQnnHtpV79Stub.so").unlink(missing_ok=True)
+        return pushed
+    monkeypatch.setattr(on_phone, "push_runtime_and", push_then_lose_the_stub)
+    failed = run_doit(phone_env.repo, "profile:tinynet/w8a16@s25")
+    assert failed.code != 0 and "Unable to load backend" in failed.output, failed.output
+    kept = json.loads(result_path.read_text())
+    assert kept["graphs"] == record["graphs"] and kept["seconds"] == record["seconds"]
+    assert kept["stale"]["why"].startswith("the last run failed: [ ERROR ] Unable to load backend"), kept["stale"]
+    assert sorted(str(p.relative_to(result_path.with_suffix(""))) for p in result_path.with_suffix("").rglob("*")) \
+        == logs and not result_path.with_name("profile.s25.new").exists()
+
 
 def test_the_stand_in_qnn_net_run_checks_the_backend_extension_config_and_warns_on_perf_profile(phone_env):
     """As QNN's docs give --config_file; --perf_profile is deprecated for HTP (a warning, not a refusal)."""

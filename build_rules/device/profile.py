@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from ..errors import BuildError
-from ..files import atomic_write_json, remove_quietly
+from ..files import atomic_write_json
 from . import thermal
 from .errors import DeviceError
 from .realtime import read_evaluation, realtime
@@ -102,9 +102,11 @@ def timings(rows: list[dict], warmup: int) -> dict:
             "accelerator_cycles_median": statistics.median(cycles[warmup:] or cycles) if cycles else None}
 
 
-def _read_profile(where: str, viewer: Path, pulled: Path, warmup: int, keep: Path | None = None) -> dict:
+def _read_profile(where: str, viewer: Path, pulled: Path, warmup: int, keep: Path | None = None,
+                  named: Path | None = None) -> dict:
     """The profile log qnn-net-run left in its output folder, read back on the host with qnn-profile-viewer; `keep`:
-    where the log and its CSV are kept (<keep>.qnn-profiling-data_0.log, <keep>.profile.csv)."""
+    where the log and its CSV are written (<keep>.qnn-profiling-data_0.log, <keep>.profile.csv); `named`: where the
+    record says they are (the folder they move to once the run succeeded; default `keep`)."""
     log = pulled / "qnn-profiling-data_0.log"
     if not log.is_file():
         raise DeviceError(f"{where}: qnn-net-run on the phone wrote no qnn-profiling-data_0.log (profiling off?)")
@@ -119,7 +121,8 @@ def _read_profile(where: str, viewer: Path, pulled: Path, warmup: int, keep: Pat
         keep.parent.mkdir(parents=True, exist_ok=True)
         for source, suffix in ((log, ".qnn-profiling-data_0.log"), (table, ".profile.csv")):
             shutil.copyfile(source, f"{keep}{suffix}")
-        kept = {"log": f"{keep}.qnn-profiling-data_0.log", "csv": f"{keep}.profile.csv"}
+        named = named or keep
+        kept = {"log": f"{named}.qnn-profiling-data_0.log", "csv": f"{named}.profile.csv"}
     return {**timings(read_csv(table), warmup), "viewer_summary": done.stdout.strip().splitlines()[-12:], **kept}
 
 
@@ -162,6 +165,16 @@ def _seconds_or_ratio(where: str, name: str, default: float) -> float:
     if number < 0:
         raise BuildError(f"{where}: {name}={value!r}: give a number >= 0 (unset: {default:g})")
     return number
+
+
+def _saved(result_path: Path) -> dict | None:
+    """The last good result (not one a failed run marked stale already: that one keeps its first reason)."""
+    import json
+    try:
+        saved = json.loads(result_path.read_text())
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) and "stale" not in saved else None
 
 
 def _last_seconds(result_path: Path) -> str:
@@ -247,59 +260,67 @@ def profile(params: dict) -> dict:
     version = runtime.identity(phone.runtime_root, {})["version"]
     wrapper, no_memory = memory_wrapper(phone)
     last_time = _last_seconds(result_path)
-    remove_quietly(result_path)
+    previous = _saved(result_path)  # the last good result stays until this run's replaces it, marked stale if it fails
     kept = result_path.with_suffix("")  # profile.<device>/: each part's raw profile log and CSV
-    shutil.rmtree(kept, ignore_errors=True)
+    logs = kept.with_name(kept.name + ".new")  # this run's, in kept's place once the result is written
+    shutil.rmtree(logs, ignore_errors=True)
     graphs, clock = {}, _Clock(params, cooldown, cpu_root is not None, last_time)
-    with tempfile.TemporaryDirectory(prefix="build-rules-profile-") as tmp:
-        perf_flags, perf_files, perf_form = perf_config.request(version, params["perf_profile"], phone.runtime_root,
-                                                                Path(tmp) / "config", REMOTE_RUNTIME, params["name"])
-        for graph, files in params["graphs"].items():
-            parts = read_parts(params["name"], files["target"])
-            native = native_io(parts)
-            inputs, _ = load_evaluation(files["evaluation"])
-            # every inference of the input list at least once: a later part reads each sample's crossing tensors
-            count = max(params["warmup"] + params["runs"], len(inputs)) if len(parts) > 1 else \
-                params["warmup"] + params["runs"]
-            readings = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="build-rules-profile-") as tmp:
+            perf_flags, perf_files, perf_form = perf_config.request(version, params["perf_profile"], phone.runtime_root,
+                                                                    Path(tmp) / "config", REMOTE_RUNTIME, params["name"])
+            for graph, files in params["graphs"].items():
+                parts = read_parts(params["name"], files["target"])
+                native = native_io(parts)
+                inputs, _ = load_evaluation(files["evaluation"])
+                # every inference of the input list at least once: a later part reads each sample's crossing tensors
+                count = max(params["warmup"] + params["runs"], len(inputs)) if len(parts) > 1 else \
+                    params["warmup"] + params["runs"]
+                readings = {}
 
-            @contextlib.contextmanager
-            def read_thermal(run):
-                before = thermal.read(phone.adb)
-                yield
-                readings[run.part.name] = {"before": before, "after": thermal.read(phone.adb)}
-            clock.cool(phone)
-            _, runs = run_graph(phone, params, graph, parts, inputs, Path(tmp) / graph, "profile",
-                                extra=(*perf_flags, "--profiling_level", params["profiling_level"],
-                                       "--num_inferences", str(count)),
-                                final_outputs=False, native=native, more_files=perf_files, around=read_thermal,
-                                wrapper=wrapper)
-            timed = {}
-            for run in runs:
-                timed[run.part.name] = {**_read_profile(params["name"], viewer, run.pulled, params["warmup"],
-                                                        kept / run.part.name),
-                                        "warm_load_ms": _warm_load(phone, params, viewer, run, perf_flags, native),
-                                        "peak_memory_kib": peak_memory_kib(run.said), "samples": len(inputs),
-                                        "thermal": readings.get(run.part.name)}
-            graphs[graph] = timed[graph] if len(parts) == 1 else {**summed(timed), "parts": timed}
-            start, end = readings.get(parts[0].name) or {}, readings.get(parts[-1].name) or {}
-            graphs[graph].update(io=IO_NATIVE if native else IO_FLOAT, thermal={
-                "before": start.get("before") or {}, "after": end.get("after") or {}})
-            graphs[graph]["flags"] = thermal.judge(graphs[graph]["median_ms"], graphs[graph]["p90_ms"],
-                                                   graphs[graph]["thermal"]["before"],
-                                                   graphs[graph]["thermal"]["after"], spread)
-            pushed = runs[-1].pushed
-            clock.done(graph)
-            if cpu_root is None:
-                graphs[graph]["cpu"] = {"measured": False, "reason": cpu_runtime.NOT_SET}
-            else:
+                @contextlib.contextmanager
+                def read_thermal(run):
+                    before = thermal.read(phone.adb)
+                    yield
+                    readings[run.part.name] = {"before": before, "after": thermal.read(phone.adb)}
                 clock.cool(phone)
-                before = thermal.read(phone.adb)
-                cpu = cpu_baseline.profile(phone, params, graph, files, Path(tmp) / graph / "cpu", cpu_root)
-                cpu["thermal"] = {"before": before, "after": thermal.read(phone.adb)}
-                cpu["flags"] = thermal.judge(cpu["median_ms"], cpu["p90_ms"], before, cpu["thermal"]["after"], spread)
-                graphs[graph]["cpu"] = cpu
-                clock.done(f"{graph} CPU baseline")
+                _, runs = run_graph(phone, params, graph, parts, inputs, Path(tmp) / graph, "profile",
+                                    extra=(*perf_flags, "--profiling_level", params["profiling_level"],
+                                           "--num_inferences", str(count)),
+                                    final_outputs=False, native=native, more_files=perf_files, around=read_thermal,
+                                    wrapper=wrapper)
+                timed = {}
+                for run in runs:
+                    timed[run.part.name] = {**_read_profile(params["name"], viewer, run.pulled, params["warmup"],
+                                                            logs / run.part.name, kept / run.part.name),
+                                            "warm_load_ms": _warm_load(phone, params, viewer, run, perf_flags, native),
+                                            "peak_memory_kib": peak_memory_kib(run.said), "samples": len(inputs),
+                                            "thermal": readings.get(run.part.name)}
+                graphs[graph] = timed[graph] if len(parts) == 1 else {**summed(timed), "parts": timed}
+                start, end = readings.get(parts[0].name) or {}, readings.get(parts[-1].name) or {}
+                graphs[graph].update(io=IO_NATIVE if native else IO_FLOAT, thermal={
+                    "before": start.get("before") or {}, "after": end.get("after") or {}})
+                graphs[graph]["flags"] = thermal.judge(graphs[graph]["median_ms"], graphs[graph]["p90_ms"],
+                                                       graphs[graph]["thermal"]["before"],
+                                                       graphs[graph]["thermal"]["after"], spread)
+                pushed = runs[-1].pushed
+                clock.done(graph)
+                if cpu_root is None:
+                    graphs[graph]["cpu"] = {"measured": False, "reason": cpu_runtime.NOT_SET}
+                else:
+                    clock.cool(phone)
+                    before = thermal.read(phone.adb)
+                    cpu = cpu_baseline.profile(phone, params, graph, files, Path(tmp) / graph / "cpu", cpu_root)
+                    cpu["thermal"] = {"before": before, "after": thermal.read(phone.adb)}
+                    cpu["flags"] = thermal.judge(cpu["median_ms"], cpu["p90_ms"], before, cpu["thermal"]["after"], spread)
+                    graphs[graph]["cpu"] = cpu
+                    clock.done(f"{graph} CPU baseline")
+    except (DeviceError, BuildError) as e:
+        shutil.rmtree(logs, ignore_errors=True)
+        if previous is not None:  # another run's numbers: kept, marked as not this one's (issue 37)
+            from .results import mark_stale
+            mark_stale(result_path, previous, str(e))
+        raise
     record = {"device": params["device"]["name"], "phone_model": phone.product, "fingerprint": phone.fingerprint,
               "chip": params["chip"]["name"], "variant": params["variant"], "perf_profile": params["perf_profile"],
               "perf_profile_form": perf_form, "profiling_level": params["profiling_level"],
@@ -309,6 +330,9 @@ def profile(params: dict) -> dict:
     audio = realtime(read_evaluation(params.get("float_evaluation")), {g: t["median_ms"] for g, t in graphs.items()})
     if audio is not None:
         record["realtime"] = audio
+    shutil.rmtree(kept, ignore_errors=True)
+    if logs.is_dir():
+        logs.rename(kept)
     atomic_write_json(result_path, record)
     for graph, t in graphs.items():
         for part, p in (t.get("parts") or {}).items():
