@@ -88,7 +88,7 @@ def doit_config() -> dict:
             from .. import remote_cache
             remote_cache.settings()  # a malformed remote cache setting stops the build before any task runs
         if named.device_file().found:  # the phone tasks' settings, read while their tasks are made
-            from .device import check_settings
+            from ..device.settings import check_settings
             check_settings()
     except ConfigError as e:
         # A config mistake is the user's to fix: the message, not a traceback through doit's loader.

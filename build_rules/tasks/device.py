@@ -18,46 +18,9 @@ import os
 from pathlib import Path
 
 from .. import layout
-from ..config import ConfigError, gate_dicts
+from ..config import gate_dicts
+from ..device.settings import POWER_SECONDS_ENV, power_seconds, profile_runs
 from ..project import chip_params, hook_files, model_data, project, rel, variant_builds
-
-POWER_SECONDS_ENV = "BUILD_RULES_POWER_SECONDS"  # power's fixed task per path (seed: 30-60 min)
-POWER_SECONDS_DEFAULT = 1800
-PROFILE_RUNS_ENV = "BUILD_RULES_PROFILE_RUNS"
-PROFILE_RUNS_DEFAULT = 20
-
-
-def power_seconds() -> float:
-    """BUILD_RULES_POWER_SECONDS as seconds > 0 (unset: the default); a ConfigError names the setting otherwise."""
-    asked = os.environ.get(POWER_SECONDS_ENV, "").strip()
-    if not asked:
-        return float(POWER_SECONDS_DEFAULT)
-    try:
-        seconds = float(asked)
-    except ValueError:
-        seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise ConfigError(f"{POWER_SECONDS_ENV}={asked!r} is not a number of seconds > 0 (each power loop's length); "
-                          f"unset it for the default {POWER_SECONDS_DEFAULT}")
-    return seconds
-
-
-def profile_runs() -> int:
-    """BUILD_RULES_PROFILE_RUNS as a whole number >= 1 (unset: the default); a ConfigError otherwise."""
-    asked = os.environ.get(PROFILE_RUNS_ENV, "").strip()
-    if not asked:
-        return PROFILE_RUNS_DEFAULT
-    if not asked.isdigit() or int(asked) < 1:
-        raise ConfigError(f"{PROFILE_RUNS_ENV}={asked!r} is not a whole number of runs >= 1; unset it for the "
-                          f"default {PROFILE_RUNS_DEFAULT}")
-    return int(asked)
-
-
-def check_settings() -> None:
-    """The device settings read at load, judged before any task is made (doit_config): a mistake is one line."""
-    power_seconds()
-    profile_runs()
-
 
 def devices() -> dict:
     """The phones devices.toml names well; a phone with a mistake gets no tasks (its line: device_file().problems)."""
