@@ -4,10 +4,11 @@ unset: the whole-variant ladder, AIMET's rungs when aimet-onnx is installed, the
 tuning chip SM8750), its proposal applied with `python -m build_rules.tuning apply` and built: compile, both
 graphs' checks and the greedy WER evaluate.
 
-    python bench/whisper_tune.py DIR [--code CHECKOUT]
+    python bench/whisper_tune.py DIR [--code CHECKOUT] [--tuning KEY=VALUE ...]
 
 DIR: an empty folder for the repo (this checkout's dodo.py, chips.toml and models/whisper_tiny_en, plus the w8a8
-variant). Every step is a command as a user types it (`doit -n 2 -P thread`, the README's), timed, with the load
+variant, and a `[tuning]` table from `--tuning`, e.g. `--tuning try_variants=false --tuning max_measurements=8`
+for a run that fits in an afternoon). Every step is a command as a user types it (`doit -n 2 -P thread`, the README's), timed, with the load
 average before and after; the tune's log is printed as it comes, so a run cut short still leaves its numbers. At the
 end: the proposal, the tuned variant's checks and WER, and the binaries' sizes beside W8A16's.
 """
@@ -56,6 +57,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("dir", type=Path)
     parser.add_argument("--code", type=Path, default=ROOT, help="the build_rules checkout to run (default: this one)")
+    parser.add_argument("--tuning", action="append", default=[], metavar="KEY=VALUE",
+                        help="a [tuning] key for the model (TOML value), e.g. max_measurements=8")
     args = parser.parse_args()
     repo = args.dir
     if repo.exists() and any(repo.iterdir()) and not (repo / "models" / MODEL).is_dir():
@@ -66,7 +69,8 @@ def main() -> int:
             shutil.copy(ROOT / name, repo / name)
         shutil.copytree(ROOT / "models" / MODEL, repo / "models" / MODEL)
         toml = repo / "models" / MODEL / "model.toml"
-        toml.write_text(toml.read_text() + VARIANT)
+        tuning = "".join(f"{item.partition('=')[0].strip()} = {item.partition('=')[2].strip()}\n" for item in args.tuning)
+        toml.write_text(toml.read_text() + VARIANT + (f"\n[tuning]\n{tuning}" if tuning else ""))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(args.code), os.environ.get("PYTHONPATH")) if p))
     doit = [DOIT, "-n", "2", "-P", "thread"]
     times = {}
