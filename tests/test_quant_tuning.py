@@ -265,6 +265,8 @@ def test_sensitivity_ranks_every_candidate_tensor_and_bisect_finds_the_exhaustiv
     fast = json.loads((folder / "encoder.sensitivity.json").read_text())
     log = (folder / "encoder.sensitivity.log").read_text()
     assert re.search(r"^progress: \d+ emulator measurements, .*elapsed$", log, re.M)
+    # the CPU ranking's count, which stays on the line once the emulator measures
+    assert re.search(r"^progress: \d+ emulator measurements, 6/6 tensors of encoder ranked on the CPU, ", log, re.M), log
     tensors = [r["tensor"] for r in fast["tensors"]]
     assert set(tensors) == {"conv2d", "relu", "conv2d_1", "relu_1", "view", "features"}  # the dynamo exporter's names
     assert [r["rank"] for r in fast["tensors"]] == list(range(1, len(tensors) + 1))
@@ -441,6 +443,31 @@ def test_automatic_mixed_precision_finds_a_variant_that_passes_its_gate(tmp_path
     assert check["summary"]["cosine"] == pytest.approx(rnet["tuned"]["cosine"], abs=1e-9)  # same chip, same numbers
     # P-Net quantizes to the same bytes as w8a8's: its compile and check come from the build cache
     assert "restored from the build cache" in (repo / "out/mtcnn/w8a8_tuned/SM8750/pnet.compile.log").read_text()
+
+
+def test_the_proposal_counts_candidates_apart_from_state_tensors_and_says_when_the_budget_ran_out():
+    """Whisper's tune (docs/benchmarks.md, max_measurements = 8): its proposal said '192 of 184 activation tensors at 16
+    bit' (the 8 state inputs paired with the decoder's 16-bit cache outputs counted as candidates), and nothing in
+    it said that the search had stopped at its budget with groups untried. The numbers here are that run's."""
+    from build_rules.stages.tune import toml_section
+    target = {"metric": "cosine", "min": 0.98}
+    decoder = {"target": target, "search": "bisect", "candidates": 184, "evaluations": 10, "emulator_seconds": 274.0,
+               "cpu_evaluations": 185, "base": {"cosine": 0.8664}, "all_16bit": {"cosine": 0.98889},
+               "tuned": {"cosine": 0.98889}, "sixteen_bit": [f"t{i}" for i in range(184)] + [
+                   f"self_{kv}_{i}" for kv in "kv" for i in range(4)], "state_pairs": 8,
+               "budget_spent": {"max_measurements": 8, "groups": 4, "largest": 46}}
+    tuned = {"name": "w8a8_tuned", "variant": "w8a8", "model": "whisper_tiny_en",
+             "chip": {"name": "SM8750", "soc_id": 69}, "graphs": {"decoder": decoder}}
+    params = {"graphs": [{"variant": {"activations": "uint8"}}],
+              "final_outputs": {"toml": "out/whisper_tiny_en/tuning/w8a8.tuned.toml"}}
+    text = toml_section(tuned, params)
+    assert ("#   decoder: target cosine >= 0.98: w8a8 cosine = 0.8664 -> cosine = 0.98889 with 184 of 184 activation "
+            "tensors at 16 bit and the 8 state tensors they pair with (all at 16 bit: cosine = 0.98889)\n") in text, text
+    assert ("#     the search stopped at [tuning] max_measurements = 8 with 4 group(s) of up to 46 tensors left at 16 "
+            "bit untried: a larger budget may put more of them at 8 bit\n") in text, text
+    assert '"self_v_3" = "uint16" }' in text  # the state tensors are still in the overrides
+    del decoder["budget_spent"]
+    assert "max_measurements" not in toml_section(tuned, params)
 
 
 def test_tuning_a_variant_that_already_meets_its_targets_at_8_bit_proposes_nothing(tinynet_repo):

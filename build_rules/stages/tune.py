@@ -108,8 +108,11 @@ def toml_section(tuned: dict, params: dict) -> str:
             continue
         line = f"#   {graph}: target {describe(r['target'])}: {base} {values(r['target'], r['base'])}"
         if r["sixteen_bit"] or "all_16bit" in r:
-            line += (f" -> {values(r['target'], r['tuned'])} with {len(r['sixteen_bit'])} of {r['candidates']} "
-                     f"activation tensors at 16 bit (all at 16 bit: {values(r['target'], r['all_16bit'])})")
+            state = r.get("state_pairs", 0)  # a step graph's state inputs, 16 bit with the tensors they pair with
+            line += (f" -> {values(r['target'], r['tuned'])} with {len(r['sixteen_bit']) - state} of "
+                     f"{r['candidates']} activation tensors at 16 bit"
+                     + (f" and the {state} state tensors they pair with" if state else "")
+                     + f" (all at 16 bit: {values(r['target'], r['all_16bit'])})")
         else:
             line += " (already meets it)"
         lines.append(line)
@@ -117,6 +120,11 @@ def toml_section(tuned: dict, params: dict) -> str:
             cpu = f", {r['cpu_evaluations']} CPU QDQ runs" if r.get("cpu_evaluations") else ""
             lines.append(f"#     search {r.get('search', 'exhaustive')}: {r['evaluations']} emulator measurements "
                          f"({r['emulator_seconds']:.0f} s){cpu}")
+        if r.get("budget_spent"):
+            b = r["budget_spent"]
+            lines.append(f"#     the search stopped at [tuning] max_measurements = {b['max_measurements']} with "
+                         f"{b['groups']} group(s) of up to {b['largest']} tensors left at 16 bit untried: "
+                         "a larger budget may put more of them at 8 bit")
     already_8_bit = all(g["variant"].get("activations") == "uint8" for g in params["graphs"])
     if already_8_bit and not any(r["sixteen_bit"] for r in tuned["graphs"].values()):
         # The tuned variant would be the variant itself: write no section, so `apply` adds no duplicate.

@@ -81,7 +81,9 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
     if method == "exhaustive":
         kept, dropped = _one_at_a_time(c, target, order, full, log)
     else:
-        kept, dropped = _bisect(c, target, order, full, budget, log)
+        kept, dropped, left = _bisect(c, target, order, full, budget, log)
+        if left:  # the proposal's comment says so: a larger budget may put more at 8 bit
+            result["budget_spent"] = {"max_measurements": budget, "groups": len(left), "largest": max(left)}
     final = c.measure(kept, full=True, target=target)
     # The search ran on the tuning samples: while the full set misses, the groups dropped last come back (the
     # closest to the result), then the rest of the ranking in doubling chunks (all of it meets: measured above).
@@ -97,7 +99,8 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
         raise BuildError(f"{where}: {name}: no mixed precision met {describe(target)} on the full set")
     # a step graph's state pairs the kept tensors touch are 16 bit too (precision.Candidates.closed): listed last
     closed = c.closed(kept)
-    result.update(sixteen_bit=[t for t in order if t in closed] + sorted(closed - set(order)), tuned=clean(final))
+    result.update(sixteen_bit=[t for t in order if t in closed] + sorted(closed - set(order)), tuned=clean(final),
+                  state_pairs=len(closed - set(order)))
     if cpu is not None:
         result.update(cpu_evaluations=cpu.evaluations, cpu_seconds=round(cpu.seconds + cpu.build_seconds, 1))
     state = f" and {len(closed - kept)} of the state pairs they touch" if closed - kept else ""
@@ -153,7 +156,8 @@ def _one_at_a_time(c: Candidates, target, order: list[str], full: bool, log):
 
 
 def _bisect(c: Candidates, target, order: list[str], full: bool, budget: int, log):
-    """(kept, dropped groups): steps 2-3 of the module docstring, at most `budget` emulator measurements."""
+    """(kept, dropped groups, sizes of the groups left unsplit when the budget ran out): steps 2-3 of the module
+    docstring, at most `budget` emulator measurements."""
     spent = c.evaluations + budget
 
     def holds(sixteen) -> bool:
@@ -205,7 +209,7 @@ def _bisect(c: Candidates, target, order: list[str], full: bool, budget: int, lo
     if queue:
         log(f"  budget of {budget} emulator measurements spent ([tuning] max_measurements): {len(queue)} group(s) of "
             f"up to {max(map(len, queue))} tensors stay 16 bit unsplit")
-    return kept, dropped
+    return kept, dropped, [len(group) for group in queue]
 
 
 def _names(group: list[str]) -> str:
