@@ -6,7 +6,9 @@ one chip) with R-Net's gate raised to what only 16-bit activations reach, so the
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
 import time
@@ -309,28 +311,15 @@ def test_bisect_tune_needs_no_more_16_bit_tensors_than_the_exhaustive_one_even_w
     nothing else keeps at 16 bit, comes last), meets the target on the emulator with no more 16-bit tensors than the
     exhaustive search, with fewer emulator runs."""
     from build_rules.stages.support import mixed_precision
-    from build_rules.tasks.tuning import _tuning_graph, _tuning_chip
-    from build_rules.project import chip_params, project, rel
     toml = tinynet_repo / "models/tinynet/model.toml"
     toml.write_text(toml.read_text() + '\n[variants.w8a8]\ninherits = "w8a16"\nactivations = "uint8"\n')
-    import os
-    cwd = os.getcwd()
-    os.chdir(tinynet_repo)
-    try:
-        from build_rules import tasks
-        tasks.project.cache_clear()
-        model = project().models[0]
-        graph = _tuning_graph(model, model.graphs["encoder"], model.variants["w8a8"])
-        settings = dict(chip=chip_params(_tuning_chip(model)), samples=4, hooks=rel(model.hooks))
+    with tuning_graph(tinynet_repo, "encoder", "w8a8") as (graph, settings):
         target = {"metric": "cosine", "min": 0.99985}
         lines = []
         exhaustive = mixed_precision.search(graph, target, method="exhaustive", log=lines.append, **settings)
         fast = mixed_precision.search(graph, target, log=lines.append, **settings)
         blind = mixed_precision.search(graph, target, order=list(reversed(graph_candidates(graph, settings))),
                                        log=lines.append, **settings)
-    finally:
-        tasks.project.cache_clear()
-        os.chdir(cwd)
     for result in (exhaustive, fast, blind):
         assert result["base"]["cosine"] < 0.99985 <= result["tuned"]["cosine"], result
         assert 0 < len(result["sixteen_bit"]) <= len(exhaustive["sixteen_bit"]), result
@@ -346,31 +335,37 @@ def test_tuning_a_16_bit_variant_that_misses_stops_at_its_first_measurement(tiny
     from build_rules.errors import BuildError
     from build_rules.stages.support import mixed_precision
     from build_rules.stages.support.precision import Candidates
-    from build_rules.tasks.tuning import _tuning_graph, _tuning_chip
-    from build_rules.project import chip_params, project, rel
-    import os
-    cwd = os.getcwd()
-    os.chdir(tinynet_repo)
-    try:
-        from build_rules import tasks
-        tasks.project.cache_clear()
-        model = project().models[0]
-        graph = _tuning_graph(model, model.graphs["encoder"], model.variants["w8a16"])
-        settings = dict(chip=chip_params(_tuning_chip(model)), samples=4, hooks=rel(model.hooks))
+    with tuning_graph(tinynet_repo, "encoder", "w8a16") as (graph, settings):
         candidates = Candidates(graph, **settings)
         lines = []
         with pytest.raises(BuildError) as failed:  # all-16-bit gives cosine 0.99988 on the tuning chip
             mixed_precision.search(graph, {"metric": "cosine", "min": 0.99999}, log=lines.append, where="tune",
                                    candidates=candidates, **settings)
-    finally:
-        tasks.project.cache_clear()
-        os.chdir(cwd)
     assert re.fullmatch(r"tune: encoder: even with all 6 activation tensors at 16 bit, cosine = 0\.999\d+ "
                         r"\(stopped after 1 of \d+ samples: .*\) misses the target cosine >= 0\.99999 on SM\d+; "
                         r"relax the target, or change weights / per_channel / calibration of the variant",
                         str(failed.value)), str(failed.value)
     assert candidates.evaluations == 1
     assert len(lines) == 1 and lines[0].startswith("encoder: all 6 candidates at 16 bit: cosine = 0.999"), lines
+
+
+@contextlib.contextmanager
+def tuning_graph(repo: Path, graph: str, variant: str):
+    """(the tuning graph as tune's task passes it, the search's chip/samples/hooks) of the repo's first model, with
+    the repo as the working directory (the search reads its files by relative paths)."""
+    from build_rules import tasks
+    from build_rules.project import chip_params, project, rel
+    from build_rules.tasks.tuning import _tuning_chip, _tuning_graph
+    cwd = os.getcwd()
+    os.chdir(repo)
+    try:
+        tasks.project.cache_clear()
+        model = project().models[0]
+        yield (_tuning_graph(model, model.graphs[graph], model.variants[variant]),
+               dict(chip=chip_params(_tuning_chip(model)), samples=4, hooks=rel(model.hooks)))
+    finally:
+        tasks.project.cache_clear()
+        os.chdir(cwd)
 
 
 def graph_candidates(graph: dict, settings: dict) -> list[str]:
