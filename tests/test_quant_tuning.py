@@ -420,6 +420,8 @@ def test_automatic_mixed_precision_finds_a_variant_that_passes_its_gate(tmp_path
     # the log's look at the variant as built says on how many samples it was judged: all, or the first k of N when
     # the miss was decided early (then with the bound that decided it)
     log = (repo / "out/mtcnn/tuning/w8a8.tune.log").read_text()
+    warnings = [line for line in log.splitlines() if line.startswith("WARNING:root:")]  # onnxruntime's quantizer
+    assert warnings and len(warnings) == len(set(warnings)), warnings  # each said once, not at every candidate
     assert re.search(r"^w8a8 as built: rnet: cosine = 0\.99\d+( \(stopped after \d+ of \d+ samples: cosine at most "
                      r"[0-9.]+ whatever the other \d+ samples? give, needs >= 0\.999\)| on all samples): misses cosine$",
                      log, re.M), log

@@ -8,6 +8,7 @@ the ones the compiled binary gives (research/ort-qnn.md §4: tune against the em
 from __future__ import annotations
 
 import json
+import logging
 import math
 import tempfile
 import time
@@ -67,10 +68,34 @@ def meets(target, summary: dict) -> bool:
     return verdict
 
 
+class _Once(logging.Filter):
+    """Lets each message through once: onnxruntime's quantizer warns the same lines (pre-processing, opset 21,
+    'Axis 1 is out-of-range' for each LayerNorm weight) at every candidate it quantizes, which was 392-708 of the
+    600-1679 lines of a Whisper tune log."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
+
+
+def _warn_once() -> None:
+    root = logging.getLogger()  # onnxruntime.quantization warns through the root logger (logging.warning)
+    if not any(isinstance(f, _Once) for f in root.filters):
+        root.addFilter(_Once())
+
+
 class Candidates:
     """Quantize + emulate one graph of one variant under different sets of 16-bit activation tensors."""
 
     def __init__(self, graph: dict, chip: dict, samples: int, hooks: str, data_dir=None):
+        _warn_once()
         self.graph = graph  # {"name", "onnx", "ranges", "evaluation", "variant": settings_for(graph)}
         self.chip = chip
         self.hooks, self.data_dir = hooks, data_dir
