@@ -451,7 +451,7 @@ def test_the_proposal_counts_candidates_apart_from_state_tensors_and_says_when_t
     decoder = {"target": target, "search": "bisect", "candidates": 184, "evaluations": 10, "emulator_seconds": 274.0,
                "cpu_evaluations": 185, "base": {"cosine": 0.8664}, "all_16bit": {"cosine": 0.98889},
                "tuned": {"cosine": 0.98889}, "sixteen_bit": [f"t{i}" for i in range(184)] + [
-                   f"self_{kv}_{i}" for kv in "kv" for i in range(4)], "state_pairs": 8,
+                   f"self_{kv}_{i}" for kv in "kv" for i in range(4)], "state_tensors": 8,
                "budget_spent": {"max_measurements": 8, "groups": 4, "largest": 46}}
     tuned = {"name": "w8a8_tuned", "variant": "w8a8", "model": "whisper_tiny_en",
              "chip": {"name": "SM8750", "soc_id": 69}, "graphs": {"decoder": decoder}}

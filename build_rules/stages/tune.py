@@ -108,7 +108,7 @@ def toml_section(tuned: dict, params: dict) -> str:
             continue
         line = f"#   {graph}: target {describe(r['target'])}: {base} {values(r['target'], r['base'])}"
         if r["sixteen_bit"] or "all_16bit" in r:
-            state = r.get("state_pairs", 0)  # a step graph's state inputs, 16 bit with the tensors they pair with
+            state = r.get("state_tensors", 0)  # a step graph's state inputs, 16 bit with the tensors they pair with
             line += (f" -> {values(r['target'], r['tuned'])} with {len(r['sixteen_bit']) - state} of "
                      f"{r['candidates']} activation tensors at 16 bit"
                      + (f" and the {state} state tensors they pair with" if state else "")

@@ -99,12 +99,12 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
         raise BuildError(f"{where}: {name}: no mixed precision met {describe(target)} on the full set")
     # a step graph's state pairs the kept tensors touch are 16 bit too (precision.Candidates.closed): listed last
     closed = c.closed(kept)
-    result.update(sixteen_bit=[t for t in order if t in closed] + sorted(closed - set(order)), tuned=clean(final),
-                  state_pairs=len(closed - set(order)))
+    sixteen, state = [t for t in order if t in closed], sorted(closed - set(order))
+    result.update(sixteen_bit=sixteen + state, state_tensors=len(state), tuned=clean(final))
     if cpu is not None:
         result.update(cpu_evaluations=cpu.evaluations, cpu_seconds=round(cpu.seconds + cpu.build_seconds, 1))
-    state = f" and {len(closed - kept)} of the state pairs they touch" if closed - kept else ""
-    log(f"{name}: {len(kept)} of {len(order)} tensors{state} at 16 bit: {values(target, final)}")
+    paired = f" and the {len(state)} state tensors they pair with" if state else ""
+    log(f"{name}: {len(sixteen)} of {len(order)} tensors{paired} at 16 bit: {values(target, final)}")
     return _done(result, c)
 
 
