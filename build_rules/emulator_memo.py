@@ -72,17 +72,19 @@ class Memo:
                  options: dict | None = None):
         """ctx_model: a compiled binary's ctx model (a split graph's: a list). Or model (ONNX bytes) and options: a
         float or QDQ model the emulator compiles in-process with these options (tune's candidates, diagnose)."""
+        import xxhash
         self.folder = Path(folder)
         self.limit = limit_bytes()
         self.enabled = self.limit > 0
-        if not self.enabled:
-            self._prefix = b""
-        elif model is not None:
-            import xxhash
-            self._prefix = json.dumps(["model", xxhash.xxh3_128(model).hexdigest(), options, runtime()],
-                                      sort_keys=True).encode()
+        if model is not None:  # (2: blocked int4 weights compiled with the EP's block option, as the build does)
+            prefix = json.dumps(["model", xxhash.xxh3_128(model).hexdigest(), options, runtime(), 2],
+                                sort_keys=True).encode()
         else:
-            self._prefix = json.dumps([binary_digest(ctx_model), runtime()]).encode()
+            prefix = json.dumps([binary_digest(ctx_model), runtime()]).encode()
+        self._prefix = prefix if self.enabled else b""
+        # What runs, as one name: the key of this binary's record of whether it repeats itself (repeats.py), which
+        # decides whether its outputs may be kept here at all.
+        self.identity = xxhash.xxh3_128(prefix).hexdigest()
 
     def key(self, feed: dict) -> str:
         import numpy as np

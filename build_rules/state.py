@@ -15,6 +15,7 @@ again (and re-run those whose outputs it cannot vouch for), never a wrong one. L
 | remote-cache.json | this repo's use of the remote build cache: hits, uploads, failures | remote_cache.py | JSON |
 | <toolchain>-identity-<digest>.json | the toolchain's identity (versions, QNN build id), read once per installed version | toolchains/ort_qnn.py, toolchains/qairt.py | JSON |
 | emulator-outputs/<2 hex>/<key>.npz | the HTP emulator's outputs by binary, input bytes and runtime version; bounded, least recently used go first | emulator_memo.py | npz |
+| emulator-repeats/<2 hex>/<binary>.json | whether a binary repeats itself on the emulator: samples that ran twice with equal bytes, or the first that did not | repeats.py | JSON |
 """
 from __future__ import annotations
 
@@ -28,4 +29,5 @@ TOML_CACHE = f"{STATE_DIR}/toml-cache.json"
 BUILD_LOG = f"{STATE_DIR}/build.log"
 REMOTE_CACHE_STATS = f"{STATE_DIR}/remote-cache.json"
 EMULATOR_OUTPUTS = f"{STATE_DIR}/emulator-outputs"  # emulator_memo.py
+EMULATOR_REPEATS = f"{STATE_DIR}/emulator-repeats"  # repeats.py
 OUTPUTS_PREFIX = "outputs-"  # outputs-<toolchain>-<digest>.json (target_set.py)

@@ -201,6 +201,8 @@ def sample_runs(tmp_path, monkeypatch):
     # output memo: every sample a stage asks for runs (the memo's own tests: test_emulator_runs.py)
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "1")
     monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "0")
+    # each sample once: the runs that check a binary repeats itself are counted by tests/test_repeats.py
+    monkeypatch.setenv("BUILD_RULES_REPEAT_SAMPLES", "0")
 
     def runs() -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -69,6 +69,9 @@ def spy(tmp_path, monkeypatch):
     monkeypatch.setenv("SPY_LOG", str(log))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(folder), str(ROOT)]))
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # private emulator slots: other test runs on the machine do not count
+    # each sample runs once: these tests count the runs of the door's plumbing (tests/test_repeats.py counts the
+    # repeated runs that check a binary repeats itself)
+    monkeypatch.setenv("BUILD_RULES_REPEAT_SAMPLES", "0")
     monkeypatch.chdir(tmp_path)  # the memo under ./out/.build-state
     monkeypatch.setattr(ort_qnn, "open_context_binary", ort_qnn.open_context_binary)  # put back after the test
     exec(SPY, {})  # this process too
