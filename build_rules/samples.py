@@ -293,3 +293,12 @@ def score(hooks, graph: str, inputs: list[dict], outputs: list[dict], float_outp
                              "(inputs, label) pairs from it, or give labels a default (labels=None)")
         extra["labels"] = labels
     return {k: float(v) for k, v in hooks.score(graph, inputs, outputs, **extra).items()}
+
+
+def evenly_spaced(count: int, wanted: int) -> list[int]:
+    """`wanted` indices of `count` samples, evenly spaced, first and last included (all when wanted >= count)."""
+    if wanted >= count:
+        return list(range(count))
+    if wanted <= 1:
+        return [0]
+    return sorted({round(i * (count - 1) / (wanted - 1)) for i in range(wanted)})

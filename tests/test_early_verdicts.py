@@ -180,8 +180,8 @@ def test_tune_misses_stop_early_and_the_result_is_the_same(tinynet_repo, monkeyp
     samples = []
     real = precision.Candidates.iter_run
 
-    def counted(self, model, indices):
-        for position, outputs in real(self, model, indices):
+    def counted(self, model, indices, repeat_samples=None):
+        for position, outputs in real(self, model, indices, repeat_samples):
             samples.append(position)
             yield position, outputs
     monkeypatch.setattr(precision.Candidates, "iter_run", counted)

@@ -11,20 +11,25 @@ below; docs/models.md, "Checks on several chips"). A proof is kept in its own me
 
 The runs stop once the samples so far decide that a gate fails (early verdicts: early_verdicts.py, gates.py); such
 a measurement is kept marked partial and is never taken for one of every sample (remembered()).
+
+A binary that does not repeat itself (the emulator door runs its first samples twice: repeats.py) is measured on
+every run it made, its numbers are the worst run's, and its check fails naming the instability, where it starts
+(stages/support/instability.py) and the diagnose task that finds a precision that repeats.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from .. import gates, layout, results
+from .. import gates, layout, repeats, results
 from ..errors import BuildError
 from ..files import atomic_write_json
 from ..samples import compare, load_evaluation, load_hooks, load_labels, score, worst
 
 # The version of this stage's measurement memo (results.py): a new one re-measures, a task key's version
 # (stage_table.py) does not have to.
-MEASUREMENT_VERSION = 3  # 2: frame_cosine measured; worst output per metric in the report; 3: zero frames agree
+MEASUREMENT_VERSION = 4  # 2: frame_cosine measured; worst output per metric in the report; 3: zero frames agree;
+# 4: whether the binary repeats itself ("repeats"), a non-repeating one's numbers the worst of its runs
 
 
 def run(params: dict) -> dict:
@@ -130,12 +135,75 @@ def measure_until_decided(ctx_model, hooks: str, graph: str, data_dir, inputs: l
     from .. import emulator_runs
     from ..early_verdicts import run_until_decided
     outputs, early = run_until_decided(emulator_runs.iter_outputs(ctx_model, inputs), reference, gate_list)
+    found = repeats_found(ctx_model, outputs)
+    if found.get("repeats") is False and any(not o.others for o in outputs):
+        # it stopped repeating after some samples ran once (or came from the memo): every sample again, each twice
+        outputs = emulator_runs.run_outputs(ctx_model, inputs[:len(outputs)])
+        found = repeats_found(ctx_model, outputs)
+    runs = found.get("runs", 1) if found.get("repeats") is False else 1
     if early is None:
-        return measure(hooks, graph, data_dir, inputs, reference, outputs, labels)
-    metrics = {"samples": len(outputs), "outputs": compare(reference[:len(outputs)], outputs, frames=True),
-               "partial": early}
-    print(f"stopped: {gates.describe_early(early, summarize(metrics))}", flush=True)
+        per_run = [measure(hooks, graph, data_dir, inputs, reference, [o.run(r) for o in outputs], labels)
+                   for r in range(runs)]
+        metrics = worst_of_runs(per_run, gate_list)
+    else:
+        per_run = [{"samples": len(outputs), "outputs": compare(reference[:len(outputs)],
+                                                                [o.run(r) for o in outputs], frames=True)}
+                   for r in range(runs)]
+        metrics = {**worst_of_runs(per_run, gate_list), "partial": early}
+        print(f"stopped: {gates.describe_early(early, summarize(metrics))}", flush=True)
+    metrics["repeats"] = found
+    if runs > 1:
+        metrics["runs"] = [summarize(m) for m in per_run]
+        print(f"the binary does not repeat itself: {repeats.describe(found)}; its numbers are the worst of its "
+              f"{runs} runs", flush=True)
     return metrics
+
+
+def repeats_found(ctx_model, outputs: list) -> dict:
+    """Whether the binary repeated itself, as repeats.shown() gives it for these outputs; where no sample ran twice
+    (all from the memo), what the binary's record says: {"repeats": True, "samples": n} or, with none checked,
+    {"repeats": None} (BUILD_RULES_REPEAT_SAMPLES=0)."""
+    from .. import emulator_runs
+    found = repeats.shown(outputs)
+    if found is not None:
+        return found
+    record = emulator_runs.repeat_record(ctx_model)
+    if record["unstable"] is not None:  # (found by another stage since: every sample of this one came from before)
+        return {"repeats": False, "samples": 0, "runs": record["unstable"]["runs"],
+                "spread": {record["unstable"]["output"]: record["unstable"]["spread"]}, "varying_samples": 0,
+                "first": {"sample": None, **{k: record["unstable"][k] for k in ("output", "spread")}}}
+    return {"repeats": True, "samples": record["equal"], "runs": 2} if record["equal"] else {"repeats": None}
+
+
+WORSE = {"cosine": min, "sqnr": min, "frame_cosine": min, "max_abs": max}
+
+
+def worst_of_runs(per_run: list[dict], gate_list) -> dict:
+    """measure() of each run (one run each sample: the first, the second, ...) as one: every output's comparison
+    metric at its worst run, each task metric at the run its gate finds worst (two-sided: farthest from the float
+    model's value; the first run's where no gate reads it). One run: its metrics as they are."""
+    if len(per_run) == 1:
+        return per_run[0]
+    first = per_run[0]
+    worst = {k: v for k, v in first.items() if k not in ("outputs", "score")}
+    worst["outputs"] = {name: {metric: WORSE.get(metric, min)(run["outputs"][name][metric] for run in per_run)
+                               for metric in values}
+                        for name, values in first["outputs"].items()}
+    if "score" in first:
+        score = dict(first["score"])
+        for gate in gates.as_list(gate_list):
+            metric = gate["metric"]
+            if metric not in score:
+                continue
+            found = [run["score"][metric] for run in per_run]
+            better = gates.higher_is_better(gate)
+            if better is None:  # max_change: the run farthest from the float model's value
+                center = first.get("float_score", {}).get(metric, found[0])
+                score[metric] = max(found, key=lambda v: abs(v - center))
+            else:
+                score[metric] = min(found) if better else max(found)
+        worst["score"] = score
+    return worst
 
 
 # --- another chip than the reference: equal outputs, equal metrics ---------------------------------------------
@@ -193,7 +261,23 @@ def remembered_proof(memo: str, ctx: str | list, reference_ctx: str | list, eval
 def _compare_outputs(proof: dict, ctx, inputs: list[dict], reference: dict, evaluation: str, run) -> dict:
     import numpy as np
     print(f"proof: this binary against {reference['chip']}'s on {len(inputs)} evaluation sample(s)", flush=True)
+    emulated = run is run_binary  # (qairt's qnn-net-run runner keeps no record of repeating)
+    if emulated:
+        from .. import emulator_runs
+        unstable = emulator_runs.repeat_record(reference["ctx_model"])["unstable"]
+        if unstable is not None:  # equal bytes prove nothing against a binary that gives other bytes each run
+            print(f"proof: {reference['chip']}'s binary does not repeat itself (output {unstable['output']!r} differed "
+                  f"by up to {unstable['spread']:.4g} between runs of one sample): no proof by equal outputs, a full "
+                  "check of this binary", flush=True)
+            return {**proof, "equal": False, "unstable": "reference", "output": unstable["output"],
+                    "max_abs": unstable["spread"]}
     ours, theirs = run(ctx, inputs), reference_outputs(reference, evaluation, inputs, run)
+    found = repeats.shown(ours) if emulated else None
+    if found and found["repeats"] is False:
+        print(f"proof: this binary does not repeat itself ({repeats.describe(found)}): no proof by equal outputs, "
+              "a full check of this binary", flush=True)
+        return {**proof, "equal": False, "unstable": "this", "sample": found["first"]["sample"],
+                "output": found["first"]["output"], "max_abs": found["first"]["spread"]}
     for index, (mine, other) in enumerate(zip(ours, theirs)):
         for name in sorted(set(mine) | set(other)):
             a, b = mine.get(name), other.get(name)
@@ -311,6 +395,41 @@ def worst_outputs(metrics: dict) -> dict:
             for m in COMPARED if all(m in o for o in per_output.values())}
 
 
+def does_not_repeat(params: dict, metrics: dict, gated: list[dict]) -> str:
+    """The failure of a binary that gave other outputs on another run: the spread, where it starts (located now on
+    the variant's model with its tensors exposed), what its worst run gives the gates, and where to find a fix."""
+    found = metrics["repeats"]
+    runs = len(metrics.get("runs") or []) or found["runs"]
+    failed = [g["failure"] for g in gated if g["passed"] is False]
+    on_worst = (f"on the worst of its {runs} runs {'; '.join(failed)}" if failed else
+                f"its gates pass on each of its {runs} runs, but another run may give other numbers")
+    located = ""
+    if params.get("locate"):
+        try:
+            located = f"; {locate(params)}"
+        except Exception as e:  # noqa: BLE001 -- a diagnostic: the failure stands without it
+            located = f"; where it starts could not be located ({type(e).__name__}: {str(e).strip()[:200]})"
+    fix = (f"; `doit diagnose:{params['name'].split(':', 1)[1]}` tries precisions until one repeats itself"
+           if diagnose_hint(params) else "")
+    return (f"{params['name']}: the binary does not repeat itself on the emulator: {repeats.describe(found)}{located}; "
+            f"{on_worst}; a verdict on one run would be chance, so the check fails{fix} (docs/building.md, "
+            '"A binary that does not repeat itself")')
+
+
+def locate(params: dict) -> str:
+    """Where a non-repeating binary's differences start: diagnose's exposed model, run on the first evaluation sample
+    (stages/support/instability.py)."""
+    from .diagnose import MAX_TENSORS, Graph
+    from .support import instability
+    where = params["locate"]
+    graph = Graph.load(where["onnx"], where["qdq"])
+    tensors, _ = graph.choose(MAX_TENSORS)
+    inputs, _ = load_evaluation(params["evaluation"], limit=1)
+    found = instability.locate(graph, tensors, inputs[0], where["chip"], fp16=where["qdq"] is None)
+    print(f"located: {instability.where(found)}", flush=True)
+    return instability.where(found)
+
+
 def decide(params: dict, metrics: dict, key: dict | None = None, proof: dict | None = None) -> dict:
     """The report (<graph>.check.json) and the gate. `proof`: how this chip's outputs compared with the reference
     chip's (prove_equal); when equal, `metrics` and `key` are the reference binary's."""
@@ -330,6 +449,11 @@ def decide(params: dict, metrics: dict, key: dict | None = None, proof: dict | N
             report["float_ops"] = combine(compiled)
         else:
             report["float_ops"] = compiled[0]
+    if (metrics.get("repeats") or {}).get("repeats") is False:  # never judged as if one run were the answer
+        report["gated"] = gates.results(params["gates"], summary, metrics.get("float_score"))
+        message = does_not_repeat(params, metrics, report["gated"])
+        results.keep_failed(layout.memo_file(params["final_outputs"]["report"]), report, message, key, metrics)
+        raise BuildError(message)
     try:
         early = gates.still_decided(metrics, params["gates"]) if "partial" in metrics else None
         if early is not None:  # stopped after k of N samples: the gates it decided, on the numbers of the k

@@ -47,9 +47,8 @@ FUSED_ACTIVATIONS = {"Relu", "PRelu", "LeakyRelu", "Clip", "Relu6"}
 def run(params: dict) -> dict:
     import numpy as np
 
+    from ..samples import evenly_spaced, load_evaluation
     from ..toolchains import ort_qnn
-    from ..samples import load_evaluation
-    from .support.precision import evenly_spaced
 
     started = time.perf_counter()
     inputs, _ = load_evaluation(params["evaluation"])
@@ -88,6 +87,19 @@ def run(params: dict) -> dict:
     plain_outputs = emulator_runs.run_outputs(params["ctx_model"], samples, "plain binary samples")
     exposure = exposure_check(graph, emulated, plain_outputs)
     lap("plain binary")
+    from .support import instability
+    examined = instability.examine(params, graph, exposed, samples,
+                                   [{n: f[n] for n in graph.final} for f in floats] if not fp16 else
+                                   [{n: p[n] for n in graph.final} for p in graph.float_values([], samples)],
+                                   plain_outputs)
+    if examined is not None:  # the plain binary gives other outputs on another run: exposure cannot be judged
+        exposure["identical"] = None
+        lap("instability")
+    weights16 = None
+    if not fp16 and params["variant"]["activation_bits"] == 16 and params["variant"].get("weights") != "uint16" \
+            and params.get("ranges"):  # advice diagnose may give: only if the HTP builds it
+        weights16 = instability.compiles(params, weights="uint16")
+        lap("16-bit weights compile" if weights16["compiles"] else "16-bit weights do not compile")
 
     rows = []
     for tensor in exposed:
@@ -116,7 +128,8 @@ def run(params: dict) -> dict:
               "chip": params["chip"]["name"], "fp16": fp16, "samples": subset, "tensors_total": len(graph.tensors),
               "exposed": len(exposed), "every": every, "floor_db": floor, "rows": rows, "drops": drops,
               "exposure": exposure, "final": final_outputs(graph, plain_outputs, floats),
-              "lint": lint, "check": check_measurement(params, len(inputs)),
+              "lint": lint, "check": check_measurement(params, len(inputs)), "instability": examined,
+              "weights16": weights16,
               "seconds": {"emulator": round(emulator_seconds, 1),  # compile and runs, in the workers
                           "total": round(time.perf_counter() - started, 1)}}
     lap("drops and lint")

@@ -91,6 +91,12 @@ def run(params: dict) -> dict:
     report["graph_runs"] = graph_runs  # the totals of the emulator runs' progress lines
     if inherited is not None:
         report["equal_to"] = inherited["equal_to"]
+    unstable = _not_repeating(params)
+    if unstable:  # its numbers are one draw of many: never judged as if they were the binary's
+        report["gated"] = gates.results(report["gates"], metrics, _float_metrics(params)) if report["gates"] else []
+        message = f"{params['name']}: {unstable}"
+        results.keep_failed(memo, report, message, key, metrics, graph_runs=graph_runs)
+        raise BuildError(message)
     if report["gates"]:
         reference = _float_metrics(params)
         try:
@@ -212,6 +218,24 @@ def _evaluate_per_sample(params: dict, hooks) -> tuple[dict, dict, dict | None]:
             graph_runs[graph] = graph_runs.get(graph, 0) + n
     metrics = {k: float(v) for k, v in hooks.combine([result for result, _ in scored]).items()}
     return metrics, graph_runs, early
+
+
+def _not_repeating(params: dict) -> str:
+    """Why the metrics are not the binaries' when a graph's binary did not repeat itself on the emulator (its record,
+    repeats.py: found by its check or by these runs), else ""."""
+    if params["on"] != "emulator":
+        return ""
+    from .. import emulator_runs
+    names = params["names"]
+    for graph, ctx in params["graphs"].items():
+        unstable = emulator_runs.repeat_record(ctx)["unstable"]
+        if unstable is not None:
+            return (f"graph {graph!r}'s binary does not repeat itself on the emulator (output {unstable['output']!r} "
+                    f"differed by up to {unstable['spread']:.4g} between {unstable['runs']} runs of one sample): "
+                    f"these metrics are one draw of many, so the evaluation fails; where it starts and a precision "
+                    f"that repeats: doit check:{names['model']}/{graph}/{names['variant']}@{names['chip']}, then "
+                    f"doit diagnose:{names['model']}/{graph}/{names['variant']}@{names['chip']}")
+    return ""
 
 
 def _results_of(runs):

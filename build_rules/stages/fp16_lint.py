@@ -32,7 +32,7 @@ def run(params: dict) -> dict:
     """The float model on a few evaluation inputs: the findings as JSON, and as warnings for the build summary."""
     from ..files import atomic_write_json
     from ..samples import load_evaluation
-    from .support.precision import evenly_spaced
+    from ..samples import evenly_spaced
     inputs, _ = load_evaluation(params["evaluation"])
     samples = [inputs[i] for i in evenly_spaced(len(inputs), 8)]
     findings = lint(params["onnx"], samples)

@@ -61,8 +61,12 @@ def _rank(params: dict) -> dict:
     progress.watch(lambda: c.evaluations, "emulator measurements", total)
     print(f"{len(tensors)} candidate tensors, {len(c.subset)} evaluation samples, chip {params['chip']['name']}, "
           f"search {method}", flush=True)
-    base = c.measure(set())
-    top = c.measure(set(tensors))
+    base = c.measure(set(), end=True)
+    top = c.measure(set(tensors), end=True)
+    for name, end in (("every candidate at 8 bit", base), ("every candidate at 16 bit", top)):
+        if end.get("unstable"):
+            print(f"{name} does not repeat itself on the emulator ({end['unstable']}): its numbers are the worst of "
+                  "its runs", flush=True)
     cpu, cpu_rows = _cpu(c)
     groups = []
     if method == "exhaustive":
@@ -379,6 +383,12 @@ def markdown(result: dict) -> str:
              f"Worst-output SQNR on the emulator: all candidates at 8 bit {result['base']['sqnr']:.2f} dB (cosine "
              f"{result['base']['cosine']:.5f}), all at 16 bit {result['all_16bit']['sqnr']:.2f} dB (cosine "
              f"{result['all_16bit']['cosine']:.5f}).", "",
+             *[f"**{name} does not repeat itself on the emulator** ({end['unstable']}): its numbers above are the "
+               "worst of its runs, and every gain below is measured against a model that gives other outputs on "
+               "another run (docs/building.md, \"A binary that does not repeat itself\"; `doit diagnose` finds "
+               "where it starts).\n" for name, end in (("Every candidate at 8 bit", result["base"]),
+                                                       ("Every candidate at 16 bit", result["all_16bit"]))
+               if end.get("unstable")],
              "Emulator: cost, SQNR lost when only this tensor is 8-bit (others 16); gain, SQNR won when only this "
              "tensor is 16-bit; – where not measured alone" + ("; group gain, what the smallest measured group of "
                                                                "tensors around it gains at 16 bit" if bisect else "")

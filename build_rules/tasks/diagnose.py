@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from .. import layout
-from ..project import chip_params, compile_input, project, rel, stage_task, variant_builds
+from ..project import chip_params, compile_input, project, ranges_file, rel, stage_task, variant_builds
 
 SAMPLES_ENV = "BUILD_RULES_DIAGNOSE_SAMPLES"  # evaluation samples diagnose runs (default 4; the key has it)
 
@@ -43,6 +43,11 @@ def diagnose_tasks():
                 file_dep = [sim, evaluation, chip_file("_ctx.onnx"), chip_file(".bin")]
                 if params["qdq"]:
                     file_dep.append(params["qdq"])
+                    # a binary that does not repeat itself: candidate precisions are quantized again from these
+                    params["ranges"] = ranges_file(model, graph, variant)
+                    file_dep.append(params["ranges"])
+                    if graph.state:
+                        params["tied"] = sorted(graph.state.items())
                 yield stage_task("diagnose", f"{model.name}/{graph.name}/{variant.name}@{chip.name}", params,
                                   file_dep, list(outputs.values()), chip_file(".diagnose.log"))
 

@@ -43,7 +43,11 @@ def weight_overrides_line(params: dict, nodes: list[str], wtype: str = "int8") -
 
 def diagnose(result: dict, params: dict) -> list[str]:
     """The likely fix in words, from the drops; first, whether the diagnosed samples show the loss check measured."""
-    return _subset_missed(result, params) + _from_drops(result, params)
+    unstable = []
+    if result.get("instability"):  # first: every other number is one run of a binary that gives others
+        from .instability import words
+        unstable = words(params, result["instability"])
+    return unstable + _subset_missed(result, params) + _from_drops(result, params)
 
 
 def _subset_missed(result: dict, params: dict) -> list[str]:
@@ -177,7 +181,7 @@ def _quantization_fix(drop: dict, rows: dict, params: dict) -> list[str]:
                         f"{params['model']}/<that variant>` to bring tensors back to 8 bit."
                         if params["variant"]["activation_bits"] == 8 else
                         "look at the range columns of the first tensors below the floor (a range set by outliers or "
-                        "constants), and at the weights (weights = \"uint16\" for this variant)."))
+                        "constants), and at the weights" + _weights16(result) + "."))
         return lines
     eight = [t for t in drop["culprits"] if rows[t]["bits"] == 8][:MAX_LISTED]
     if eight:
@@ -186,6 +190,17 @@ def _quantization_fix(drop: dict, rows: dict, params: dict) -> list[str]:
                      f"itself), in {params['model_toml']}:\n" + overrides_line(params, eight))
         lines.append(_measure_it(params))
     return lines
+
+
+def _weights16(result: dict) -> str:
+    """The 16-bit weight advice, only as far as the HTP builds it (diagnose compiled it: result["weights16"])."""
+    checked = result.get("weights16")
+    if checked is None:
+        return ""
+    if checked["compiles"]:
+        return " (weights = \"uint16\" for this variant: it compiles for this chip)"
+    return (f" (16-bit weights, weights = \"uint16\", do not compile for this graph on this chip: "
+            f"{checked['error']}; 8-bit weights per channel are what the HTP takes)")
 
 
 def _weight_fix(drop: dict, rows: dict, params: dict) -> list[str]:
@@ -287,7 +302,9 @@ def markdown(result: dict, params: dict) -> str:
                  + ("" if result["fp16"] else f"; for the binary, only where it is also {HTP_WORSE_DB:g} dB farther "
                     "from float than the CPU QDQ model") + ".)")
     lines += ["", "## Did exposing the tensors change the binary?", ""]
-    if e["identical"]:
+    if e["identical"] is None:
+        lines.append("Cannot be told: the plain binary itself gives other outputs on another run (see above).")
+    elif e["identical"]:
         lines.append(f"No: with the tensors exposed, the final outputs on the emulator are bit-identical to the plain "
                      f"binary's ({params['ctx_model']}) on these samples.")
     else:

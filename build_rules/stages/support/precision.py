@@ -16,8 +16,10 @@ from pathlib import Path
 
 from ...quant_spec import QuantSpec
 from ... import gates
-from ..check import measure, summarize
-from ...samples import compare, load_evaluation, load_labels
+from ..check import measure, summarize, worst_of_runs
+from ...repeats import CANDIDATE_SAMPLES, shown
+from ...repeats import describe as describe_repeats
+from ...samples import compare, evenly_spaced, load_evaluation, load_labels
 
 SIXTEEN = "uint16"
 
@@ -27,14 +29,6 @@ def delta_db(a: float, b: float) -> float:
     if math.isinf(a) and math.isinf(b):
         return 0.0
     return max(min(a - b, 999.0), -999.0)
-
-
-def evenly_spaced(count: int, wanted: int) -> list[int]:
-    if wanted >= count:
-        return list(range(count))
-    if wanted <= 1:
-        return [0]
-    return sorted({round(i * (count - 1) / (wanted - 1)) for i in range(wanted)})
 
 
 describe = gates.describe_all
@@ -49,6 +43,8 @@ def values(target, summary: dict) -> str:
     partial = summary.get("partial")
     if partial:
         text += f" (stopped after {partial['samples']} of {partial['of']} samples: {'; '.join(partial['failed'])})"
+    if summary.get("unstable"):
+        text += f" (the worst of its runs: it does not repeat itself, {summary['unstable']})"
     return text
 
 
@@ -58,6 +54,8 @@ def meets(target, summary: dict) -> bool:
     if not target:
         return True
     if "partial" in summary or "not_built" in summary:  # a binary that does not build cannot ship: a miss
+        return False
+    if summary.get("unstable"):  # other outputs on another run: whatever one run gave, it cannot be relied on
         return False
     for gate in gates.as_list(target):
         if gate["metric"] not in summary:
@@ -176,19 +174,20 @@ class Candidates:
                   extra_outputs=extra_outputs)
         return path
 
-    def run(self, model: Path, indices: list[int]) -> list[dict]:
+    def run(self, model: Path, indices: list[int], repeat_samples: int | None = None) -> list[dict]:
         """The model's outputs on the samples, on the emulator (across its workers, through its output memo)."""
-        return [outputs for _, outputs in self.iter_run(model, indices)]
+        return [outputs for _, outputs in self.iter_run(model, indices, repeat_samples)]
 
-    def iter_run(self, model: Path, indices: list[int]):
-        """(position, outputs) of each sample in `indices`, in order; closing it stops the rest (an early miss)."""
+    def iter_run(self, model: Path, indices: list[int], repeat_samples: int | None = None):
+        """(position, repeats.Outputs) of each sample in `indices`, in order; closing it stops the rest (an early
+        miss). repeat_samples: how many of the candidate's samples run twice (repeats.py; default: a whole binary's)."""
         from ...emulator_runs import iter_model_outputs
         kept = list(self.reference[0])  # the graph's outputs (a QDQ model may have more)
         runs = iter_model_outputs(model, [self.inputs[i] for i in indices], soc_model=self.chip["soc_id"],
-                                  vtcm_mb=self.chip["vtcm_mb"])
+                                  vtcm_mb=self.chip["vtcm_mb"], repeat_samples=repeat_samples)
         try:
             for position, outputs in runs:
-                yield position, {n: outputs[n] for n in kept}
+                yield position, outputs.only(kept)
         finally:
             runs.close()
 
@@ -200,9 +199,11 @@ class Candidates:
         labels = None if self.labels is None else [self.labels[i] for i in indices]
         return measure(self.hooks, self.graph["name"], self.data_dir, inputs, reference, outputs, labels)
 
-    def measure(self, sixteen, full: bool = False, target=None) -> dict:
+    def measure(self, sixteen, full: bool = False, target=None, end: bool = False) -> dict:
         """Summary metrics (cosine, sqnr, max_abs, task metrics) with `sixteen` at 16 bit. With `target`, the runs
-        stop once the samples so far decide that it is missed: then the summary is partial (meets() says a miss)."""
+        stop once the samples so far decide that it is missed: then the summary is partial (meets() says a miss).
+        Whether it repeats itself is checked on its first few samples (repeats.CANDIDATE_SAMPLES), on as many as a
+        binary's for the full set or an `end` (all at 8 or 16 bit: what everything else is compared with)."""
         key = (frozenset(self.closed(sixteen)), full)
         if key in self._memo and answers(self._memo[key], target):
             return self._memo[key]
@@ -213,8 +214,10 @@ class Candidates:
         from ...emulator_runs import EmulatorCompileError
         model = self.quantize(sixteen, self.work / "candidate.onnx")
         reference = [self.reference[i] for i in indices]
+        # every sample of the full set can decide; a trial on the subset checks its first few (repeats.py)
+        repeat = None if full or end else CANDIDATE_SAMPLES
         try:
-            outputs, missed = measured_until_missed(self.iter_run(model, indices), reference, target)
+            outputs, missed = measured_until_missed(self.iter_run(model, indices, repeat), reference, target)
         except EmulatorCompileError as e:  # QNN refused the candidate's graph (seen: a graph input kept 8 bit
             self.evaluations += 1          # converted to 16 bit for a Gemm fails to finalize, MEM_ALLOC)
             self.seconds += time.perf_counter() - started
@@ -223,25 +226,40 @@ class Candidates:
         if missed is not None:
             self.evaluations += 1
             self.seconds += time.perf_counter() - started
-            self._memo[key] = missed
+            self._memo[key] = unstable_marked(missed, outputs)
             return missed
-        try:
-            metrics = self.metrics(indices, outputs)
-        except Exception as e:  # a score hook may insist on the whole evaluation set: no task metrics on a subset
-            if full:
-                raise
-            if self.score_on_subset:
-                print(f"score hook on {len(indices)} of {len(self.inputs)} samples failed ({e}): task metrics "
-                      "are measured on the full set only", flush=True)
-            self.score_on_subset = False
-            metrics = {"samples": len(indices), "outputs": compare(reference, outputs)}
-        summary = summarize(metrics)
-        summary["_float_score"] = metrics.get("float_score", {})
+        summary = self.summary(indices, outputs, target, full)
         self.evaluations += 1
         self.seconds += time.perf_counter() - started
         self._memo[key] = summary
         return summary
 
+
+    def summary(self, indices: list[int], outputs: list, target, full: bool) -> dict:
+        """The summary metrics of `outputs` (repeats.Outputs of the samples `indices`): of each run and the worst of
+        them when a sample gave other outputs on another run (marked "unstable": a miss); the score hook's task
+        metrics unless the hook insists on the whole evaluation set (then on the full set only)."""
+        found = shown(outputs)
+        runs = found["runs"] if found and found["repeats"] is False else 1
+        reference = [self.reference[i] for i in indices]
+        per_run = []
+        for r in range(runs):
+            run = [o.run(r) for o in outputs]
+            metrics = None
+            if full or self.score_on_subset:
+                try:
+                    metrics = self.metrics(indices, run)
+                except Exception as e:  # a score hook may insist on the whole evaluation set
+                    if full:
+                        raise
+                    print(f"score hook on {len(indices)} of {len(self.inputs)} samples failed ({e}): task metrics "
+                          "are measured on the full set only", flush=True)
+                    self.score_on_subset = False
+            per_run.append(metrics or {"samples": len(indices), "outputs": compare(reference, run)})
+        metrics = worst_of_runs(per_run, target)
+        summary = summarize(metrics)
+        summary["_float_score"] = metrics.get("float_score", {})
+        return unstable_marked(summary, outputs)
 
     def why_not_built(self, sixteen, error) -> str:
         """One line: what was at 16 bit, the graph inputs kept at the variant's type beside 16-bit nodes, and QNN's
@@ -260,6 +278,14 @@ class Candidates:
             return summary
         from ...errors import BuildError
         raise BuildError(f"{summary['not_built']}; this candidate cannot be measured")
+
+
+def unstable_marked(summary: dict, outputs: list) -> dict:
+    """`summary` marked "unstable" (why, in words) when a sample of `outputs` gave other outputs on another run."""
+    found = shown(outputs)
+    if found and found["repeats"] is False:
+        summary["unstable"] = describe_repeats(found)
+    return summary
 
 
 def answers(summary: dict, target) -> bool:
