@@ -107,7 +107,8 @@ STAGES: tuple[Stage, ...] = (
           # 5: early verdicts (a failed gate's report partial after k of N samples), proofs in their own memo, after
           # the reference's check; two zero frames agree in frame_cosine (samples.ZERO_FRAME)
           # qairt 4: other chips proven equal to the reference (equal_to), its key in "inputs"; zero frames
-          {"ort-qnn": _w("check", 5, ("onnxruntime", "numpy"), sdk=True, relocatable=True),
+          # 6: a binary that does not repeat itself is measured on each run, fails naming where it starts ("locate")
+          {"ort-qnn": _w("check", 6, ("onnxruntime", "numpy"), sdk=True, relocatable=True),
            "qairt": _q("check", "qairt_check", 4, ("numpy", "onnxruntime"))}),
     Stage("evaluate", "7b evaluate: the model's evaluate hook over all graphs (e.g. WER): float on CPU, each binary "
           "on the emulator", {"ort-qnn": "pipeline:_evaluate_tasks"},
@@ -134,18 +135,22 @@ STAGES: tuple[Stage, ...] = (
           "-> table + plot", {"any": "tuning:sensitivity_tasks"},
           # 3: candidates keep the variant's weight overrides and LPBQ blocks
           # 4: a step graph's state pairs quantized with one encoding, as the build does (state_encodings.py)
-          {"any": _w("sensitivity", 4, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),
+          # 5: whether its ends (all 8 / all 16 bit) repeat themselves, marked "unstable" when not
+          {"any": _w("sensitivity", 5, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),
     Stage("tune", "11 tune: fewest 16-bit tensors meeting each graph's target -> "
           "out/<model>/tuning/<variant>.tuned.toml", {"any": "tuning:tune_tasks"},
           # 4: the ladder judges the variant as built, then per-layer weight bits; candidates keep the variant's weights
           # 5: a rung, probe or trial that misses stops early (its numbers stopped_after k of N samples)
           # 6: a step graph's state pairs take one encoding in every candidate, and a 16-bit tensor next to a pair
           # takes the whole pair to 16 bit (what quantize can build)
-          {"any": _w("tune", 7, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
+          # 8: in-process candidates compile blocked weights as the build does; a candidate that does not repeat
+          # itself is a miss; all at 16 bit missing does not end the search; the proposal built and measured last
+          {"any": _w("tune", 8, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
     Stage("diagnose", "7c diagnose: where a binary loses accuracy, tensor by tensor (emulator vs CPU QDQ vs float) "
           "-> <graph>.diagnose.md", {"any": "diagnose:diagnose_tasks"},
           # 2: a drop at a layer reading int4 weights proposes the weight_overrides line; the weight type per row
-          {"any": _w("diagnose", 2, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),
+          # 3: a binary that does not repeat itself: where it starts, precisions tried ("instability")
+          {"any": _w("diagnose", 3, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),
     Stage("multi_soc", "12 multi_soc: [dist] multi_soc = true: one Flexible Context Binary per graph for all the "
           "variant's chips", {"any": "dist:multi_soc_tasks"},
           {"any": _w("multi_soc", 1, ("onnxruntime", "onnx"), sdk=True)}),

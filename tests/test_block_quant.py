@@ -298,6 +298,8 @@ def test_tune_keeps_the_fewest_weights_at_int8_when_lpbq_misses(built, tmp_path,
     assert result.code == 0, result.output
     check = json.loads((repo / "out/ffn_lpbq/w4a16_tuned/SM8750/block.check.json").read_text())
     assert check["summary"]["cosine"] == pytest.approx(chosen["graphs"]["block"]["full"]["cosine"], abs=1e-6)
+    # tune's last step built the proposal as the build builds it: the build's check gives exactly its numbers
+    assert tuned["as_built"]["block"]["summary"]["cosine"] == check["summary"]["cosine"]
     # three weights LPBQ on the HTP (the head's too now), the projection at int8 per channel
     compiled = json.loads((repo / "out/ffn_lpbq/w4a16_tuned/SM8750/block.compile.json").read_text())
     assert compiled["weight_encodings"] == {"LPBQ": 3, "per-channel": 1}, compiled
@@ -510,3 +512,19 @@ def test_tune_judges_the_variant_as_built_before_trying_others(built, tmp_path, 
     assert check["summary"]["cosine"] == pytest.approx(block["base"]["cosine"], abs=1e-4)
     compiled = json.loads((repo / "out/ffn_lpbq/lpbq_tuned/SM8750/block.compile.json").read_text())
     assert compiled["weight_encodings"].get("LPBQ", 0) >= 2, compiled  # 2, or 3 after the block-size test set 32
+
+
+def test_tune_and_diagnose_run_a_blocked_conv_as_the_build_compiles_it(conv_built, monkeypatch):
+    """The in-process session that tune's candidates and diagnose run on (ort_qnn.emulator_session) compiles blocked
+    Conv weights with the EP's block option, as the compile stage does: its outputs are the context binary's, bit for
+    bit. (Without the option the EP ran those layers in float16: tune measured YOLOv8n's W4A16 LPBQ proposal at det_f1
+    0.94, and the binary the build made from it gave 0.03.)"""
+    from build_rules import emulator_runs
+    from build_rules.samples import load_evaluation
+    repo, _ = conv_built
+    monkeypatch.chdir(repo)
+    inputs, _ = load_evaluation("out/conv_lpbq/float/block.evaluation.npz", limit=3)
+    binary = emulator_runs.run_outputs("out/conv_lpbq/lpbq/SM8750/block_ctx.onnx", inputs)
+    session = emulator_runs.run_model_outputs(Path("out/conv_lpbq/lpbq/block.qdq.onnx").read_bytes(), inputs,
+                                              soc_model=69, vtcm_mb=8)
+    assert all(a["y"].tobytes() == b["y"].tobytes() for a, b in zip(binary, session))

@@ -4,7 +4,9 @@ Cheapest = fewest activation tensors at 16 bit (the rest 8 bit; the variant's we
 stay). Per graph, on the HTP emulator for the tuning chip, mixed_precision.search (its docstring has the steps of
 [tuning] search = "bisect", the default, and "exhaustive"): the variant at 8 bit on the full evaluation set (if it
 meets the target, no tensor is needed), every candidate at 16 bit (if even that misses, the stage fails), the search
-on the evenly spaced tuning samples, and the result on the full evaluation set.
+on the evenly spaced tuning samples, and the result on the full evaluation set. Last, the proposal is built as the
+build will build it and measured on the whole evaluation set (support/tune_confirm.py): its numbers go into the
+comments, and a proposal that misses then is not written.
 Writes <variant>.tuned.toml (a [variants.<name>] section, with the measured numbers as comments, for the user to
 keep: `python -m build_rules.tuning apply ...`) and <variant>.tuned.json.
 
@@ -25,7 +27,7 @@ from .. import layout, results
 from ..files import atomic_write_json, atomic_write_text
 from .support.mixed_precision import search
 from .support.precision import describe, values
-from .support import tune_ladder
+from .support import tune_confirm, tune_ladder
 
 
 def run(params: dict) -> dict:
@@ -40,8 +42,13 @@ def run(params: dict) -> dict:
         warnings += _other_chips_fail(graph["name"], found[graph["name"]], built, params)
     tuned = {"model": params["model"], "variant": params["variant"], "name": params["new_name"],
              "chip": params["chip"], "model_toml": params["model_toml"], "graphs": found,
-             "seconds": round(time.perf_counter() - started, 1), **tune_ladder.summary(ladder, found, params)}
-    atomic_write_text(params["outputs"]["toml"], toml_section(tuned, params))
+             **tune_ladder.summary(ladder, found, params)}
+    text = toml_section(tuned, params)
+    if f"\n[variants.{_key(params['new_name'])}]" in text:  # the last step: the proposal built as the build builds it
+        tuned["as_built"] = tune_confirm.build_and_measure(params, text)
+        text = toml_section(tuned, params)
+    tuned["seconds"] = round(time.perf_counter() - started, 1)
+    atomic_write_text(params["outputs"]["toml"], text)
     atomic_write_json(params["outputs"]["json"], {k: v for k, v in tuned.items() if k != "ladder_comments"})
     for warning in warnings:
         print(f"warning: {warning}", flush=True)
@@ -130,6 +137,7 @@ def toml_section(tuned: dict, params: dict) -> str:
         # The tuned variant would be the variant itself: write no section, so `apply` adds no duplicate.
         lines += [f"# Nothing to add: {base} already meets every target with its 8-bit activations."]
         return "\n".join(lines) + "\n"
+    lines += tune_confirm.comment_lines(tuned.get("as_built"), chip)
     lines += [f"# Keep it: python -m build_rules.tuning apply {params['final_outputs']['toml']}", "",
               f"[variants.{_key(name)}]", f"inherits = {_toml_string(base)}", 'activations = "uint8"', ""]
     for graph, r in tuned["graphs"].items():

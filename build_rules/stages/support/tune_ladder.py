@@ -27,7 +27,8 @@ from ...dtypes import TYPES
 from ...files import atomic_write_json, atomic_write_text
 from ...quant_spec import QuantSpec
 from . import weight_bits
-from .precision import Candidates, clean, measured_until_missed, meets, values
+from ...repeats import CANDIDATE_SAMPLES
+from .precision import Candidates, clean, measured_until_missed, meets, unstable_marked, values
 
 # The weight type an AIMET rung uses for a variant's weights (dtypes.py: AIMET's HTP configs take signed <= 8 bit).
 AIMET_WEIGHTS = {t.name: t.aimet_weight for t in TYPES if t.weight}
@@ -121,27 +122,14 @@ class Ladder:
     def measure(self, path: Path, graph: str, full: bool) -> dict:
         """The graph's summary metrics for a QDQ model on the emulator (as Candidates.measure does for its own); a
         miss of the graph's target may stop early, with a partial summary (precision.measured_until_missed)."""
-        from ..check import summarize
-        from ...samples import compare
         c = self.candidates[graph]
         started = time.perf_counter()
         indices = list(range(len(c.inputs))) if full else c.subset
         reference = [c.reference[i] for i in indices]
-        outputs, missed = measured_until_missed(c.iter_run(path, indices), reference, self._graph(graph)["target"])
-        if missed is not None:
-            self.seconds += time.perf_counter() - started
-            return missed
-        if full or c.score_on_subset:
-            try:
-                metrics = c.metrics(indices, outputs)
-            except Exception:  # a score hook may insist on the whole evaluation set (Candidates.measure says so)
-                if full:
-                    raise
-                c.score_on_subset = False
-        if not (full or c.score_on_subset):
-            metrics = {"samples": len(indices), "outputs": compare([c.reference[i] for i in indices], outputs)}
-        summary = summarize(metrics)
-        summary["_float_score"] = metrics.get("float_score", {})
+        outputs, missed = measured_until_missed(c.iter_run(path, indices, None if full else CANDIDATE_SAMPLES),
+                                                reference, self._graph(graph)["target"])
+        summary = unstable_marked(missed, outputs) if missed is not None else \
+            c.summary(indices, outputs, self._graph(graph)["target"], full)
         self.seconds += time.perf_counter() - started
         return summary
 
@@ -381,9 +369,13 @@ def write(params: dict, found: dict, started: float) -> dict:
                             "tuned": r.get("full"), "bytes": r["bytes"], "sixteen_bit": []}
                         for g, r in rung["graphs"].items()},
              "seconds": round(time.perf_counter() - started, 1)}
-    atomic_write_json(params["outputs"]["json"], tuned)
     chip = params["chip"]
     comments, section = toml_lines(found, params["new_name"], params["variant"], params["graphs"])
+    if section:  # the last step: the proposal built as the build builds it (tune_confirm.py)
+        from . import tune_confirm
+        tuned["as_built"] = tune_confirm.build_and_measure(params, "\n".join(section))
+        comments += tune_confirm.comment_lines(tuned["as_built"], chip)
+    atomic_write_json(params["outputs"]["json"], tuned)
     text = [f"# Found by `doit tune:{params['model']}/{params['variant']}`: the first rung of the ladder (fewest weight bits",
             f"# first) that meets every graph's target on the HTP emulator ({chip['name']}, soc {chip['soc_id']}), full evaluation set: "
             f"{rung['name']}, {rung['bytes'] / 1e3:.1f} KB.",
