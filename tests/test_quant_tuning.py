@@ -328,10 +328,10 @@ def test_bisect_tune_needs_no_more_16_bit_tensors_than_the_exhaustive_one_even_w
     assert fast["evaluations"] < exhaustive["evaluations"] and blind["evaluations"] < exhaustive["evaluations"]
 
 
-def test_tuning_a_16_bit_variant_that_misses_stops_at_its_first_measurement(tinynet_repo):
-    """A variant whose activations are already 16 bit is the search's every-tensor-at-16-bit end: when that misses
-    the target, nothing the search can do meets it. The search measures it first and stops there, with one emulator
-    measurement and no 8-bit start (on Whisper w4a16, the 8-bit start alone ran for over 25 min before)."""
+def test_tuning_a_16_bit_variant_that_misses_goes_on_and_fails_when_no_mix_meets(tinynet_repo):
+    """A variant whose activations are already 16 bit is the search's every-tensor-at-16-bit end: it is measured
+    first. Its miss does not end the search (issue 44: YOLOv8n's all-16-bit det_f1 0.857 was worse than 2 tensors at
+    16 bit, 0.971): the search goes along the ranking, and fails only when no set of it meets, naming both."""
     from build_rules.errors import BuildError
     from build_rules.stages.support import mixed_precision
     from build_rules.stages.support.precision import Candidates
@@ -341,12 +341,14 @@ def test_tuning_a_16_bit_variant_that_misses_stops_at_its_first_measurement(tiny
         with pytest.raises(BuildError) as failed:  # all-16-bit gives cosine 0.99988 on the tuning chip
             mixed_precision.search(graph, {"metric": "cosine", "min": 0.99999}, log=lines.append, where="tune",
                                    candidates=candidates, **settings)
-    assert re.fullmatch(r"tune: encoder: even with all 6 activation tensors at 16 bit, cosine = 0\.999\d+ "
-                        r"\(stopped after 1 of \d+ samples: .*\) misses the target cosine >= 0\.99999 on SM\d+; "
-                        r"relax the target, or change weights / per_channel / calibration of the variant",
+    assert re.fullmatch(r"tune: encoder: no mix of 8 and 16 bit met cosine >= 0\.99999 on SM\d+: all 6 candidates at 16 bit "
+                        r"miss \(cosine = 0\.999\d+ \(stopped after 1 of \d+ samples: .*\)\), and so do the top 1 to 4 "
+                        r"of the ranking; relax the target, or change weights / per_channel / calibration of the variant",
                         str(failed.value)), str(failed.value)
-    assert candidates.evaluations == 1
-    assert len(lines) == 1 and lines[0].startswith("encoder: all 6 candidates at 16 bit: cosine = 0.999"), lines
+    assert lines[0].startswith("encoder: all 6 candidates at 16 bit: cosine = 0.999"), lines
+    assert [line for line in lines if line.startswith("  top ")] == [
+        f"  top {k} of the ranking at 16 bit: misses the target" for k in (1, 2, 4)]
+    assert candidates.evaluations == 5  # all 16 bit, the 8-bit start, the top 1, 2 and 4
 
 
 @contextlib.contextmanager
@@ -438,6 +440,11 @@ def test_automatic_mixed_precision_finds_a_variant_that_passes_its_gate(tmp_path
     check = json.loads((repo / "out/mtcnn/w8a8_tuned/SM8750/rnet.check.json").read_text())
     assert check["summary"]["cosine"] >= 0.999
     assert check["summary"]["cosine"] == pytest.approx(rnet["tuned"]["cosine"], abs=1e-9)  # same chip, same numbers
+    # tune's last step built the proposal as the build builds it: the build's check gives exactly its numbers
+    assert tuned["as_built"]["rnet"]["summary"]["cosine"] == check["summary"]["cosine"]
+    assert tuned["as_built"]["rnet"]["meets"] is True and tuned["as_built"]["rnet"]["samples"] == check["samples"]
+    assert "# Built as the build builds it (quantize, compile for SM8750, " in \
+        (repo / "out/mtcnn/tuning/w8a8.tuned.toml").read_text()
     # P-Net quantizes to the same bytes as w8a8's: its compile and check come from the build cache
     assert "restored from the build cache" in (repo / "out/mtcnn/w8a8_tuned/SM8750/pnet.compile.log").read_text()
 
