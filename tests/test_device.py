@@ -90,9 +90,11 @@ def test_device_check_passes_with_the_emulators_numbers_and_pushes_nothing_twice
     assert record["fingerprint"].startswith("samsung/pa1qxxx/pa1q:15/")
     assert record["runtime"] == {"version": "2.51.0", "build_id": "260929"}
     assert record["quantization"]["activations"] == "uint16"
+    assert record["metrics"]["repeats"]["repeats"] is True and record["metrics"]["repeats"]["samples"] == check["samples"]
     # the summary: the phone's own line, not the model's emulator results as "earlier" lines
     assert (f"\n  phone       {CHECK}: pass (cosine >= 0.99), cosine {record['summary']['cosine']:.6g} sqnr "
-            f"{record['summary']['sqnr']:.6g} on SM-S931B over {record['samples']} sample(s)\n") in result.output
+            f"{record['summary']['sqnr']:.6g} on SM-S931B over {record['samples']} sample(s), each run twice with the same "
+            "bytes\n") in result.output
     assert "earlier" not in result.output and "up to date  out/tinynet" not in result.output
     pushed = {Path(local).name for local in _pushed(phone_env.calls())}
     assert {"libQnnHtp.so", "libQnnHtpV79Stub.so", "libQnnSystem.so", "libQnnHtpV79Skel.so", "qnn-net-run",
@@ -112,7 +114,8 @@ def test_device_check_passes_with_the_emulators_numbers_and_pushes_nothing_twice
                                                            "release-keys"})  # an OTA update: measured again
     phone_env.clear()
     assert run_doit(repo, CHECK).code == 0
-    assert len(_net_runs(phone_env.calls())) == 1 and _pushes(phone_env.calls()) == []
+    # twice: does the phone repeat itself (the stand-in runs the emulator, which does for this binary)
+    assert len(_net_runs(phone_env.calls())) == 2 and _pushes(phone_env.calls()) == []
     assert json.loads((repo / RESULT).read_text())["fingerprint"].startswith("samsung/pa1qxxx/pa1q:16/")
 
 

@@ -25,7 +25,11 @@ def _check(r: dict) -> str:
                       for g in r.get("gated") or []) or ("pass" if r.get("passed") else "FAILED")
     s = r.get("summary") or {}
     metrics = " ".join(f"{m} {s[m]:.6g}" for m in ("cosine", "sqnr") if isinstance(s.get(m), (int, float)))
-    return f"{gates}, {metrics} on {r.get('phone_model') or r.get('device')} over {r.get('samples')} sample(s)"
+    shown = (r.get("metrics") or {}).get("repeats") or {}
+    repeated = {True: ", each run twice with the same bytes", False: ", NOT the same bytes on a second run"}.get(
+        shown.get("repeats"), "")
+    return (f"{gates}, {metrics} on {r.get('phone_model') or r.get('device')} over {r.get('samples')} "
+            f"sample(s){repeated}")
 
 
 def _profile(r: dict) -> str:

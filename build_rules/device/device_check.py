@@ -9,7 +9,9 @@ outputs, Result_<n>/<tensor>.raw); outputs are read back through the binary's I/
 in order, the tensors crossing each cut handed on (on_phone.py), and the final outputs are judged. The result file <graph>.device.<device>.json beside the binary records
 chip, phone model, build fingerprint, runtime, binary digest, quantization and the numbers, keyed on the binary,
 the runtime's identity, the phone's fingerprint, the evaluation set and the hooks: the same key judges the saved
-numbers again without running the phone. It is written only when the phone run finished; a failed run keeps an
+numbers again without running the phone. Every sample runs twice, and the two runs' bytes are compared: a binary
+that gives other outputs on the phone fails, its numbers the worst run's (the emulator does that for some 16-bit
+binaries: docs/building.md). It is written only when the phone run finished; a failed run keeps an
 older result, marked `stale` (when and why: results.mark_stale), so no file claims to be of the current binary,
 runtime or phone build when it is not.
 """
@@ -19,6 +21,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from .. import repeats
 from ..errors import BuildError
 from ..files import atomic_write_json
 from .errors import DeviceError
@@ -26,7 +29,7 @@ from .push import sha256
 from .results import mark_stale
 from .session import open_phone, runtime_identity
 
-VERSION = 1
+VERSION = 2  # 2: every sample runs twice; "repeats": whether the phone gave the same bytes
 
 
 def run(params: dict):
@@ -80,11 +83,14 @@ def check(params: dict) -> dict:
                 found["saved"] = True
                 return False
         return True
+    shapes = {n: v.shape for n, v in reference[0].items()} if reference else None
     with tempfile.TemporaryDirectory(prefix="build-rules-device-") as tmp:
         try:
             outputs, _ = run_graph(phone, params, params["graph"], parts, inputs, Path(tmp), "outputs",
-                                   shapes={n: v.shape for n, v in reference[0].items()} if reference else None,
-                                   before=keyed)
+                                   shapes=shapes, before=keyed)
+            if not found.get("saved"):  # does the phone's runtime repeat itself? The same samples once more
+                again, _ = run_graph(phone, params, params["graph"], parts, inputs, Path(tmp, "again"), "outputs",
+                                     shapes=shapes)
         except (DeviceError, BuildError) as e:
             if saved and "key" in saved:  # another binary/runtime/phone build's numbers: kept, marked stale
                 mark_stale(result_path, saved, str(e))
@@ -95,8 +101,16 @@ def check(params: dict) -> dict:
               "evaluation set and hooks: judged again, not run again", flush=True)
         metrics = saved["metrics"]
     else:
-        metrics = check_stage.measure(params["hooks"], params["graph"], params.get("data_dir"), inputs,
-                                      reference, outputs, load_labels(params["evaluation"]))
+        runs = [repeats.Outputs(first, [second]) for first, second in zip(outputs, again)]
+        shown = repeats.shown(runs)
+        per_run = [check_stage.measure(params["hooks"], params["graph"], params.get("data_dir"), inputs, reference,
+                                       [o.run(r) for o in runs], load_labels(params["evaluation"]))
+                   for r in range(1 if shown["repeats"] else 2)]
+        metrics = {**check_stage.worst_of_runs(per_run, params["gates"]), "repeats": shown}
+        print(f"{phone.adb.name}: " + ("the binary repeated itself on the phone: two runs of every sample gave the "
+                                        "same bytes" if shown["repeats"] else
+                                        f"the binary does not repeat itself on the phone: {repeats.describe(shown)}"),
+              flush=True)
     summary = check_stage.summarize(metrics)
     gated = gates.results(params["gates"], summary, metrics.get("float_score"))
     passed = gates.passes_all(params["gates"], summary, metrics.get("float_score"))
@@ -113,5 +127,10 @@ def check(params: dict) -> dict:
     atomic_write_json(result_path, record)
     print(f"{params['name']}: " + ", ".join(f"{k} {v:.6g}" for k, v in summary.items() if isinstance(v, float))
           + f" -> {result_path}", flush=True)
+    shown = metrics.get("repeats") or {}
+    if shown.get("repeats") is False:  # a verdict on one run would be chance
+        raise BuildError(f"{params['name']}: the binary does not repeat itself on {phone.adb.name} ({phone.product}, "
+                         f"runtime {identity['version']}): {repeats.describe(shown)}; its numbers are the worst of "
+                         "the two runs, so the check fails (docs/device.md, \"Does the phone repeat itself\")")
     gates.judge(params["name"], params["gates"], summary, metrics.get("float_score"))  # raises on a missed gate
     return record
