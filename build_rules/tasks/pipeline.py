@@ -226,6 +226,9 @@ def _check_tasks():
                           "graph": graph.name, "gates": gate_dicts(graph.gates), "compile_report": True,
                           "outputs": {"report": report}, **data_params}
                 binaries = [*ctx, *binary] if graph.split else [ctx, binary]
+                if not variant.is_fp16 and not variant.is_aimet:  # its quantize report: outputs to measure per slice
+                    params["concats"] = layout.variant_file(model.name, variant.name, graph.name, ".quantize.json")
+                    binaries.append(params["concats"])
                 reference = reference_chip(model, variant)
                 if reference is not None and reference.name != chip.name:
                     # another chip's binary: proven equal to the reference chip's on a few samples, it takes that
