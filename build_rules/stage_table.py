@@ -145,8 +145,9 @@ STAGES: tuple[Stage, ...] = (
           {"any": _w("tune", 7, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
     Stage("diagnose", "7c diagnose: where a binary loses accuracy, tensor by tensor (emulator vs CPU QDQ vs float) "
           "-> <graph>.diagnose.md", {"any": "diagnose:diagnose_tasks"},
-          # 2: a drop at a layer reading int4 weights proposes the weight_overrides line; the weight type per row
-          {"any": _w("diagnose", 2, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),
+          # 2: a drop at a layer reading int4 weights proposes the weight_overrides line; the weight type per row;
+          # 3: a concatenated tensor slice by slice, a crushed slice named with its overrides (concat_slices.py)
+          {"any": _w("diagnose", 3, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),
     Stage("multi_soc", "12 multi_soc: [dist] multi_soc = true: one Flexible Context Binary per graph for all the "
           "variant's chips", {"any": "dist:multi_soc_tasks"},
           {"any": _w("multi_soc", 1, ("onnxruntime", "onnx"), sdk=True)}),

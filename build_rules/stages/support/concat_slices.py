@@ -133,7 +133,6 @@ def find(qdq_model: str, ranges: str | None = None) -> list[dict]:
         if quantized is None:
             continue
         scale, zero = quantized
-        info = np.iinfo(zero.dtype)
         inputs = []
         for name in node.input:
             tensor = qdq.float_name(name)
@@ -147,26 +146,37 @@ def find(qdq_model: str, ranges: str | None = None) -> list[dict]:
             continue
         if shapes is None:
             shapes = _shapes(model)
-        axis = _attribute(node, "axis", 0)
-        rank = len(shapes.get(node.output[0]) or shapes.get(qdq.renamed(node.output[0])) or [])
-        axis = axis + rank if axis < 0 else axis
-        for i, name in zip(inputs, node.input):
-            dims = shapes.get(name) or shapes.get(i["tensor"])  # (a com.microsoft DQ's output has no inferred shape)
-            i["size"] = int(dims[axis]) if dims and axis < len(dims) and isinstance(dims[axis], int) else None
-        bits = 8 * zero.dtype.itemsize
-        entry = {"node": node.name or node.output[0], "tensor": qdq.renamed(node.output[0]), "axis": axis,
-                 "type": str(zero.dtype), "bits": bits, "step": scale, "inputs": inputs, "narrow": narrow,
-                 "output": None, "slices": None}
-        path = qdq.output_path(node.output[0])
-        if path is not None:
-            entry["output"] = qdq.renamed(path[-1].output[0]) if path else entry["tensor"]
-            sizes = [i["size"] for i in inputs]
-            if None not in sizes and rank:
-                entry["slices"] = _slices(qdq, path, shapes.get(node.output[0]) or shapes.get(entry["tensor"]) or [],
-                                          axis, sizes)
+        cut = layout(qdq, node, shapes)
+        for i, size in zip(inputs, cut["sizes"]):
+            i["size"] = size
+        entry = {"node": node.name or node.output[0], "tensor": qdq.renamed(node.output[0]), "axis": cut["axis"],
+                 "type": str(zero.dtype), "bits": 8 * zero.dtype.itemsize, "step": scale, "inputs": inputs,
+                 "narrow": narrow, "output": cut["output"], "slices": cut["slices"]}
         if narrow:
-            entry["fix"] = fix(entry, [i for i in inputs if i["tensor"] in narrow], info.max - info.min)
+            info = np.iinfo(zero.dtype)
+            entry["fix"] = fix(entry, [i for i in inputs if i["tensor"] in narrow], int(info.max) - int(info.min))
         found.append(entry)
+    return found
+
+
+def layout(qdq: Qdq, node, shapes: dict) -> dict:
+    """Where a Concat's inputs are: {"axis" (non-negative), "sizes" (each input's along it; None where unknown),
+    "output" (the graph output it is, or becomes through layout ops; None), "slices" ({"axis", "bounds"} of each
+    input in that output, or None)}. shapes: _shapes(qdq.model)."""
+    axis = _attribute(node, "axis", 0)
+    tensor = qdq.renamed(node.output[0])
+    dims = shapes.get(node.output[0]) or shapes.get(tensor) or []
+    axis = axis + len(dims) if axis < 0 else axis
+    sizes = []
+    for name in node.input:
+        own = shapes.get(name) or shapes.get(qdq.float_name(name) or name)  # (a com.microsoft DQ's output: no shape)
+        sizes.append(int(own[axis]) if own and axis < len(own) and isinstance(own[axis], int) else None)
+    found = {"axis": axis, "sizes": sizes, "output": None, "slices": None}
+    path = qdq.output_path(node.output[0])
+    if path is not None:
+        found["output"] = qdq.renamed(path[-1].output[0]) if path else tensor
+        if None not in sizes and dims:
+            found["slices"] = _slices(qdq, path, dims, axis, sizes)
     return found
 
 
