@@ -79,8 +79,9 @@ STAGES: tuple[Stage, ...] = (
           # ort-qnn: 2: warns about graph outputs clamped by an activation; 3: an invalid QDQ model fails here;
           # 4: LayerNorm scales stay uint8 under signed weights; 5: LPBQ blocks 1x1 Conv2d weights, and a table a
           # Gather reads stays per tensor whatever a MatMul's weight override asks (both change QDQ models); 6: under
-          # int4 weights, the convolutions the HTP takes at no int4 stay int8 (block_quant.int4_refused)
-          {"ort-qnn": _w("quantize", 6, ("onnxruntime", "onnx", "numpy"), relocatable=True),
+          # int4 weights, the convolutions the HTP takes at no int4 stay int8 (block_quant.int4_refused); 7: writes
+          # <graph>.quantize.json and warns about Concats whose narrow inputs the shared scale crushes (concat_slices)
+          {"ort-qnn": _w("quantize", 7, ("onnxruntime", "onnx", "numpy"), relocatable=True),
            "qairt/dlc": _q("quantize", "dlc_quantize", 1, ("numpy",))}),
     Stage("aimet", "5 aimet: QDQ model + encodings JSON per variant with quantizer = \"aimet\" (AIMET's "
           "techniques, HTP config)", {"any": "aimet:aimet_tasks"},
@@ -148,8 +149,9 @@ STAGES: tuple[Stage, ...] = (
           {"any": _w("tune", 8, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
     Stage("diagnose", "7c diagnose: where a binary loses accuracy, tensor by tensor (emulator vs CPU QDQ vs float) "
           "-> <graph>.diagnose.md", {"any": "diagnose:diagnose_tasks"},
-          # 2: a drop at a layer reading int4 weights proposes the weight_overrides line; the weight type per row
-          # 3: a binary that does not repeat itself: where it starts, precisions tried ("instability")
+          # 2: a drop at a layer reading int4 weights proposes the weight_overrides line; the weight type per row;
+          # 3: a concatenated tensor slice by slice, a crushed slice named with its overrides (concat_slices.py);
+          # a binary that does not repeat itself: where it starts, precisions tried ("instability")
           {"any": _w("diagnose", 3, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),
     Stage("multi_soc", "12 multi_soc: [dist] multi_soc = true: one Flexible Context Binary per graph for all the "
           "variant's chips", {"any": "dist:multi_soc_tasks"},

@@ -41,16 +41,28 @@ def run(params: dict) -> dict:
             metrics, key = reference_metrics(params)
             return decide(params, metrics, key, proof)
     metrics, key = measurement(params["ctx_model"], params["evaluation"], params["hooks"], params["graph"],
-                               params.get("data_dir"), memo, params["gates"])
+                               params.get("data_dir"), memo, params["gates"], concat_entries(params))
     return decide(params, metrics, key, proof)
 
 
+def concat_entries(params: dict) -> list[dict]:
+    """The graph outputs made by a Concat of differently ranged inputs, from the quantize stage's report
+    (params["concats"], <graph>.quantize.json; stages/support/concat_slices.py): the check measures them slice by
+    slice too. [] without one (fp16, AIMET, qairt)."""
+    if not params.get("concats"):
+        return []
+    from .support.concat_slices import sliced
+    return sliced(json.loads(Path(params["concats"]).read_text()).get("concats", []))
+
+
 def measure(hooks_path: str, graph: str, data_dir, inputs: list[dict], reference: list[dict],
-            outputs: list[dict], labels: list | None = None) -> dict:
+            outputs: list[dict], labels: list | None = None, concats: list[dict] | None = None) -> dict:
     """Per-output cosine/SQNR/max abs against the float reference, plus the score hook's task metrics: of the
     binary's outputs and of the float model's (the reference of relative gates). A hook that takes float_outputs
-    gets the float model's outputs both times (so an agreement metric of the float model with itself is its top)."""
+    gets the float model's outputs both times (so an agreement metric of the float model with itself is its top).
+    concats (concat_entries()): the same numbers per slice of each output made by a Concat, under "slices"."""
     metrics = {"samples": len(inputs), "outputs": compare(reference, outputs, frames=True)}
+    _add_slices(metrics, reference, outputs, concats)
     hooks = load_hooks(hooks_path, data_dir)
     if hasattr(hooks, "score"):
         where = f"{hooks_path}: score({graph!r})"
@@ -87,14 +99,17 @@ def hooks_digest(hooks: str) -> list[str]:
     return [file_digest(f) for f in sorted({Path(hooks), *Path(hooks).parent.glob("*.py")})]
 
 
-def remembered(memo: str, key: dict, gate_list=None) -> dict | None:
+def remembered(memo: str, key: dict, gate_list=None, concats: list[dict] | None = None) -> dict | None:
     """The metrics kept in a measurement memo when they were measured from exactly `key`, else None. A measurement
     stopped early (metrics["partial"]) counts only while it still decides that `gate_list` fails: a relaxed gate
-    measures again, and never takes the numbers of k samples for those of all N."""
+    measures again, and never takes the numbers of k samples for those of all N. With `concats`, only one that
+    measured those slices."""
     try:
         saved = json.loads(Path(memo).read_text())
         metrics = saved["metrics"] if saved.get("key") == key else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if metrics is not None and not has_slices(metrics, concats):
         return None
     if metrics is not None and "partial" in metrics and gates.still_decided(metrics, gate_list) is None:
         return None
@@ -102,7 +117,7 @@ def remembered(memo: str, key: dict, gate_list=None) -> dict | None:
 
 
 def measurement(ctx_model: str | list, evaluation: str, hooks: str, graph: str, data_dir, memo: str,
-                gate_list=None) -> tuple[dict, dict]:
+                gate_list=None, concats: list[dict] | None = None) -> tuple[dict, dict]:
     """(metrics, key) of a context binary on the HTP emulator. `memo` (<graph>.measure.json beside the binary,
     not a build target) keeps the last measurement with its key: the report, and a check after a report, reuse it
     instead of running the emulator again. It is written before the gate is judged, so a binary that fails its
@@ -110,11 +125,12 @@ def measurement(ctx_model: str | list, evaluation: str, hooks: str, graph: str, 
     beside the memo): another chip's check that needs this binary's numbers waits for them instead of measuring too.
 
     With `gate_list`, the runs stop as soon as the samples so far decide that a gate fails (early_verdicts.py):
-    the metrics are then those of the k samples run, with "partial": {"samples": k, "of": N, "ranges", "failed"}."""
+    the metrics are then those of the k samples run, with "partial": {"samples": k, "of": N, "ranges", "failed"}.
+    concats: the outputs to measure slice by slice too (concat_entries())."""
     from ..files import exclusive_lock
     key = measurement_key(ctx_model, evaluation, hooks, data_dir)
     with exclusive_lock(layout.lock_file(memo)):
-        metrics = remembered(memo, key, gate_list)
+        metrics = remembered(memo, key, gate_list, concats)
         if metrics is not None:
             what = (f"a measurement stopped after {metrics['partial']['samples']} of {metrics['partial']['of']} "
                     "samples, which still decides the gates" if "partial" in metrics else "metrics")
@@ -123,13 +139,13 @@ def measurement(ctx_model: str | list, evaluation: str, hooks: str, graph: str, 
             return metrics, key
         inputs, reference = load_evaluation(evaluation)
         metrics = measure_until_decided(ctx_model, hooks, graph, data_dir, inputs, reference, load_labels(evaluation),
-                                        gate_list)
+                                        gate_list, concats)
         atomic_write_json(memo, {"key": key, "metrics": metrics})
     return metrics, key
 
 
 def measure_until_decided(ctx_model, hooks: str, graph: str, data_dir, inputs: list[dict], reference: list[dict],
-                          labels, gate_list) -> dict:
+                          labels, gate_list, concats: list[dict] | None = None) -> dict:
     """measure() over every sample, or the comparison metrics of the first k when they decide that a gate fails
     (no score hook then: its task metrics are opaque, and a partial set may not suit it)."""
     from .. import emulator_runs
@@ -142,7 +158,7 @@ def measure_until_decided(ctx_model, hooks: str, graph: str, data_dir, inputs: l
         found = repeats_found(ctx_model, outputs)
     runs = found.get("runs", 1) if found.get("repeats") is False else 1
     if early is None:
-        per_run = [measure(hooks, graph, data_dir, inputs, reference, [o.run(r) for o in outputs], labels)
+        per_run = [measure(hooks, graph, data_dir, inputs, reference, [o.run(r) for o in outputs], labels, concats)
                    for r in range(runs)]
         metrics = worst_of_runs(per_run, gate_list)
     else:
@@ -150,6 +166,7 @@ def measure_until_decided(ctx_model, hooks: str, graph: str, data_dir, inputs: l
                                                                 [o.run(r) for o in outputs], frames=True)}
                    for r in range(runs)]
         metrics = {**worst_of_runs(per_run, gate_list), "partial": early}
+        _add_slices(metrics, reference[:len(outputs)], outputs, concats)
         print(f"stopped: {gates.describe_early(early, summarize(metrics))}", flush=True)
     metrics["repeats"] = found
     if runs > 1:
@@ -204,6 +221,29 @@ def worst_of_runs(per_run: list[dict], gate_list) -> dict:
                 score[metric] = min(found) if better else max(found)
         worst["score"] = score
     return worst
+
+
+def _add_slices(metrics: dict, reference: list[dict], outputs: list[dict], concats: list[dict] | None) -> None:
+    """metrics["slices"]: per output made by a Concat of differently ranged inputs, each input's slice against float
+    (the whole output's SQNR hides a crushed one: issue 44, a YOLO box/score output); printed into the log."""
+    if not concats:
+        return
+    from .support.concat_slices import slice_metrics
+    metrics["slices"] = slice_metrics(reference, outputs, concats)
+    for name, found in metrics["slices"].items():
+        print(f"output {name!r} per slice of '{found['node']}' (axis {found['axis']}): " + "; ".join(
+            f"'{p['input']}' {p['start']}:{p['stop']} SQNR {p['sqnr']:.1f} dB, cosine {p['cosine']:.5f}, max abs "
+            f"{p['max_abs']:.4g}" for p in found["slices"]), flush=True)
+
+
+def has_slices(metrics: dict, concats: list[dict] | None) -> bool:
+    """The metrics hold the per-slice numbers of `concats` (the same outputs cut the same way), or none are asked."""
+    if not concats:
+        return True
+    held = metrics.get("slices") or {}
+    return all(e["output"] in held and held[e["output"]]["axis"] == e["slices"]["axis"]
+               and [[p["start"], p["stop"]] for p in held[e["output"]]["slices"]] == e["slices"]["bounds"]
+               for e in concats)
 
 
 # --- another chip than the reference: equal outputs, equal metrics ---------------------------------------------
@@ -342,17 +382,18 @@ def reference_metrics(params: dict, measure_now=None) -> tuple[dict, dict]:
     key = measurement_key(reference["ctx_model"], params["evaluation"], params["hooks"], params.get("data_dir"))
     try:
         check = json.loads(Path(reference["check"]).read_text())
-        if check.get("inputs") == key and "equal_to" not in check:
+        if check.get("inputs") == key and "equal_to" not in check and has_slices(check, concat_entries(params)):
             print(f"metrics from {reference['check']}", flush=True)
-            return {k: v for k, v in check.items() if k in ("samples", "outputs", "score", "float_score")}, key
+            return {k: v for k, v in check.items() if k in ("samples", "outputs", "score", "float_score", "slices")}, key
     except (OSError, ValueError):
         pass
-    if remembered(layout.memo_file(reference["check"]), key, params["gates"]) is None:
+    if remembered(layout.memo_file(reference["check"]), key, params["gates"], concat_entries(params)) is None:
         print(f"{reference['chip']}'s binary has no measurement yet: measured here, once for both checks", flush=True)
     if measure_now is not None:
         return measure_now(), key
     return measurement(reference["ctx_model"], params["evaluation"], params["hooks"], params["graph"],
-                       params.get("data_dir"), layout.memo_file(reference["check"]), params["gates"])
+                       params.get("data_dir"), layout.memo_file(reference["check"]), params["gates"],
+                       concat_entries(params))
 
 
 def run_binary(ctx_model: str | list, inputs: list[dict]) -> list[dict]:
@@ -374,6 +415,16 @@ def diagnose_hint(params: dict) -> str:
         return ""  # (a split graph's parts have no diagnose task: diagnose compiles one whole graph)
     return (f"; to see which tensor it starts at: doit diagnose:{params['name'].split(':', 1)[1]} "
             "(HTP emulator vs CPU QDQ vs float, tensor by tensor)")
+
+
+def crushed_hint(metrics: dict, params: dict) -> str:
+    """A failed gate's words on an output whose whole-tensor numbers hide a crushed slice (concat_slices.py)."""
+    from .support.concat_slices import crushed, describe_crushed
+    log = str(params.get("concats", "")).replace(".quantize.json", ".quantize.log")  # the warning, with the lines
+    found = [describe_crushed(name, metrics["outputs"][name], cut, log)
+             for name, cut in (metrics.get("slices") or {}).items()
+             if name in metrics["outputs"] and crushed(metrics["outputs"][name], cut["slices"])]
+    return "".join(f"; {f}" for f in found)
 
 
 COMPARED = ("cosine", "sqnr", "max_abs", "frame_cosine")
@@ -465,7 +516,7 @@ def decide(params: dict, metrics: dict, key: dict | None = None, proof: dict | N
     except BuildError as e:  # the numbers stay in the memo, marked failed (each gate's verdict too); the task fails
         report["gated"] = gates.results(params["gates"], summary, metrics.get("float_score"))
         if early is not None or any(g["passed"] is False for g in report["gated"]):  # missed, not unjudgeable
-            e = BuildError(f"{e}{_inherited(proof)}{diagnose_hint(params)}")
+            e = BuildError(f"{e}{_inherited(proof)}{crushed_hint(metrics, params)}{diagnose_hint(params)}")
         results.keep_failed(layout.memo_file(params["final_outputs"]["report"]), report, str(e), key, metrics)
         raise e from None
     results.clear_failed(layout.memo_file(params["final_outputs"]["report"]))

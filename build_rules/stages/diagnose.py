@@ -114,6 +114,8 @@ def run(params: dict) -> dict:
         else:
             row["range"] = {"float": [float(np.min(on_cpu)), float(np.max(on_cpu))] if on_cpu.size else None}
         rows.append(row)
+    if not fp16:  # a Concat's output slice by slice: one SQNR over it hides a crushed narrow input (issue 44)
+        split_concats(graph, exposed, rows, emulated, cpu, floats)
     lap("comparisons")
     sources = graph.sources([t.float_name for t in exposed])
     floor = FLOOR_DB["fp16" if fp16 else params["variant"]["activation_bits"]]
@@ -172,6 +174,13 @@ class Tensor:
         """The tensor's real values over all runs (one output dict each), as _flat() strides them."""
         flat = _flat([run[self.output] for run in runs])
         return flat if self.scale is None else (flat - float(self.zero)) * float(self.scale)
+
+    def arrays(self, runs: list[dict]) -> list:
+        """The tensor's real values per run, in its shape."""
+        import numpy as np
+        if self.scale is None:
+            return [np.asarray(run[self.output], dtype=np.float64) for run in runs]
+        return [(np.asarray(run[self.output], dtype=np.float64) - float(self.zero)) * float(self.scale) for run in runs]
 
     def quantized_range(self) -> tuple[float, float] | None:
         import numpy as np
@@ -279,6 +288,46 @@ class Graph:
             return memo[name]
 
         return {t: upstream(t) for t in measured}
+
+
+def split_concats(graph: Graph, exposed: list[Tensor], rows: list[dict], emulated: list[dict], cpu: list[dict],
+                   floats: list[dict]) -> None:
+    """row["slices"] of each exposed Concat output: per input, its slice of the tensor against the float model's
+    (CPU QDQ and binary), the float values' range on the samples in steps of the tensor's scale, and that input's
+    own numbers when it is measured; with the graph output it is (or becomes through layout ops) and what an
+    override names (stages/support/concat_slices.py). The likely fix reads them (support/diagnosis.py)."""
+    import numpy as np
+    from .support import concat_slices
+    qdq = concat_slices.Qdq(graph.model)
+    nodes = {n.name: n for n in graph.model.graph.node if n.op_type == "Concat"}
+    by_name = {r["tensor"]: r for r in rows}
+    shapes = None
+    for tensor, row in zip(exposed, rows):
+        node = nodes.get(tensor.node)
+        if tensor.op_type != "Concat" or node is None or tensor.scale is None:
+            continue
+        shapes = concat_slices._shapes(graph.model) if shapes is None else shapes
+        cut = concat_slices.layout(qdq, node, shapes)
+        reference = [f[tensor.float_name] for f in floats]
+        sizes = cut["sizes"] if None not in cut["sizes"] else None
+        if sizes is None or sum(sizes) != np.shape(reference[0])[cut["axis"]]:
+            continue
+        on_cpu, htp = tensor.arrays(cpu), tensor.arrays(emulated)
+        step, parts, start = float(tensor.scale), [], 0
+        for name, size in zip(node.input, sizes):
+            def part(arrays, start=start, size=size):
+                return _flat([np.take(a, np.arange(start, start + size), axis=cut["axis"]) for a in arrays])
+            values, tensor_name = part(reference), qdq.float_name(name)
+            low, high = (float(np.min(values)), float(np.max(values))) if values.size else (0.0, 0.0)
+            own = by_name.get(tensor_name)
+            parts.append({"input": tensor_name or name, "source": qdq.source(tensor_name) if tensor_name else None,
+                          "start": start, "stop": start + size, "range": [low, high], "steps": (high - low) / step,
+                          "cpu_vs_float": _compare(values, part(on_cpu)),
+                          "binary_vs_float": _compare(values, part(htp)),
+                          "input_db": {c: own[c]["sqnr"] for c in ("cpu_vs_float", "binary_vs_float")} if own else None})
+            start += size
+        row["slices"] = {"axis": cut["axis"], "step": step, "type": str(np.dtype(tensor.dtype)), "output": cut["output"],
+                         "parts": parts}
 
 
 def _consumers(model) -> dict:

@@ -40,11 +40,27 @@ def run(params: dict) -> dict:
         values["notes"] = [note]
     check_quantized(params["outputs"]["onnx"], params["onnx"], params["name"], params["final_outputs"]["onnx"])
     warnings = [f"{params['name']}: {w}" for w in narrowed_outputs(params["outputs"]["onnx"], params.get("ranges"))]
+    if "report" in params["outputs"]:  # Concats whose narrow inputs the shared scale crushes (a YOLO box/score output)
+        warnings += [f"{params['name']}: {w}" for w in concat_report(params, spec)]
     for warning in warnings:
         print(f"warning: {warning}", flush=True)
     if warnings:
         values["warnings"] = warnings  # the build summary repeats them
     return values
+
+
+def concat_report(params: dict, spec: QuantSpec) -> list[str]:
+    """Write <graph>.quantize.json: each Concat of differently ranged inputs (stages/support/concat_slices.py), what
+    the check splits a graph output by, and the fix; return the warnings for those whose narrow inputs are crushed."""
+    import json
+
+    from ..files import atomic_write_text
+    from .support import concat_slices
+    found = concat_slices.find(params["outputs"]["onnx"], params.get("ranges"))
+    atomic_write_text(params["outputs"]["report"], json.dumps({"concats": found}, indent=1) + "\n")
+    names = params.get("names") or dict(zip(("model", "graph", "variant"), params["name"].split(":", 1)[1].split("/")))
+    where = params.get("model_toml") or f"models/{names['model']}/model.toml"
+    return [concat_slices.warning(e, names, where, spec.overrides) for e in found if e["narrow"]]
 
 
 def write_qdq(spec: QuantSpec, float_onnx, output, samples: list, *, ranges=None, tied=None,

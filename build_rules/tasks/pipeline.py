@@ -153,12 +153,14 @@ def _quantize_tasks():
             sim = layout.float_file(model.name, graph.name, ".sim.onnx")
             ranges = ranges_file(model, graph, variant)
             target = layout.variant_file(model.name, variant.name, graph.name, ".qdq.onnx")
+            # report: the Concats of differently ranged inputs (the check splits a graph output made by one)
+            report = layout.variant_file(model.name, variant.name, graph.name, ".quantize.json")
             params = {"onnx": sim, "ranges": ranges, "variant": variant.settings_for(graph.name),
-                      "outputs": {"onnx": target}}
+                      "model_toml": rel(model.toml_path), "outputs": {"onnx": target, "report": report}}
             if graph.state:  # each state output is quantized as the input it feeds (the app copies it over)
                 params["tied"] = sorted(graph.state.items())
             task = stage_task("quantize", f"{model.name}/{graph.name}/{variant.name}", params,
-                              [sim, ranges], [target],
+                              [sim, ranges], [target, report],
                               layout.variant_file(model.name, variant.name, graph.name, ".quantize.log"),
                               names={"model": model.name, "graph": graph.name, "variant": variant.name})
             task["task_dep"] = split_tasks.checked_first(model, graph, variant)  # the size check fails before this
@@ -229,6 +231,9 @@ def _check_tasks():
                                             model, graph, graph.name, variant),
                                         "chip": chip_params(chip)}
                 binaries = [*ctx, *binary] if graph.split else [ctx, binary]
+                if not variant.is_fp16 and not variant.is_aimet:  # its quantize report: outputs to measure per slice
+                    params["concats"] = layout.variant_file(model.name, variant.name, graph.name, ".quantize.json")
+                    binaries.append(params["concats"])
                 reference = reference_chip(model, variant)
                 if reference is not None and reference.name != chip.name:
                     # another chip's binary: proven equal to the reference chip's on a few samples, it takes that

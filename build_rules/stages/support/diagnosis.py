@@ -26,10 +26,9 @@ SUBSET_MISS_DB = 3.0  # an output this much worse in check's measurement than on
 
 def overrides_line(params: dict, tensors: list[str]) -> str:
     """The model.toml lines that keep `tensors` at 16 bit in this graph, merged with the graph's overrides."""
-    own = dict(params["variant"].get("graph_overrides", {}).get("overrides", {}))
-    own.update({t: "uint16" for t in tensors})
-    body = ", ".join(f'"{t}" = "{q}"' for t, q in own.items())
-    return f"[variants.{params['variant_name']}.graphs.{params['graph_name']}]\noverrides = {{ {body} }}"
+    from .concat_slices import overrides_toml
+    return overrides_toml(params["variant_name"], params["graph_name"],
+                          params["variant"].get("graph_overrides", {}).get("overrides", {}), tensors)
 
 
 def weight_overrides_line(params: dict, nodes: list[str], wtype: str = "int8") -> str:
@@ -71,12 +70,63 @@ def _subset_missed(result: dict, params: dict) -> list[str]:
             + f". Diagnose them all: `{SAMPLES_ENV}={total} doit diagnose:{task}`."]
 
 
+def crushed_slices(result: dict) -> list[tuple[dict, list[dict]]]:
+    """(row, its crushed parts) of each concatenated tensor (row["slices"], stages/diagnose.py split_concats) with a
+    slice below the floor that loses >= DROP_DB against the input it is (when measured) and lies >= DROP_DB below
+    the whole tensor: what one SQNR over the tensor hides (CPU QDQ vs float)."""
+    found = []
+    for row in result["rows"]:
+        whole = row.get("cpu_vs_float", {}).get("sqnr")
+        parts = []
+        for p in (row.get("slices") or {}).get("parts", []):
+            v = p["cpu_vs_float"]["sqnr"]
+            before = (p.get("input_db") or {}).get("cpu_vs_float", CAP_DB)
+            if whole is not None and v < result["floor_db"] and v <= before - DROP_DB and v <= whole - DROP_DB:
+                parts.append(p)
+        if parts:
+            found.append((row, parts))
+    return found
+
+
+def _slice_fix(result: dict, params: dict) -> list[str]:
+    """The likely fix of each crushed slice (crushed_slices()): which slice, its numbers, and the override lines (the
+    concatenated tensor, the graph output it becomes, and each narrow input's source at 16 bit), or the export's
+    fix when 16 bit cannot resolve it either."""
+    from .concat_slices import EXPORT_FIX, MIN_STEPS
+    lines = []
+    for row, parts in crushed_slices(result):
+        cut = row["slices"]
+        lines.append(
+            f"Tensor '{row['tensor']}' (node '{row['node']}', Concat, {row['bits']} bit, a step of {cut['step']:.4g}) "
+            f"joins inputs of very different ranges, and one SQNR over it ({row['cpu_vs_float']['sqnr']:.1f} dB, CPU "
+            "QDQ vs float) hides a crushed slice: " + "; ".join(
+                f"'{p['input']}' ({p['start']}:{p['stop']} on axis {cut['axis']}; values [{p['range'][0]:.4g}, "
+                f"{p['range'][1]:.4g}] on these samples, {p['steps']:.3g} steps) at {p['cpu_vs_float']['sqnr']:.1f} dB "
+                f"(binary {p['binary_vs_float']['sqnr']:.1f} dB, cosine {p['binary_vs_float']['cosine']:.4f})"
+                + (f", where that input itself is at {p['input_db']['cpu_vs_float']:.1f} dB" if p.get("input_db")
+                   else "") for p in parts)
+            + ". A task metric on that slice sees it (a detector's class scores), the whole tensor's cosine and SQNR "
+              "do not.")
+        at16 = min(p["steps"] for p in parts) * 65535 / 255
+        if row["bits"] == 8 and at16 >= MIN_STEPS:
+            tensors = [row["tensor"]] + ([cut["output"]] if cut.get("output") not in (None, row["tensor"]) else [])
+            tensors += [p["source"] or p["input"] for p in parts]
+            lines.append(f"Keep the concatenated tensor and the narrow input{'s' if len(parts) > 1 else ''} at 16 "
+                         f"bit, in {params['model_toml']}:\n" + overrides_line(params, list(dict.fromkeys(tensors))))
+            lines.append(_measure_it(params))
+        else:
+            lines.append(f"{'At' if row['bits'] == 16 else 'Even at'} 16 bit the narrow input(s) get "
+                         f"{at16 if row['bits'] == 8 else min(p['steps'] for p in parts):.3g} steps: {EXPORT_FIX}.")
+    return lines
+
+
 def _from_drops(result: dict, params: dict) -> list[str]:
     rows = {r["tensor"]: r for r in result["rows"]}
     htp = result["drops"].get("binary_vs_cpu") or {}
     quant = result["drops"].get("cpu_vs_float") or {}
     floor = result["floor_db"]
-    lines = []
+    lines = [] if result["fp16"] else _slice_fix(result, params)
+    sliced = bool(lines)
     if result["fp16"]:
         if htp.get("tensor"):
             lines.append(f"The fp16 binary departs from the float model first at tensor '{htp['tensor']}' (node "
@@ -100,11 +150,14 @@ def _from_drops(result: dict, params: dict) -> list[str]:
         lines.append(f"Quantization drops first at tensor '{quant['tensor']}' (node '{quant['node']}', "
                      f"{quant['op_type']}, {row['bits']} bit): CPU QDQ vs float {quant['sqnr']:.1f} dB, below "
                      f"{floor:g} dB, {quant['own_drop_db']:.1f} dB lost at this op.")
-        lines += _quantization_fix(quant, rows, params)
+        lines += _quantization_fix(quant, rows, params, sliced)
     else:
         lines.append(_no_drop(quant, floor, "the CPU QDQ model against the float model"))
         widespread = quant.get("below_floor", 0) > WIDESPREAD * max(1, quant.get("measured", 0))
-        if widespread and params["variant"]["activation_bits"] == 8:
+        if widespread and sliced:
+            lines.append(f"{quant['below_floor']} of {quant['measured']} tensors are below the floor, but fix the "
+                         "crushed slice above first and measure it: a 16-bit variant only if the gate still fails.")
+        elif widespread and params["variant"]["activation_bits"] == 8:
             lines.append(f"{quant['below_floor']} of {quant['measured']} tensors are below the floor: a few 16-bit "
                          "tensors will not fix that; try the variant with 16-bit activations (activations = "
                          f"\"uint16\"), then `doit tune:{params['model']}/<that variant>` to bring tensors back to "
@@ -138,7 +191,7 @@ def _from_drops(result: dict, params: dict) -> list[str]:
     return lines
 
 
-def _quantization_fix(drop: dict, rows: dict, params: dict) -> list[str]:
+def _quantization_fix(drop: dict, rows: dict, params: dict, sliced: bool = False) -> list[str]:
     row = rows[drop["tensor"]]
     pinned = params["variant"].get("overrides", {})
     lines = _weight_fix(drop, rows, params)
@@ -177,7 +230,9 @@ def _quantization_fix(drop: dict, rows: dict, params: dict) -> list[str]:
                      + (" (a depthwise or grouped Conv shows the error of its input's weaker channels, which a "
                         "per-tensor SQNR hides)" if row["op_type"] in ("Conv", "ConvTranspose") else "")
                      + ". A few 16-bit tensors will not fix that: "
-                     + ("try the variant with 16-bit activations (activations = \"uint16\"), then `doit tune:"
+                     + ("fix the crushed slice above first and measure it: a 16-bit variant only if the gate still "
+                        "fails." if sliced else
+                        "try the variant with 16-bit activations (activations = \"uint16\"), then `doit tune:"
                         f"{params['model']}/<that variant>` to bring tensors back to 8 bit."
                         if params["variant"]["activation_bits"] == 8 else
                         "look at the range columns of the first tensors below the floor (a range set by outliers or "
@@ -301,6 +356,7 @@ def markdown(result: dict, params: dict) -> str:
                  f"{DROP_DB:g} dB itself, from the worst tensor it is computed from"
                  + ("" if result["fp16"] else f"; for the binary, only where it is also {HTP_WORSE_DB:g} dB farther "
                     "from float than the CPU QDQ model") + ".)")
+    lines += _slices_markdown(result)
     lines += ["", "## Did exposing the tensors change the binary?", ""]
     if e["identical"] is None:
         lines.append("Cannot be told: the plain binary itself gives other outputs on another run (see above).")
@@ -330,6 +386,39 @@ def markdown(result: dict, params: dict) -> str:
                      + " | ".join(f"{r[c]['cosine']:.5f}" for c in shown) + " | "
                      + " / ".join(f"{own.get(c, 0):.1f}" for c in curves) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _slices_markdown(result: dict) -> list[str]:
+    """A table per concatenated tensor whose inputs differ in range by WIDE or more, or with a crushed slice."""
+    from .concat_slices import WIDE
+    crushed = {row["tensor"]: {p["input"] for p in parts} for row, parts in crushed_slices(result)}
+    lines = []
+    for row in result["rows"]:
+        parts = (row.get("slices") or {}).get("parts", [])
+        widths = [p["range"][1] - p["range"][0] for p in parts if p["range"][1] > p["range"][0]]
+        if row["tensor"] not in crushed and (len(widths) < 2 or max(widths) < WIDE * min(widths)):
+            continue
+        cut = row["slices"]
+        if not lines:
+            lines = ["", "## Concatenated tensors, slice by slice", "",
+                     "One SQNR over a tensor that joins inputs of very different ranges is the wide input's: each "
+                     "input's slice against float, with its values' range on these samples in steps of the tensor's "
+                     "scale (fewer than 16: crushed)."]
+        lines += ["", f"`{row['tensor']}` (node `{row['node']}`, {cut['type']}, a step of {cut['step']:.4g}, axis "
+                      f"{cut['axis']}; whole tensor: CPU QDQ vs float {row['cpu_vs_float']['sqnr']:.2f} dB, binary vs "
+                      f"float {row['binary_vs_float']['sqnr']:.2f} dB, cosine {row['binary_vs_float']['cosine']:.5f}):",
+                  "", "| slice | input | range on these samples | steps | CPU QDQ vs float SQNR (dB) | binary vs float "
+                      "SQNR (dB) | binary vs float cosine | binary max abs | the input itself (dB) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for p in parts:
+            mark = " **crushed**" if p["input"] in crushed.get(row["tensor"], ()) else ""
+            own = p.get("input_db")
+            lines.append(f"| {p['start']}:{p['stop']} | `{p['input']}`{mark} | [{p['range'][0]:.4g}, "
+                         f"{p['range'][1]:.4g}] | {p['steps']:.3g} | {p['cpu_vs_float']['sqnr']:.2f} | "
+                         f"{p['binary_vs_float']['sqnr']:.2f} | {p['binary_vs_float']['cosine']:.5f} | "
+                         f"{p['binary_vs_float']['max_abs']:.4g} | "
+                         + (f"{own['cpu_vs_float']:.2f}" if own else "not measured") + " |")
+    return lines
 
 
 def plot(result: dict, path: str) -> None:
