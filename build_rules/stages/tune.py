@@ -27,7 +27,7 @@ from .. import layout, results
 from ..files import atomic_write_json, atomic_write_text
 from .support.mixed_precision import search
 from .support.precision import describe, values
-from .support import tune_confirm, tune_ladder
+from .support import cpu_search, tune_confirm, tune_ladder
 
 
 def run(params: dict) -> dict:
@@ -127,11 +127,15 @@ def toml_section(tuned: dict, params: dict) -> str:
             cpu = f", {r['cpu_evaluations']} CPU QDQ runs" if r.get("cpu_evaluations") else ""
             lines.append(f"#     search {r.get('search', 'exhaustive')}: {r['evaluations']} emulator measurements "
                          f"({r['emulator_seconds']:.0f} s){cpu}")
+        if r.get("cpu_vs_emulator"):  # how well the CPU predicted the emulator at the points measured on both
+            lines.append(f"#     the CPU against the emulator: {cpu_search.points_text(r['target'], r['cpu_vs_emulator'])}")
         if r.get("budget_spent"):
             b = r["budget_spent"]
-            lines.append(f"#     the search stopped at [tuning] max_measurements = {b['max_measurements']} with "
-                         f"{b['groups']} group(s) of up to {b['largest']} tensors left at 16 bit untried: "
-                         "a larger budget may put more of them at 8 bit")
+            spent = (f"the CPU search stopped at its budget of {b['cpu_measurements']} measurements"
+                     if "cpu_measurements" in b else
+                     f"the emulator's search stopped at [tuning] max_measurements = {b['max_measurements']}")
+            lines.append(f"#     {spent} with {b['groups']} group(s) of up to {b['largest']} tensors left at 16 bit "
+                         "untried: more of them may go to 8 bit")
     already_8_bit = all(g["variant"].get("activations") == "uint8" for g in params["graphs"])
     if already_8_bit and not any(r["sixteen_bit"] for r in tuned["graphs"].values()):
         # The tuned variant would be the variant itself: write no section, so `apply` adds no duplicate.

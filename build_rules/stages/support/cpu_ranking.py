@@ -90,25 +90,27 @@ class SwitchModel:
         self.names = list(c.reference[0])
         self.build_seconds = time.perf_counter() - started
 
-    def measure(self, sixteen) -> dict:
+    def measure(self, sixteen, indices=None) -> dict:
         """Summary metrics (as Candidates.measure) with `sixteen` asked for at 16 bit (and the neighbours the
-        quantizer adds, Candidates.effective), on the CPU, on the tuning samples."""
+        quantizer adds, Candidates.effective), on the CPU, on the tuning samples (or the evaluation samples
+        `indices`)."""
         import numpy as np
 
         from ..check import summarize
         from ...samples import compare
 
-        key = frozenset(t for t in self.c.effective(sixteen) if t in self.switches)
+        c = self.c
+        indices = list(c.subset if indices is None else indices)
+        key = (frozenset(t for t in c.effective(sixteen) if t in self.switches), tuple(indices))
         if key in self._memo:
             return self._memo[key]
         started = time.perf_counter()
-        c = self.c
-        switches = {s: np.array(t in key) for t, s in self.switches.items()}
-        outputs = [dict(zip(self.names, self.session.run(self.names, {**c.inputs[i], **switches}))) for i in c.subset]
+        switches = {s: np.array(t in key[0]) for t, s in self.switches.items()}
+        outputs = [dict(zip(self.names, self.session.run(self.names, {**c.inputs[i], **switches}))) for i in indices]
         try:
-            metrics = c.metrics(c.subset, outputs)
+            metrics = c.metrics(indices, outputs)
         except Exception:  # as on the emulator: a score hook that needs the whole set gives no task metric here
-            metrics = {"samples": len(c.subset), "outputs": compare([c.reference[i] for i in c.subset], outputs)}
+            metrics = {"samples": len(indices), "outputs": compare([c.reference[i] for i in indices], outputs)}
         summary = summarize(metrics)
         summary["_float_score"] = metrics.get("float_score", {})
         self.evaluations += 1

@@ -32,6 +32,8 @@ from .precision import Candidates, clean, describe, meets, values
 from .precision import search as search_full
 
 SEARCHES = ("bisect", "exhaustive")
+CONFIRMATIONS = 3  # emulator checks of the CPU's proposal (each miss widens the margin) before the emulator searches
+CPU_MEASUREMENTS_PER_TENSOR = 4  # the CPU search's budget: group halving needs about 2 per tensor kept
 
 
 def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_dir=None,
@@ -79,20 +81,59 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
     top = _all_16bit(c, target, order, name, chip, where, log)
     result["all_16bit"] = clean(top)
     full = search_full(c, target)
+    judge = None
     if method == "exhaustive":
         kept, dropped = _one_at_a_time(c, target, order, full, log)
+        final = c.measure(kept, full=True, target=target)
     else:
-        kept, dropped, left = _bisect(c, target, order, full, budget, log, top_meets=meets(target, top))
-        if kept is None:
-            raise BuildError(f"{where}: {name}: no mix of 8 and 16 bit met {describe(target)} on {chip['name']}: all "
-                             f"{len(order)} candidates at 16 bit miss ({values(target, top)}), and so do the top 1 to "
-                             f"{left[0]} of the ranking; relax the target, or change weights / per_channel / "
-                             "calibration of the variant")
-        if left:  # the proposal's comment says so: a larger budget may put more at 8 bit
-            result["budget_spent"] = {"max_measurements": budget, "groups": len(left), "largest": max(left)}
-    final = c.measure(kept, full=True, target=target)
-    # The search ran on the tuning samples: while the full set misses, the groups dropped last come back (the
-    # closest to the result), then the rest of the ranking in doubling chunks (all of it meets: measured above).
+        # 2-3 on the CPU switch model, judged with the margin its differences from the emulator set (cpu_search.py);
+        # the emulator confirms the result on every sample, and a miss there widens the margin and searches again
+        from . import cpu_ranking, cpu_search
+        cpu = cpu or cpu_ranking.SwitchModel(c)
+        judge = cpu_search.Judge(cpu, target)
+        everything = list(range(len(c.inputs)))
+        judge.learn("the variant at 8 bit", set(), base, everything)
+        judge.learn("all at 16 bit", set(order), top, everything)
+        log(f"{name}: the CPU against the emulator: {judge.describe()}; a CPU number is judged with "
+            + ", ".join(f"{m} {d:+.5g}" for m, d in judge.margin().items()))
+        cpu_budget = cpu.evaluations + CPU_MEASUREMENTS_PER_TENSOR * len(order)
+        spent = c.evaluations + budget  # the emulator's, if it has to search itself
+        final = None
+        for round_ in range(1, CONFIRMATIONS + 1):
+            kept, dropped, left = _bisect(judge.meets, order, c.candidates, lambda: cpu.evaluations >= cpu_budget,
+                                          log, top_meets=meets(target, top), where=" (CPU)",
+                                          shown=lambda s: values(target, judge.predicted(cpu.measure(s))) +
+                                          " predicted")
+            if kept is None:
+                raise BuildError(f"{where}: {name}: no mix of 8 and 16 bit met {describe(target)} on {chip['name']}: "
+                                 f"all {len(order)} candidates at 16 bit miss ({values(target, top)}), and the CPU "
+                                 f"judges the top 1 to {left[0]} of the ranking to miss too; relax the target, or "
+                                 "change weights / per_channel / calibration of the variant")
+            if left:  # the proposal's comment says so: a larger budget may put more at 8 bit
+                result["budget_spent"] = {"cpu_measurements": cpu_budget, "groups": len(left), "largest": max(left)}
+            final = c.measure(kept, full=True, target=target)
+            judge.learn(f"proposal {round_}", kept, final, everything)
+            if meets(target, final) or not kept:
+                break
+            margin = ", ".join(f"{m} {d:+.5g}" for m, d in judge.margin().items())
+            if not judge.meets(set(order)):  # the margin now fails even all 16 bit: the CPU cannot steer here
+                log(f"  the emulator misses the CPU's proposal of {len(kept)} tensors ({values(target, final)} on all "
+                    f"samples) by more than the CPU can tell apart (margin {margin}): the emulator searches")
+                kept, dropped, left = _bisect(
+                    lambda s: meets(target, c.measure(s, full=full, target=target)), order, c.candidates,
+                    lambda: c.evaluations >= spent, log, top_meets=meets(target, top), where=" (emulator)",
+                    shown=lambda s: values(target, c.measure(s, full=full)) + f" on {_samples(c, full)} samples")
+                if kept is None:
+                    kept, dropped = set(order), []
+                if left:
+                    result["budget_spent"] = {"max_measurements": budget, "groups": len(left), "largest": max(left)}
+                final = c.measure(kept, full=True, target=target)
+                break
+            log(f"  the emulator misses the CPU's proposal of {len(kept)} tensors ({values(target, final)} on all "
+                f"samples): margin now {margin}" + ("; searching again" if round_ < CONFIRMATIONS else ""))
+    # While the full set misses (the exhaustive search ran on the tuning samples; the CPU's margin ran out of
+    # rounds), the groups dropped last come back on the emulator (the closest to the result), then the rest of the
+    # ranking in doubling chunks.
     rest = [t for t in order if t not in kept and not any(t in g for g in dropped)]
     chunks = [rest[2 ** i - 1:2 ** (i + 1) - 1] for i in range(len(rest).bit_length())]
     for group in [*reversed(dropped), *chunks]:
@@ -107,6 +148,8 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
     closed = c.closed(kept)
     sixteen, state = [t for t in order if t in closed], sorted(closed - set(order))
     result.update(sixteen_bit=sixteen + state, state_tensors=len(state), tuned=clean(final))
+    if judge is not None:  # how well the CPU predicted the emulator where both measured
+        result["cpu_vs_emulator"] = judge.points
     if cpu is not None:
         result.update(cpu_evaluations=cpu.evaluations, cpu_seconds=round(cpu.seconds + cpu.build_seconds, 1))
     paired = f" and the {len(state)} state tensors they pair with" if state else ""
@@ -164,25 +207,21 @@ def _one_at_a_time(c: Candidates, target, order: list[str], full: bool, log):
     return kept, dropped
 
 
-def _bisect(c: Candidates, target, order: list[str], full: bool, budget: int, log, top_meets: bool = True):
+def _bisect(holds, order: list[str], graph_order: list[str], spent, log, top_meets: bool = True,
+            where: str = "", shown=None):
     """(kept, dropped groups, sizes of the groups left unsplit when the budget ran out): steps 2-3 of the module
-    docstring, at most `budget` emulator measurements. When all at 16 bit misses (top_meets false), the forward steps
-    go on to every prefix of the ranking; when they all miss: (None, [], [the largest prefix tried])."""
-    spent = c.evaluations + budget
-
-    def holds(sixteen) -> bool:
-        # none at 16 bit: the base, a miss; a miss may stop early (precision.py), a hit measures every sample
-        return bool(sixteen) and meets(target, c.measure(sixteen, full=full, target=target))
-
+    docstring. holds(sixteen) -> whether that set meets the target (the CPU judge, or the emulator); spent() -> whether
+    the budget is spent; shown(sixteen) -> its numbers for the log. When all at 16 bit misses (top_meets false), the
+    forward steps go on to every prefix of the ranking; when they all miss: (None, [], [the largest prefix tried])."""
     def outcome(ok: bool) -> str:
         return "meets" if ok else "misses"
 
-    n, graph_order = len(order), c.candidates
+    n = len(order)
     # 2. forward along the ranking while the sets are small (16-bit activations are slow on the emulator)
     miss, hit, k = 0, None, 1
     while k <= (max(1, n // 4) if top_meets else n - 1):
-        ok = holds(set(order[:k]))
-        log(f"  top {k} of the ranking at 16 bit: {outcome(ok)} the target")
+        ok = bool(order[:k]) and holds(set(order[:k]))
+        log(f"  top {k} of the ranking at 16 bit{where}: {outcome(ok)} the target")
         if ok:
             hit = k
             break
@@ -193,34 +232,33 @@ def _bisect(c: Candidates, target, order: list[str], full: bool, budget: int, lo
         while hit - miss > 1:
             mid = (miss + hit) // 2
             ok = holds(set(order[:mid]))
-            log(f"  top {mid} of the ranking at 16 bit: {outcome(ok)} the target")
+            log(f"  top {mid} of the ranking at 16 bit{where}: {outcome(ok)} the target")
             miss, hit = (miss, mid) if ok else (mid, hit)
         kept = set(order[:hit])
     else:
         kept = set(order)
-        log(f"  even the top {miss} miss: the search starts from all {n}")
+        log(f"  even the top {miss} miss{where}: the search starts from all {n}")
     # 3. groups back to 8 bit, halving in graph order, largest groups first (so a budget cut leaves even groups)
     dropped: list[list[str]] = []
     members = [t for t in graph_order if t in kept]
     middle = len(members) // 2
     queue = [members[:middle], members[middle:]] if len(members) > 1 else []  # all of them: the base, a miss
-    while queue and c.evaluations < spent:
+    while queue and not spent():
         queue.sort(key=len, reverse=True)
         group = queue.pop(0)
         trial = kept - set(group)
-        if holds(trial):
+        if trial and holds(trial):
             kept = trial
             dropped.append(group)
-            log(f"  {_names(group)}: 8 bit ({values(target, c.measure(trial, full=full))} on {_samples(c, full)} "
-                "samples)")
+            log(f"  {_names(group)}: 8 bit{where}" + (f" ({shown(trial)})" if shown else ""))
         elif len(group) > 1:
             middle = len(group) // 2
             queue += [group[:middle], group[middle:]]
         else:
             log(f"  {group[0]}: stays 16 bit")
     if queue:
-        log(f"  budget of {budget} emulator measurements spent ([tuning] max_measurements): {len(queue)} group(s) of "
-            f"up to {max(map(len, queue))} tensors stay 16 bit unsplit")
+        log(f"  budget spent{where}: {len(queue)} group(s) of up to {max(map(len, queue))} tensors stay 16 bit "
+            "unsplit")
     return kept, dropped, [len(group) for group in queue]
 
 

@@ -26,7 +26,7 @@ from ...aimet_techniques import PARAMS as TECHNIQUE_PARAMS
 from ...dtypes import TYPES
 from ...files import atomic_write_json, atomic_write_text
 from ...quant_spec import QuantSpec
-from . import weight_bits
+from . import cpu_search, weight_bits
 from ...repeats import CANDIDATE_SAMPLES
 from .precision import Candidates, clean, measured_until_missed, meets, unstable_marked, values
 
@@ -85,6 +85,10 @@ class Ladder:
         self.seconds = 0.0
         self._built: dict[tuple[str, str], dict] = {}
         self.as_built: dict[str, dict] = {}  # graph -> the variant's own build (as_is)
+        # graph -> how its CPU QDQ model's numbers compare with the emulator's (cpu_search.Judge), from the variant as
+        # built: a rung the CPU rules out beyond that difference is not measured on the emulator (nor made by SeqMSE)
+        self.judges: dict = {}
+        self.cpu_screens = 0
 
     def _graph(self, name: str) -> dict:
         return next(g for g in self.params["graphs"] if g["name"] == name)
@@ -144,7 +148,33 @@ class Ladder:
             if "error" in built:
                 raise RuntimeError(f"{self.params['name']}: {name} as the variant has it: {built['error']}")
             found[name] = self.measure(Path(built["path"]), name, full=True)
+            c, judge = self.candidates[name], cpu_search.Judge(None, self._graph(name)["target"])
+            samples = cpu_search.on_samples(found[name], range(len(c.inputs)))
+            judge.record("the variant as built", cpu_search.qdq_summary(c, built["path"], samples), found[name],
+                         len(samples))
+            self.judges[name] = judge
         return found
+
+    def ruled_out(self, rung: dict, graph: dict) -> str | None:
+        """Why the CPU rules this rung out for `graph` before SeqMSE or the emulator (cpu_search.py), or None: an
+        onnxruntime rung whose CPU QDQ model misses even with the most favourable CPU-to-emulator difference seen; an
+        AIMET rung whose onnxruntime counterpart misses by more than SeqMSE recovers."""
+        name, judge = graph["name"], self.judges.get(graph["name"])
+        if judge is None or name not in self.candidates:
+            return None
+        c = self.candidates[name]
+        aimet = rung["changes"].get("quantizer") == "aimet"
+        probe = {**rung, "name": f"{rung['name']}_ort_counterpart", "changes": {**rung["changes"], **ORT}} \
+            if aimet else rung
+        path = self.quantize(probe, graph) if aimet else Path(self.build_graph(rung, graph)["path"])
+        self.cpu_screens += 1
+        summary = judge.optimistic(cpu_search.qdq_summary(c, path, c.subset))
+        if aimet:
+            return cpu_search.beyond_recovery(graph["target"], summary)
+        if meets(graph["target"], summary):
+            return None
+        return (f"{values(graph['target'], summary)} on the CPU with the most favourable CPU-to-emulator difference "
+                "seen added: a miss beyond the margin")
 
     def build_graph(self, rung: dict, graph: dict) -> dict:
         """Quantize + compile one graph for a rung: {"path", "bytes"} or {"error"}; once per rung name and graph (the
@@ -159,7 +189,15 @@ class Ladder:
         return self._built[key]
 
     def try_rung(self, rung: dict, order: list[str]) -> bool:
-        """Every graph in `order` meets its target with this rung (tuning samples, then the full set)."""
+        """Every graph in `order` meets its target with this rung (tuning samples, then the full set); a graph the
+        CPU rules out first (ruled_out) is a miss without SeqMSE or the emulator."""
+        for name in order:
+            why = None if name in rung["graphs"] else self.ruled_out(rung, self._graph(name))
+            if why:
+                rung["graphs"][name] = {"ruled_out": why}
+                print(f"ladder {rung['name']}: {name}: ruled out on the CPU, not built nor measured on the emulator: "
+                      f"{why}", flush=True)
+                return False
         for full in (False, True):
             for name in order:
                 graph = self._graph(name)
@@ -301,6 +339,10 @@ def toml_lines(found: dict, name: str, base_name: str, graphs: list[dict]) -> tu
         errors = [f"{g}: {r['error']}" for g, r in rung["graphs"].items() if "error" in r]
         if errors:
             lines.append(f"#   {rung['name']}: failed: {'; '.join(errors)}")
+            continue
+        ruled = [f"{g}: {r['ruled_out']}" for g, r in rung["graphs"].items() if "ruled_out" in r]
+        if ruled:  # not built nor measured on the emulator
+            lines.append(f"#   {rung['name']}: ruled out on the CPU ({'; '.join(ruled)})")
             continue
         status = "chosen" if rung is found["chosen"] else "misses a target"
         if "probes" in rung:  # the per-layer search: what each probe kept at int8 and what it measured
