@@ -129,7 +129,9 @@ STAGES: tuple[Stage, ...] = (
           # variant and chip with their thresholds (not SQNR), and the phones' latency, at 1200 x 700; the weights
           # column counts the weights of another type than the variant's (read from the QDQ models)
           # 8: a check stopped early shows its k samples' numbers marked "k of N" and fails only the gates they decide
-          {"any": _w("report", 8, ("onnxruntime", "numpy", "matplotlib"), sdk=True)}),
+          # 9: ... each of those numbers marked, the gates they do not decide "not judged, stopped early" (a score
+          # hook's metric: why it was not measured); frame_cosine is not a task metric; the float line in view
+          {"any": _w("report", 9, ("onnxruntime", "numpy", "matplotlib"), sdk=True)}),
     Stage("sensitivity", "10 sensitivity: rank each graph's activation tensors by what 8 bit costs (HTP emulator) "
           "-> table + plot", {"any": "tuning:sensitivity_tasks"},
           # 3: candidates keep the variant's weight overrides and LPBQ blocks

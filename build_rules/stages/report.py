@@ -19,7 +19,7 @@ from pathlib import Path
 from .. import gates, results
 from ..toolchains.qnn_graph import combine, describe as describe_float_ops, mostly_float
 from ..files import atomic_write_json, atomic_write_text
-from .check import measurement_key, remembered, summarize
+from .check import COMPARED, measurement_key, remembered, summarize
 
 
 MEASURED = ("samples", "outputs", "score", "float_score", "partial")
@@ -88,7 +88,8 @@ def run(params: dict) -> dict:
         else:
             summary = summarize(metrics)
             row.update({"samples": metrics["samples"], "summary": summary, "float_score": metrics.get("float_score", {}),
-                        "gated": gates.results(cell["gates"], summary, metrics.get("float_score", {})),
+                        "gated": gates.results(cell["gates"], summary, metrics.get("float_score", {}),
+                                               metrics.get("partial")),
                         "passed": gates.passes_all(cell["gates"], summary, metrics.get("float_score", {}))})
             if "partial" in metrics:
                 _judge_partial(row, metrics, cell["gates"], command)
@@ -150,14 +151,25 @@ def _judge_partial(row: dict, metrics: dict, gate_list, command: str) -> None:
         return
     failed = {f["metric"] for f in early["failed"]}
     row["partial"] = {"samples": early["samples"], "of": early["of"], "failed": [f["failure"] for f in early["failed"]]}
-    row["gated"] = [{**g, "passed": False if g["metric"] in failed else None} for g in row["gated"]]
+    # the gates the k samples do not decide are not judged (a score hook's metric was not even measured: its entry
+    # says why, gates.stopped_before)
+    row["gated"] = [{**g, "passed": False} if g["metric"] in failed else {**g, "passed": None, "stopped": True}
+                    for g in row["gated"]]
     row["passed"] = False
 
 
-def _partial_mark(row: dict) -> str:
-    """' (1 of 4 samples)' after the numbers of a check stopped early; '' otherwise."""
+def _partial_mark(row: dict, short: bool = False) -> str:
+    """' (1 of 4 samples)' after the numbers of a check stopped early (short: ' (1 of 4)'); '' otherwise."""
     partial = row.get("partial")
-    return f" ({partial['samples']} of {partial['of']} samples)" if partial else ""
+    return f" ({partial['samples']} of {partial['of']}{'' if short else ' samples'})" if partial else ""
+
+
+def _unjudged(row: dict) -> str:
+    """What a check stopped early left unmeasured: ' (det_f1 not measured: score() runs only on a check of every
+    sample)'."""
+    unmeasured = [g["metric"] for g in row["gated"] if g.get("stopped") and g["value"] is None]
+    return (f" ({' and '.join(unmeasured)} not measured: score() runs only on a check of every sample)"
+            if unmeasured else "")
 
 
 def _fmt(value, digits=4) -> str:
@@ -171,9 +183,11 @@ def _fmt(value, digits=4) -> str:
 
 
 def _gate_text(row: dict) -> str:
-    """Each gate with its verdict: 'pass (cosine >= 0.98); **FAIL** (f1 within 0.1 of float)'."""
+    """Each gate with its verdict: 'pass (cosine >= 0.98); **FAIL** (f1 within 0.1 of float)'; a gate a check
+    stopped early did not decide: 'not judged, stopped early (det_f1 >= 0.9)'."""
     verdicts = {True: "pass", False: "**FAIL**", None: "–"}
-    return "; ".join(f"{verdicts[r['passed']]} ({r['gate']})" for r in row["gated"]) or "–"
+    return "; ".join(f"{'not judged, stopped early' if r.get('stopped') else verdicts[r['passed']]} ({r['gate']})"
+                     for r in row["gated"]) or "–"
 
 
 def _gated_metrics(rows: list[dict], graph: str) -> list[str]:
@@ -222,9 +236,12 @@ def _other_weights(rows: list[dict], weights: str | None) -> str:
 
 
 def _task_metrics(row: dict) -> str:
+    """The score hook's metrics, each with its share of the float model's; a check stopped early measured none."""
+    if row.get("partial"):
+        return f"not measured (stopped after {row['partial']['samples']} of {row['partial']['of']} samples)"
     parts = []
     for name, value in row["summary"].items():
-        if name in ("cosine", "sqnr", "max_abs"):
+        if name in COMPARED:  # the comparison metrics (frame_cosine too): not the hook's
             continue
         ref = row["float_score"].get(name)
         kept = f" ({100 * value / ref:.1f} % of float)" if ref else ""
@@ -274,16 +291,18 @@ def markdown(report: dict) -> str:
         s = r["summary"]
         size = f"{r['bytes'] / 1e3:.1f}" + (" (" + " + ".join(f"{b / 1e3:.1f}" for b in r["part_bytes"]) + ")"
                                               if r.get("part_bytes") else "")  # a split graph: each part's size
+        of = _partial_mark(r, short=True)  # a check stopped early: each number is of its first k samples
         lines.append(f"| {r['variant']} | {r['chip']} | {r['graph']} | {size} | "
-                     f"{r['compile_seconds']:.2f} | {_fmt(s.get('cosine'), 6)} | {_fmt(s.get('sqnr'))} | "
-                     f"{_fmt(s.get('max_abs'))} | {_task_metrics(r)} | {_gate_text(r)} | {r['measured_by']}{_partial_mark(r)} | "
+                     f"{r['compile_seconds']:.2f} | {_fmt(s.get('cosine'), 6)}{of} | {_fmt(s.get('sqnr'))}{of} | "
+                     f"{_fmt(s.get('max_abs'))}{of} | {_task_metrics(r)} | {_gate_text(r)} | {r['measured_by']}{_partial_mark(r)} | "
                      f"{_float_text(r)} |")
     stopped = [r for r in rows if r.get("partial")]
     if stopped:  # an early verdict's numbers are those of the first k samples: said, never taken for all N
         lines += ["", "**Stopped early** (the gate failed whatever the other samples give; the numbers are those of the "
                       "samples measured): " + "; ".join(
                           f"{r['variant']}@{r['chip']} {r['graph']} after {r['partial']['samples']} of "
-                          f"{r['partial']['of']} samples: {', '.join(r['partial']['failed'])}" for r in stopped)]
+                          f"{r['partial']['of']} samples: {', '.join(r['partial']['failed'])}{_unjudged(r)}"
+                          for r in stopped)]
     unmeasured = [r["measure_with"] for r in rows if r.get("measure_with")]
     if unmeasured:  # the report shows what was measured; measuring the rest stays one command away
         how = ", ".join(f"`{c}`" for c in unmeasured) if len(unmeasured) <= 3 else "`doit check` (every missing check)"
@@ -390,7 +409,8 @@ def figure(report: dict):
         values = [p["value"] for p in panel["points"] if p["value"] is not None and math.isfinite(p["value"])]
         # (inf: identical outputs' SQNR, drawn at the axis's edge; nan: nothing to draw)
         limits = {p[k] for p in panel["points"] for k in ("low", "high") if p[k] is not None}
-        span = [*values, *limits] or [0.0, 1.0]
+        floats = {p["float"] for p in panel["points"] if p["float"] is not None}  # its dotted line is in view too
+        span = [*values, *limits, *floats] or [0.0, 1.0]
         low, high = min(span), max(span)
         pad = (high - low) * 0.12 or abs(high) * 0.05 or 0.05
         for point in panel["points"]:
@@ -406,12 +426,13 @@ def figure(report: dict):
             y = min(max(point["value"], low - pad), high + pad)  # inf (identical outputs) on the axis's edge
             ax.scatter(x, y, color=color, marker=marker, s=60, zorder=3,
                        edgecolors="red" if failed else "none", linewidths=2.2)
+            stopped = f" ({point['partial']} samples)" if point.get("partial") else ""
             if len(chips) <= 2:  # the value beside its point (more chips: their values would overlap)
-                stopped = f" ({point['partial']} samples)" if point.get("partial") else ""
                 ax.annotate(f"{point['value']:.4g}{stopped}", (x, y), xytext=(7, -3), textcoords="offset points", fontsize=9)
+            elif stopped:  # a check stopped early: its value is of the first k samples, said beside it on any chart
+                ax.annotate(stopped.strip(" ()"), (x, y), xytext=(7, -3), textcoords="offset points", fontsize=8)
         for bound in sorted(limits):  # the gate's threshold(s): a lower and an upper one for max_change
             ax.axhline(bound, color="black", linestyle="--", linewidth=1.2, zorder=2)
-        floats = {p["float"] for p in panel["points"] if p["float"] is not None}
         for ref in floats:
             ax.axhline(ref, color="grey", linestyle=":", linewidth=1.2, zorder=1)
         ax.set_ylim(low - pad, high + pad)
