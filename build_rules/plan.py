@@ -32,6 +32,8 @@ import statistics
 import time
 from pathlib import Path
 
+from doit.dependency import UptodateCalculator
+
 from . import gates
 
 
@@ -273,6 +275,30 @@ def predict(tasks: dict, selected: list[str], runs_by_itself, decided: dict[str,
         else:
             runs[name] = counted(task) and runs_by_itself(task)
     return {name for name, run in runs.items() if run and counted(tasks[name])}
+
+
+class SetupsCurrent(UptodateCalculator):
+    """doit uptodate of a task whose inputs its setup tasks make (the report: the compiles). doit runs setup tasks
+    only when the task itself is to run, and a setup task that fails under --continue does not keep it from running
+    (doit 0.37 checks a task's failed dependencies before its setup tasks run, not after): so the task is up to date
+    only while none of its setup tasks, nor anything they need, would run (predict, the status check that counts N).
+    doit hands it its dependency manager and every task (UptodateCalculator.setup)."""
+
+    def __init__(self, names: list[str]):
+        super().__init__()
+        self.names = list(names)
+        self.dep_manager = None
+
+    def setup(self, dep_manager, tasks_dict):
+        super().setup(dep_manager, tasks_dict)
+        self.dep_manager = dep_manager
+
+    def __call__(self) -> bool:
+        if not self.names:
+            return True
+        if self.dep_manager is None:  # (doit calls setup() before asking)
+            return False
+        return not predict(self.tasks_dict, self.names, _status_check(self.dep_manager, self.tasks_dict), {})
 
 
 def _status_check(dep_manager, tasks: dict):

@@ -131,7 +131,9 @@ STAGES: tuple[Stage, ...] = (
           # 8: a check stopped early shows its k samples' numbers marked "k of N" and fails only the gates they decide
           # 9: ... each of those numbers marked, the gates they do not decide "not judged, stopped early" (a score
           # hook's metric: why it was not measured); frame_cosine is not a task metric; the float line in view
-          {"any": _w("report", 9, ("onnxruntime", "numpy", "matplotlib"), sdk=True)}),
+          # 10: the compiles are its setup tasks: under --continue a cell whose compile (or quantize) failed is shown
+          # "not built" with the error, beside the others
+          {"any": _w("report", 10, ("onnxruntime", "numpy", "matplotlib"), sdk=True)}),
     Stage("sensitivity", "10 sensitivity: rank each graph's activation tensors by what 8 bit costs (HTP emulator) "
           "-> table + plot", {"any": "tuning:sensitivity_tasks"},
           # 3: candidates keep the variant's weight overrides and LPBQ blocks

@@ -1,7 +1,8 @@
 """Numbers a user can trust (issue 44 items 4 and 6), on tests/models/detector, the YOLOv8-style detector with a score
 hook (det_f1, box_iou): a check that stops early says why the hook's metrics are missing, the report marks a stopped
-check's numbers as those of its first samples. One chip (SM8750); w8a8 with a cosine gate it misses on the first
-sample, and fp16."""
+check's numbers as those of its first samples, and a variant that does not compile leaves the report to the others
+under `doit --continue`, marked. One chip (SM8750); w8a8 with a cosine gate it misses on the first sample, fp16, and
+w16a16 (16-bit weights: QNN's HTP refuses its convolutions, so it never compiles)."""
 from __future__ import annotations
 
 import json
@@ -14,9 +15,14 @@ import pytest
 from conftest import TEST_MODELS, make_repo, run_doit
 
 OUT = Path("out/detector")
-FP16 = '''
+BROKEN = '''
 [variants.fp16]
 precision = "fp16"
+
+[variants.w16a16]
+activations = "uint16"
+weights = "uint16"
+per_channel = true
 '''
 
 
@@ -38,12 +44,13 @@ def detector_repo(dest: Path, cosine: float = 0.99, without: tuple = ("w8a16",),
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    """w8a8's check stopped after its first sample (cosine >= 0.99999 cannot hold), fp16 built: `doit --continue`
-    as a user runs it."""
-    repo = detector_repo(tmp_path_factory.mktemp("detector"), cosine=0.99999, extra=FP16)
+    """w8a8's check stopped after its first sample (cosine >= 0.99999 cannot hold), fp16 built, w16a16's compile
+    failed: `doit --continue` as a user runs it."""
+    repo = detector_repo(tmp_path_factory.mktemp("detector"), cosine=0.99999, extra=BROKEN)
     result = run_doit(repo, "--continue")
     assert result.code != 0
-    assert {"check:detector/det/w8a8@SM8750", "package:detector/fp16@SM8750"} <= result.ran, result.output
+    assert {"check:detector/det/w8a8@SM8750", "compile:detector/det/w16a16@SM8750",
+            "package:detector/fp16@SM8750"} <= result.ran, result.output
     return repo
 
 
@@ -60,13 +67,15 @@ def test_a_check_stopped_early_says_why_the_score_hooks_metrics_are_missing(buil
     assert gated["cosine"]["passed"] is False
 
 
-def test_the_report_marks_a_stopped_checks_numbers_as_those_of_its_first_samples(built):
+def test_the_report_marks_a_stopped_checks_numbers_and_shows_a_variant_that_does_not_compile(built):
     result = run_doit(built, "--continue", "report:detector")
-    assert result.ran == {"report:detector"}, result.output
+    # the compile that fails runs again (a failed task always does), and the report runs all the same
+    assert result.ran == {"compile:detector/det/w16a16@SM8750", "report:detector"}, result.output
+    assert "not run: report:detector" not in result.output
     markdown = (built / OUT / "report.md").read_text()
     report = json.loads((built / OUT / "report.json").read_text())
     cells = {c["variant"]: c for c in report["cells"]}
-    assert set(cells) == {"w8a8", "fp16"}
+    assert set(cells) == {"w8a8", "fp16", "w16a16"}
 
     # w8a8: the numbers of its first sample, each marked; the score hook's metrics not measured, and why
     row = next(line for line in markdown.splitlines() if line.startswith("| w8a8 | SM8750 | det |"))
@@ -85,3 +94,26 @@ def test_the_report_marks_a_stopped_checks_numbers_as_those_of_its_first_samples
     # fp16: measured in full, its score hook's metrics beside the float model's; frame_cosine is not one of them
     row = next(line for line in markdown.splitlines() if line.startswith("| fp16 | SM8750 | det |"))
     assert row.split(" | ")[8] == "box_iou 0.9849 (98.5 % of float), det_f1 1 (100.0 % of float)"
+
+    # w16a16: no binary, marked, with the compile's error; no number of another build
+    assert "| w16a16 | ort minmax | uint16/uint16 | SM8750 | – | – | not built | **NOT BUILT**: det |" in markdown
+    assert cells["w16a16"]["measured_by"] == "not built" and cells["w16a16"]["summary"] == {}
+    assert cells["w16a16"]["not_built"].startswith(
+        "compile:detector/det/w16a16@SM8750 failed: onnxruntime-qnn could not compile "
+        "out/detector/w16a16/det.qdq.onnx: Fail: [ONNXRuntimeError] : 1 : FAIL : Node '/stem.0/Conv_token_")
+    assert cells["w16a16"]["not_built"].endswith(" (log: out/detector/w16a16/SM8750/det.compile.log)")
+    assert f"**Not built** (no binary; the others are reported as usual): w16a16@SM8750 det: " \
+           f"{cells['w16a16']['not_built']}" in markdown
+
+    # without --continue doit stops at the failed compile, before the report
+    result = run_doit(built, "report:detector")
+    assert result.code != 0 and "report:detector" not in result.ran
+
+
+def test_the_report_runs_the_compiles_it_reads_when_they_are_out_of_date(built, tmp_path):
+    """The compiles are the report's setup tasks, not its file_dep: doit runs them only when the report is to run, so
+    the report is out of date while one of them would run (plan.SetupsCurrent), though the binaries it read last time
+    are unchanged."""
+    assert run_doit(built, "forget", "compile:detector/det/fp16@SM8750").code in (0, None)
+    result = run_doit(built, "--continue", "report:detector")
+    assert {"compile:detector/det/fp16@SM8750", "report:detector"} <= result.ran, result.output

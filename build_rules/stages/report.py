@@ -69,9 +69,46 @@ def weight_counts(qdq: str | None, memo: dict) -> dict[str, int] | None:
     return memo[qdq]
 
 
+def not_built(cell: dict) -> str | None:
+    """Why a cell has no binary (None: it has one): the task that makes it failed, with the error line of its log,
+    or it has not run (the variant's quantize failed). The compiles are the report's setup tasks: under --continue
+    one that fails leaves its cell without a binary and the report goes on (tasks/tuning.py)."""
+    files = cell["compile"] if isinstance(cell["compile"], list) else [cell["compile"]]
+    missing = [m for f, m in zip(files, cell.get("made_by") or [{}] * len(files)) if not Path(f).is_file()]
+    if cell.get("qdq") and not Path(cell["qdq"]).is_file():  # (a failed task's outputs are removed: runner.py)
+        return f"no QDQ model: the variant's quantize failed or has not run ({cell['qdq']} is missing)"
+    if not missing:
+        return None
+    made_by = missing[0]
+    error = _error_line(made_by.get("log"))
+    if error is None:
+        return f"{made_by.get('task', 'its compile')} has not run"
+    return f"{made_by['task']} failed: {error} (log: {made_by['log']})"
+
+
+def _error_line(log: str | None) -> str | None:
+    """The stage's error, the last 'error: <task>: ...' line of its log, without the task's name."""
+    try:
+        lines = [line for line in Path(log).read_text(errors="replace").splitlines() if line.startswith("error: ")]
+    except (OSError, TypeError):
+        return None
+    if not lines:
+        return None
+    message = lines[-1].removeprefix("error: ")
+    return message.split(": ", 1)[1] if message.split(": ", 1)[0].count(":") == 1 else message
+
+
 def run(params: dict) -> dict:
     rows, weights_memo = [], {}
     for cell in params["cells"]:
+        broken = not_built(cell)
+        if broken is not None:  # its compile (or quantize) failed: shown, marked, without numbers
+            print(f"{cell['variant']}@{cell['chip']} {cell['graph']}: not built: {broken}", flush=True)
+            rows.append({"variant": cell["variant"], "chip": cell["chip"], "graph": cell["graph"], "bytes": None,
+                         "compile_seconds": None, "gates": cell["gates"], "measured_by": "not built",
+                         "not_built": broken, "float_ops": None, "weight_types": None, "mostly_float": None,
+                         "samples": 0, "summary": {}, "float_score": {}, "gated": [], "passed": None})
+            continue
         compiled = _compiled(cell["compile"])
         metrics, source = _cell_metrics(cell, params["hooks"], params.get("data_dir"))
         print(f"{cell['variant']}@{cell['chip']} {cell['graph']}: {source}", flush=True)
@@ -105,7 +142,8 @@ def run(params: dict) -> dict:
     atomic_write_text(params["outputs"]["markdown"], markdown(report))
     plot(report, params["outputs"]["png"])
     return {"cells": len(rows), "not_measured": sum(r["passed"] is None and r["measured_by"] == "not measured"
-                                                     for r in rows)}
+                                                     for r in rows),
+            "not_built": sum(r["measured_by"] == "not built" for r in rows)}
 
 
 def evaluations(paths: dict) -> dict:
@@ -267,28 +305,33 @@ def markdown(report: dict) -> str:
             pairs.append((r["variant"], r["chip"]))
     for variant, chip in pairs:
         cells = {r["graph"]: r for r in rows if r["variant"] == variant and r["chip"] == chip}
-        size = sum(r["bytes"] for r in cells.values()) / 1e6
-        seconds = sum(r["compile_seconds"] for r in cells.values())
+        broken = [g for g, r in cells.items() if r["measured_by"] == "not built"]
+        size = "–" if broken else f"{sum(r['bytes'] for r in cells.values()) / 1e6:.3f}"
+        seconds = "–" if broken else f"{sum(r['compile_seconds'] for r in cells.values()):.2f}"
         values = []
         for g in graphs:
             r = cells.get(g)
-            values.append("not measured" if r and r["measured_by"] == "not measured" else
+            values.append(r["measured_by"] if r and r["measured_by"] in ("not measured", "not built") else
                           " / ".join(_fmt(r["summary"].get(m)) for m in _gated_metrics(rows, g)) + _partial_mark(r)
                           + _equal_mark(r) if r else "–")
         failed = [g for g, r in cells.items() if r["passed"] is False]
         unmeasured = [g for g, r in cells.items() if r["measured_by"] == "not measured"]
-        verdict = "; ".join(([f"FAIL: {', '.join(failed)}"] if failed else [])
+        verdict = "; ".join(([f"**NOT BUILT**: {', '.join(broken)}"] if broken else [])
+                            + ([f"FAIL: {', '.join(failed)}"] if failed else [])
                             + ([f"not measured: {', '.join(unmeasured)}"] if unmeasured else [])) or "pass"
         settings = report["variants"].get(variant, {})
         bits = "fp16" if settings.get("precision") == "fp16" else f"{settings.get('weights')}/{settings.get('activations')}"
         bits += _other_weights(list(cells.values()), settings.get("weights"))
-        lines.append(f"| {variant} | {report.get('quantizers', {}).get(variant, '–')} | {bits} | {chip} | {size:.3f} | "
-                     f"{seconds:.2f} | " + " | ".join(values) + f" | {verdict} |")
+        lines.append(f"| {variant} | {report.get('quantizers', {}).get(variant, '–')} | {bits} | {chip} | {size} | "
+                     f"{seconds} | " + " | ".join(values) + f" | {verdict} |")
     lines += ["", "## Per graph", "",
               "| variant | chip | graph | size (KB) | compile (s) | cosine | SQNR (dB) | max abs | task metrics | gate "
               "| measured | float ops |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r["summary"]
+        if r["measured_by"] == "not built":
+            lines.append(f"| {r['variant']} | {r['chip']} | {r['graph']} | – | – | – | – | – | – | – | not built | – |")
+            continue
         size = f"{r['bytes'] / 1e3:.1f}" + (" (" + " + ".join(f"{b / 1e3:.1f}" for b in r["part_bytes"]) + ")"
                                               if r.get("part_bytes") else "")  # a split graph: each part's size
         of = _partial_mark(r, short=True)  # a check stopped early: each number is of its first k samples
@@ -303,11 +346,17 @@ def markdown(report: dict) -> str:
                           f"{r['variant']}@{r['chip']} {r['graph']} after {r['partial']['samples']} of "
                           f"{r['partial']['of']} samples: {', '.join(r['partial']['failed'])}{_unjudged(r)}"
                           for r in stopped)]
+    broken = [r for r in rows if r.get("not_built")]
+    if broken:  # a variant that does not build (doit --continue): every other variant is shown, this one says why
+        lines += ["", "**Not built** (no binary; the others are reported as usual): " + "; ".join(
+            f"{r['variant']}@{r['chip']} {r['graph']}: {r['not_built']}" for r in broken)]
     unmeasured = [r["measure_with"] for r in rows if r.get("measure_with")]
-    if unmeasured:  # the report shows what was measured; measuring the rest stays one command away
-        how = ", ".join(f"`{c}`" for c in unmeasured) if len(unmeasured) <= 3 else "`doit check` (every missing check)"
-        lines += ["", f"{len(unmeasured)} of {len(rows)} binaries not measured yet (their checks have not run): "
-                      f"{how}, then `doit report`."]
+    if unmeasured:  # the report runs no check and no emulator: measuring the rest stays one command away
+        how = ", ".join(f"`{c}`" for c in unmeasured) if len(unmeasured) <= 3 else \
+            f"`doit --continue 'check:{report['model']}/*'` (every check of the model)"
+        lines += ["", f"{len(unmeasured)} of {len(rows)} binaries not measured yet (their checks have not run; the "
+                      f"report shows what the checks measured and runs none itself): {how}, then "
+                      f"`doit report:{report['model']}`."]
     warned = [r for r in rows if r.get("mostly_float")]
     if warned:  # a quantized variant that is mostly float is not what its name says
         lines += ["", "**Mostly float:** " + "; ".join(dict.fromkeys(f"{r['variant']} {r['graph']}: {r['mostly_float']}"
@@ -340,16 +389,18 @@ PANELS_PER_ROW = 3
 def panels(report: dict) -> list[dict]:
     """What the figure shows, one panel per gated metric of each graph (and of the model's [evaluate] gate):
     {"title", "metric", "points": [{"variant", "chip", "value", "passed", "low", "high", "float", "partial"}]}; a
-    graph without gates shows its cosine. Points of cells not measured yet have value None; partial: "k of N" when
-    the value is of the first k samples (an early verdict), else None."""
+    graph without gates shows its cosine. Points of cells not measured yet have value None (and "not_built": True
+    when the cell has no binary); partial: "k of N" when the value is of the first k samples (an early verdict),
+    else None."""
     found: dict[tuple[str, str], dict] = {}
     rows = report["cells"]
-    entries = [(r["graph"], r["variant"], r["chip"], r["summary"], r["gated"], r.get("partial")) for r in rows]
+    entries = [(r["graph"], r["variant"], r["chip"], r["summary"], r["gated"], r.get("partial"),
+                r["measured_by"] == "not built") for r in rows]
     for name, value in (report.get("evaluate") or {}).items():
         variant, chip = name.split("@", 1)
         entries.append(("model", variant, chip, value.get("metrics") or {}, value.get("gated") or [],
-                        value.get("partial")))
-    for graph, variant, chip, measured, gated, partial in entries:
+                        value.get("partial"), False))
+    for graph, variant, chip, measured, gated, partial, broken in entries:
         metrics = ([g["metric"] for g in gated] or (_gated_metrics(rows, graph) if graph != "model" else []))
         for metric in dict.fromkeys(metrics):
             panel = found.setdefault((graph, metric), {"title": f"{graph}: {metric}", "metric": metric, "points": []})
@@ -359,7 +410,8 @@ def panels(report: dict) -> list[dict]:
                                     "value": float(value) if isinstance(value, (int, float)) else None,
                                     "passed": gate.get("passed"), "low": gate.get("low"), "high": gate.get("high"),
                                     "float": gate.get("float"),
-                                    "partial": f"{partial['samples']} of {partial['of']}" if partial else None})
+                                    "partial": f"{partial['samples']} of {partial['of']}" if partial else None,
+                                    **({"not_built": True} if broken else {})})
     return list(found.values())
 
 
@@ -403,7 +455,7 @@ def figure(report: dict):
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     markers = "osD^v<>pP*Xh"
     spread = 0.75 / max(1, len(chips))  # chips side by side within a variant: equal values stay apart
-    failed_any = unmeasured_any = False
+    failed_any = unmeasured_any = broken_any = False
     for index, panel in enumerate(shown):
         ax = fig.add_subplot(grid[index // columns, index % columns])
         values = [p["value"] for p in panel["points"] if p["value"] is not None and math.isfinite(p["value"])]
@@ -417,6 +469,10 @@ def figure(report: dict):
             x = variants.index(point["variant"]) + (chips.index(point["chip"]) - (len(chips) - 1) / 2) * spread
             at = chips.index(point["chip"])
             color, marker = colors[at % len(colors)], markers[at % len(markers)]
+            if point.get("not_built"):  # its compile failed (doit --continue): a black x at the bottom
+                broken_any = True
+                ax.scatter(x, low - pad * 0.6, marker="x", color="black", s=40, zorder=3)
+                continue
             if point["value"] is None or math.isnan(point["value"]):
                 unmeasured_any = True
                 ax.scatter(x, low - pad * 0.6, marker="x", color="grey", s=40, zorder=3)
@@ -468,6 +524,8 @@ def figure(report: dict):
                               linestyle="", markersize=9, label="gate failed"))
     if unmeasured_any:
         handles.append(Line2D([], [], color="grey", marker="x", linestyle="", label="not measured yet"))
+    if broken_any:
+        handles.append(Line2D([], [], color="black", marker="x", linestyle="", label="not built"))
     per_row = min(len(handles), 6)
     fig.legend(handles=handles, loc="lower center", ncol=per_row, fontsize=11, frameon=False)
     fig.suptitle(f"{report['model']}: gated metrics per variant and chip (HTP emulator vs float model)", fontsize=14)
