@@ -145,7 +145,8 @@ STAGES: tuple[Stage, ...] = (
           # 5: a rung, probe or trial that misses stops early (its numbers stopped_after k of N samples)
           # 6: a step graph's state pairs take one encoding in every candidate, and a 16-bit tensor next to a pair
           # takes the whole pair to 16 bit (what quantize can build)
-          {"any": _w("tune", 7, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
+          # 8: the comments give each measurement's target metrics first and the gates it missed ("misses")
+          {"any": _w("tune", 8, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
     Stage("diagnose", "7c diagnose: where a binary loses accuracy, tensor by tensor (emulator vs CPU QDQ vs float) "
           "-> <graph>.diagnose.md", {"any": "diagnose:diagnose_tasks"},
           # 2: a drop at a layer reading int4 weights proposes the weight_overrides line; the weight type per row
