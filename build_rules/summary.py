@@ -277,7 +277,16 @@ class SummaryReporter(ConsoleReporter):
                           - {_variant_of(first)})
         others = f", of variant(s) {', '.join(variants)} too" if variants else ""
         return (f"stopped at the first failure, {first} (its message above): {not_run} planned task(s) not run"
-                f"{others}; `doit --continue` builds everything that does not need the failed task")
+                f"{others}; `{self._continue_command()}` builds everything that does not need the failed task")
+
+    def _continue_command(self) -> str:
+        """The run again with --continue, in the form doit takes: its options before the task names (`doit dist
+        --continue` is refused: 'option --continue not recognized'). The default tasks (plain `doit`) need no name."""
+        import shlex
+
+        from .project import project
+        named = [] if self.selected == [m.name for m in project().models] else self.selected
+        return " ".join(["doit", "--continue", *(shlex.quote(name) for name in named)])
 
     def _not_run(self) -> int:
         """Planned tasks that never started because doit stopped at a failure. Under --continue doit reports every

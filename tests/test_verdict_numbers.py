@@ -105,9 +105,15 @@ def test_the_report_marks_a_stopped_checks_numbers_and_shows_a_variant_that_does
     assert f"**Not built** (no binary; the others are reported as usual): w16a16@SM8750 det: " \
            f"{cells['w16a16']['not_built']}" in markdown
 
-    # without --continue doit stops at the failed compile, before the report
+    # without --continue doit stops at the failed compile, before the report, and gives the command that goes on in
+    # the form doit takes (issue 44 item 7: `doit dist --continue` is refused, `doit --continue dist` is not)
     result = run_doit(built, "report:detector")
     assert result.code != 0 and "report:detector" not in result.ran
+    assert ("stopped at the first failure, compile:detector/det/w16a16@SM8750 (its message above): 1 planned task(s) "
+            "not run; `doit --continue report:detector` builds everything that does not need the failed task") \
+        in result.output, result.output
+    assert run_doit(built, "--continue", "report:detector").ran == {"compile:detector/det/w16a16@SM8750",
+                                                                     "report:detector"}
 
 
 def test_the_report_runs_the_compiles_it_reads_when_they_are_out_of_date(built, tmp_path):
