@@ -145,7 +145,8 @@ STAGES: tuple[Stage, ...] = (
           # 5: a rung, probe or trial that misses stops early (its numbers stopped_after k of N samples)
           # 6: a step graph's state pairs take one encoding in every candidate, and a 16-bit tensor next to a pair
           # takes the whole pair to 16 bit (what quantize can build)
-          # 8: the comments give each measurement's target metrics first and the gates it missed ("misses")
+          # 8: the comments give each measurement's target metrics first and the gates it missed ("misses"); a chosen
+          # per-layer rung says how many weights its section keeps at int8 before listing the probes
           {"any": _w("tune", 8, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
     Stage("diagnose", "7c diagnose: where a binary loses accuracy, tensor by tensor (emulator vs CPU QDQ vs float) "
           "-> <graph>.diagnose.md", {"any": "diagnose:diagnose_tasks"},

@@ -147,3 +147,27 @@ def test_tune_names_only_the_gates_that_missed_and_comments_the_metric_that_deci
     text = (repo / "out/labelled/tuning/w8a8.tuned.toml").read_text()
     full = json.dumps({"accuracy": 1.0, "cosine": round(chosen["cosine"], 5), "sqnr": round(chosen["sqnr"], 5)})
     assert f"#   w4a16_lpbq_ort: 53.2 KB, chosen (classifier full {full}" in text, text
+
+
+def test_the_chosen_per_layer_rung_says_how_many_weights_its_section_keeps_at_int8():
+    """PP-OCRv4's recogniser: the comment said 'chosen: rec 34 weights at int8' (its first probe) where the section it
+    wrote holds 32, the probe the bisection ended on."""
+    from build_rules.quant_spec import QuantSpec
+    from build_rules.stages.support.tune_ladder import rungs, toml_lines
+    w4a16 = QuantSpec(activations="uint16", weights="int4", calibration_samples=16)
+    target = [{"metric": "accuracy", "min": 0.9}]
+    probes = [{"graph": "rec", "int8": k, "meets": ok, "bytes": 1000 * (100 + k), "full": {"accuracy": acc}}
+              for k, ok, acc in ((34, True, 0.93), (17, False, 0.71), (25, False, 0.85), (29, False, 0.89),
+                                 (32, True, 0.91))]
+    rung = {**next(r for r in rungs(w4a16) if r["name"] == "w4a16_lpbq_ort_int8_layers"), "probes": probes,
+            "weight_bits": {"rec": [f"Conv_{i}" for i in range(32)]}, "bytes": 132000, "graphs": {}}
+    lines, section = toml_lines({"rungs": [rung], "chosen": rung, "notes": []}, "w4a16_tuned", "w4a16",
+                                [{"name": "rec", "variant": w4a16.settings("rec"), "target": target}])
+    assert lines[1] == (
+        '#   w4a16_lpbq_ort_int8_layers: chosen: rec 32 weights at int8, 132.0 KB; probes: '
+        'rec top 34 at int8 134.0 KB {"accuracy": 0.93} meets; '
+        'rec top 17 at int8 117.0 KB {"accuracy": 0.71, "misses": "accuracy"} misses; '
+        'rec top 25 at int8 125.0 KB {"accuracy": 0.85, "misses": "accuracy"} misses; '
+        'rec top 29 at int8 129.0 KB {"accuracy": 0.89, "misses": "accuracy"} misses; '
+        'rec top 32 at int8 132.0 KB {"accuracy": 0.91} meets')
+    assert section[-2].count('= "int8"') == 32

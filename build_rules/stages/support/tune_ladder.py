@@ -341,9 +341,12 @@ def toml_lines(found: dict, name: str, base_name: str, graphs: list[dict]) -> tu
             lines.append(f"#   {rung['name']}: failed: {'; '.join(errors)}")
             continue
         status = "chosen" if rung is found["chosen"] else "misses a target"
-        if "probes" in rung:  # the per-layer search: what each probe kept at int8 and what it measured
-            lines.append(f"#   {rung['name']}: {status}: " + "; ".join(
-                f"{p['graph']} {p['int8']} weights at int8 {_probe(p, targets.get(p['graph']))}" for p in rung["probes"]))
+        if "probes" in rung:  # the per-layer search: what it chose, then what each probe kept at int8 and measured
+            kept = ", ".join(f"{g} {len(n)} weights at int8" for g, n in rung["weight_bits"].items()) \
+                if rung is found["chosen"] else ""  # what the section below holds (a probe may have had more)
+            size = f", {rung['bytes'] / 1e3:.1f} KB" if kept and rung.get("bytes") else ""
+            lines.append(f"#   {rung['name']}: {status}{': ' + kept + size if kept else ''}; probes: " + "; ".join(
+                f"{p['graph']} top {p['int8']} at int8 {_probe(p, targets.get(p['graph']))}" for p in rung["probes"]))
             lines += [f"#     {g} at int8: {', '.join(n)}" for g, n in rung["weight_bits"].items() if n]
             continue
         values = ", ".join(f"{g} {k} {json.dumps(_short(m, targets.get(g)))}" for g, r in rung["graphs"].items()
