@@ -8,8 +8,8 @@ from .. import layout
 from ..config import Chip, Graph, Model, Tuning, Variant, gate_dicts
 from ..hashing import OptionalFiles
 from ..plan import SetupsCurrent
-from ..project import (chip_params, compile_input, model_data, hook_files, model_graphs, project, ranges_file,
-                       rel, stage_task, variant_builds)
+from ..project import (chip_params, compile_input, model_data, hook_files, model_graphs, preferred_reference,
+                       project, ranges_file, rel, stage_task, variant_builds)
 from . import aimet as aimet_tasks, device as device_tasks, split as split_tasks
 
 
@@ -74,7 +74,8 @@ def report_tasks():
 
 
 def _tuning_chip(model: Model) -> Chip:
-    name = model.tuning.chip if model.tuning and model.tuning.chip else model.chips[0]
+    """[tuning] chip, else the checks' reference chip (SM8750 when the model builds it: project.preferred_reference)."""
+    name = model.tuning.chip if model.tuning and model.tuning.chip else preferred_reference(model)
     return project().chips.chips[name]
 
 
