@@ -91,19 +91,28 @@ class SummaryReporter(ConsoleReporter):
             suffix = ""  # none: no build log yet, or less than a second
             if left is not None and left >= 1:
                 guessed = self.plan.guessed(self.started)
-                suffix = f"  ({_duration(left)} left" + (f", {guessed} guessed from other tasks" if guessed else "") + ")"
+                unknown = len(self.plan.not_estimated(self.started))
+                suffix = f"  ({_duration(left)} left" + (f", {guessed} guessed from other tasks" if guessed else "") \
+                    + (f", {unknown} not counted" if unknown else "") + ")"
             self.write(f".  [{k}/{n}] {task.title()}{suffix}\n")
 
     def _estimate(self, now: float) -> str:
-        """', about 2 min 06 s by <build log>' and what that rests on: cache hits, tasks timed by others."""
+        """', about 2 min 06 s by <build log>' and what that rests on: cache hits, tasks timed by others, and the
+        tasks of a kind never run here, which it does not count (' (tune:m/v never ran here, nor any tune task: no
+        estimate for it)')."""
         left = self.plan.time_left(self.started, now)
+        unknown = self.plan.not_estimated(self.started) if self.plan.seconds or self.plan.restore_seconds else []
+        kinds = sorted({self.plan.kind(n) for n in unknown})
+        never = (f"{unknown[0] if len(unknown) == 1 else f'{len(unknown)} tasks'} never ran here, nor any "
+                 f"{' or '.join(kinds)} task: no estimate for {'it' if len(unknown) == 1 else 'them'}") if unknown else ""
         if left is None:
-            return ""
+            return f" ({never})" if never else ""
         hits, guessed = len(self.plan.hits), self.plan.guessed(self.started)
         judged = len(self.plan.remembered)
         basis = ([f"{hits} in the build cache"] if hits else []) + \
             ([f"{judged} judged again on remembered numbers, without the emulator"] if judged else []) + \
-            ([f"{guessed} never ran here: each counted as the median of its stage"] if guessed else [])
+            ([f"{guessed} never ran here: each counted as the median of its stage"] if guessed else []) + \
+            ([never] if never else [])
         return f", about {_duration(left)} by {BUILD_LOG}" + (f" ({'; '.join(basis)})" if basis else "")
 
     def add_success(self, task):
