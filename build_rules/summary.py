@@ -251,7 +251,9 @@ class SummaryReporter(ConsoleReporter):
                 package = f"package:{pair}"
                 failed_here = sorted(n for n in failed if _of_pair(n, model.name, variant.name, chip.name))
                 # e.g. `doit check:<target>`: the pair's checks ran, its package did not (its manifest may be older)
-                ran_here = [] if package in ran else [n for n in ran if _of_pair(n, model.name, variant.name, chip.name)]
+                of_pair = [n for n in ran if _of_pair(n, model.name, variant.name, chip.name)]
+                # (only the stages that make or judge the pair's binary: a diagnose compiles binaries of its own)
+                ran_here = [] if package in ran else [n for n in of_pair if n.split(":", 1)[0] in VARIANT_STAGES]
                 checked_now = any(n.startswith(("check:", "evaluate:")) for n in ran_here)
                 if failed_here:
                     state = "FAILED now"
@@ -259,6 +261,8 @@ class SummaryReporter(ConsoleReporter):
                     state = "built now"
                 elif ran_here:
                     state = "checked now" if checked_now else "compiled now"
+                elif any(n.startswith("diagnose:") for n in of_pair):
+                    state = "diagnosed now"
                 elif package in blocked:
                     state = "not run now"
                 elif self.decided.get(package) is False:

@@ -171,3 +171,11 @@ def test_the_chosen_per_layer_rung_says_how_many_weights_its_section_keeps_at_in
         'rec top 29 at int8 129.0 KB {"accuracy": 0.89, "misses": "accuracy"} misses; '
         'rec top 32 at int8 132.0 KB {"accuracy": 0.91} meets')
     assert section[-2].count('= "int8"') == 32
+
+
+def test_the_summary_after_a_diagnose_does_not_call_the_binary_compiled_now(built):
+    """diagnose compiles binaries of its own (the exposed tensors); the pair's binary was compiled earlier."""
+    result = run_doit(built, "diagnose:detector/det/fp16@SM8750")
+    assert result.code == 0, result.output
+    assert "  diagnosed now out/detector/fp16/SM8750: det 2.13 MB det_f1 1 cosine 1\n" in result.output, result.output
+    assert "compiled now" not in result.output
