@@ -179,3 +179,35 @@ def test_the_summary_after_a_diagnose_does_not_call_the_binary_compiled_now(buil
     assert result.code == 0, result.output
     assert "  diagnosed now out/detector/fp16/SM8750: det 2.13 MB det_f1 1 cosine 1\n" in result.output, result.output
     assert "compiled now" not in result.output
+
+
+YOLO_SIMPLIFY = [  # onnxsim 0.8.1's stderr on nudenet's YOLOv8n-320 (the held-out case), the first 4 of its 11 lines
+    'WARNING: failed to run "Concat" op (name is "/model.22/Concat_10"), skip... no initializer '
+    '/model.22/Unsqueeze_3_output_0',
+    'WARNING: failed to run "Reshape" op (name is "/model.22/Reshape_7"), skip... no initializer '
+    '/model.22/Concat_10_output_0',
+    'WARNING: failed to run "Concat" op (name is "/model.22/Concat_15"), skip... no initializer '
+    '/model.22/Unsqueeze_6_output_0',
+    'WARNING: failed to run "Reshape" op (name is "/model.22/Reshape_12"), skip... no initializer '
+    '/model.22/Concat_15_output_0']
+
+
+def test_onnxsims_warnings_are_printed_once_each_and_its_unfolded_nodes_on_one_line(capfd):
+    """onnxsim's C++ writes a 'failed to run ... skip' line per node it cannot fold, on every folding pass, to file
+    descriptor 2: eleven of the twelve lines of YOLOv8n's simplify log. The simplify stage takes them from the
+    descriptor (native_stderr.captured) and prints each node once, on one line; another line once."""
+    import os
+
+    from build_rules.native_stderr import captured
+    from build_rules.stages.simplify import said_once
+    with captured() as said:
+        for line in YOLO_SIMPLIFY * 3 + ["some other warning", "some other warning"]:
+            os.write(2, (line + "\n").encode())  # as C++ writes it: past sys.stderr
+    assert said == YOLO_SIMPLIFY * 3 + ["some other warning"] * 2
+    assert capfd.readouterr().err == ""  # nothing reached the descriptor itself
+    said_once(said)
+    assert capfd.readouterr().out.splitlines() == [
+        "some other warning",
+        "onnxsim kept 4 node(s) it could not fold ahead of time (they run as they are): /model.22/Concat_10, "
+        "/model.22/Reshape_7, /model.22/Concat_15, /model.22/Reshape_12 (the first: Concat /model.22/Concat_10: no "
+        "initializer /model.22/Unsqueeze_3_output_0)"]
