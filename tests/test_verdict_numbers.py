@@ -211,3 +211,16 @@ def test_onnxsims_warnings_are_printed_once_each_and_its_unfolded_nodes_on_one_l
         "onnxsim kept 4 node(s) it could not fold ahead of time (they run as they are): /model.22/Concat_10, "
         "/model.22/Reshape_7, /model.22/Concat_15, /model.22/Reshape_12 (the first: Concat /model.22/Concat_10: no "
         "initializer /model.22/Unsqueeze_3_output_0)"]
+
+
+def test_dist_verify_says_when_a_chip_waited_for_an_emulator_slot(monkeypatch):
+    """A user's w8a8 bundle took 4 min to verify against 1 min for fp16: nothing in the bundle made it slow (measured:
+    docs/dist.md), its checks queued for the machine's emulator slots behind other work, silently. Each chip's line
+    gives its wall time, and the wait when that is most of it: the sessions' seconds over its workers are the rest.
+    The numbers of YOLOv8n-320's first chip with both slots held by two other processes for 30 s."""
+    from build_rules.dist import _timing
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    assert _timing(39.3, 18.6, 4) == ("39.3 s on 2 emulator sessions, about 30 s of it waiting for a free emulator "
+                                      "slot (the machine's 2 were held by other work)")
+    assert _timing(12.9, 21.7, 4) == "12.9 s on 2 emulator sessions"  # the same chip's neighbours: no wait
+    assert _timing(3.0, 2.1, 1) == "3.0 s on 1 emulator session"
