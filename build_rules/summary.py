@@ -102,9 +102,11 @@ class SummaryReporter(ConsoleReporter):
         estimate for it)')."""
         left = self.plan.time_left(self.started, now)
         unknown = self.plan.not_estimated(self.started) if self.plan.seconds or self.plan.restore_seconds else []
-        kinds = sorted({self.plan.kind(n) for n in unknown})
-        never = (f"{unknown[0] if len(unknown) == 1 else f'{len(unknown)} tasks'} never ran here, nor any "
-                 f"{' or '.join(kinds)} task: no estimate for {'it' if len(unknown) == 1 else 'them'}") if unknown else ""
+        kinds = sorted({self.plan.kind(n).split(" (")[0] for n in unknown})
+        named = ", ".join(kinds[:4]) + (f" and {len(kinds) - 4} more" if len(kinds) > 4 else "")
+        never = "" if not unknown else \
+            f"{unknown[0]} never ran here, nor any {kinds[0]} task: no estimate for it" if len(unknown) == 1 else \
+            f"{len(unknown)} tasks of stages that never ran here ({named}): no estimate for them"
         if left is None:
             return f" ({never})" if never else ""
         hits, guessed = len(self.plan.hits), self.plan.guessed(self.started)
