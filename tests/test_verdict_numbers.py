@@ -1,8 +1,9 @@
-"""Numbers a user can trust (issue 44 items 4 and 6), on tests/models/detector, the YOLOv8-style detector with a score
-hook (det_f1, box_iou): a check that stops early says why the hook's metrics are missing, the report marks a stopped
-check's numbers as those of its first samples, and a variant that does not compile leaves the report to the others
-under `doit --continue`, marked. One chip (SM8750); w8a8 with a cosine gate it misses on the first sample, fp16, and
-w16a16 (16-bit weights: QNN's HTP refuses its convolutions, so it never compiles)."""
+"""Numbers a user can trust (issue 44 items 4, 6 and 7). Most on tests/models/detector, the YOLOv8-style detector with
+a score hook (det_f1, box_iou): a check that stops early says why the hook's metrics are missing, the report marks a
+stopped check's numbers as those of its first samples, and a variant that does not compile leaves the report to the
+others under `doit --continue`, marked. One chip (SM8750); w8a8 with a cosine gate it misses on the first sample,
+fp16, and w16a16 (16-bit weights: QNN's HTP refuses its convolutions, so it never compiles). Then tune's log and
+comments (the labelled classifier), the summary after a diagnose, onnxsim's warnings and dist verify's timing."""
 from __future__ import annotations
 
 import json
@@ -116,7 +117,7 @@ def test_the_report_marks_a_stopped_checks_numbers_and_shows_a_variant_that_does
                                                                      "report:detector"}
 
 
-def test_the_report_runs_the_compiles_it_reads_when_they_are_out_of_date(built, tmp_path):
+def test_the_report_runs_the_compiles_it_reads_when_they_are_out_of_date(built):
     """The compiles are the report's setup tasks, not its file_dep: doit runs them only when the report is to run, so
     the report is out of date while one of them would run (plan.SetupsCurrent), though the binaries it read last time
     are unchanged."""
