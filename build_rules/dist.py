@@ -26,8 +26,10 @@ import struct
 import sys
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
+from . import emulator_slots
 # The contract code, kept importable from here (dist.contract_from_ctx, dist.DistError, ...).
 from .dist_contract import (FIXED_DTYPES, NUMPY_DTYPES, PLAIN_DTYPES, DistError, _bare_binary_model,  # noqa: F401
                             _EmulatorRefused, contract_from_ctx, contract_from_manifest, dequantize, quantize, sha256)
@@ -349,11 +351,13 @@ def verify(bundle: Path, evaluation: dict[str, Path] | None = None, samples: int
                     f"on the HTP emulator over {measured['samples']} samples (worst output: "
                     f"{measured['worst_steps']:.2f} of one quantization step)")
             else:
+                began, sessions = time.monotonic(), emulator_slots.session_seconds()
                 measured = check_contract(bundle / chip, graph, entry["io"], Path(evaluation[graph]), samples, where,
                                           inputs=inputs[graph])
                 result["contract"][where] = measured
                 say(f"{where}: I/O contract holds on the HTP emulator over {measured['samples']} samples "
-                    f"(worst output: {measured['worst_steps']:.2f} of one quantization step)")
+                    f"(worst output: {measured['worst_steps']:.2f} of one quantization step; "
+                    f"{_timing(time.monotonic() - began, emulator_slots.session_seconds() - sessions, measured['samples'])})")
             if entry.get("step") and steps:
                 walked = check_steps(bundle / chip, graph, entry, Path(evaluation[graph]), steps, where)
                 result["steps"][where] = walked
@@ -367,6 +371,22 @@ def verify(bundle: Path, evaluation: dict[str, Path] | None = None, samples: int
         result["multi_soc"][graph] = _try_multi_soc_on_emulator(bundle, graph, entry, index, evaluation, samples, say,
                                                                 inputs.get(graph))
     return result
+
+
+def _timing(seconds: float, sessions: float, samples: int) -> str:
+    """'8.1 s on 2 emulator sessions': the wall time of one chip's contract check, and the time it waited for one of
+    the machine's emulator slots when that is most of it (emulator_slots.py: every task and every doit run of this
+    user share them; a worker holds its slot from when it has it, so the sessions' seconds, summed over them, over
+    the workers is their share of the wall time). Measured on YOLOv8n-320's w8a8 bundle (5 chips, 4 samples): 8-12 s
+    a chip alone; with both slots held by two other processes for 30 s, its first chip took 39.2 s, 29 s of it
+    waiting. A slow `doit dist` is most often that: its verify queued behind other tasks' emulator work."""
+    workers = max(1, min(emulator_slots.limit(), samples))
+    waited = seconds - sessions / workers
+    text = f"{seconds:.1f} s on {workers} emulator session{'s' if workers > 1 else ''}"
+    if waited > max(5.0, seconds / 2):
+        text += (f", about {waited:.0f} s of it waiting for a free emulator slot (the machine's "
+                 f"{emulator_slots.limit()} were held by other work)")
+    return text
 
 
 def _check_targets(bundle: Path, index: dict, say) -> int:

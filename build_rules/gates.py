@@ -97,17 +97,18 @@ def describe_all(gates) -> str:
     return " and ".join(describe(g) for g in as_list(gates))
 
 
-def results(gates, measured: dict, reference: dict | None = None) -> list[dict]:
+def results(gates, measured: dict, reference: dict | None = None, stopped: dict | None = None) -> list[dict]:
     """One entry per gate: {"gate": its text, "metric", "value", "float" (relative gates), "low", "high", "passed"},
     and "failure" (the reason, for a message) when it did not pass. passed is None when the gate cannot be judged
-    (its metric, or the float model's value of it, was not measured)."""
+    (its metric, or the float model's value of it, was not measured). stopped: the early verdict of a measurement
+    that stopped after k of N samples (metrics["partial"]): a metric it did not measure says so (stopped_before)."""
     found = []
     for gate in as_list(gates):
         metric = gate["metric"]
         entry = {"gate": describe(gate), "metric": metric, "value": None, "passed": None}
         found.append(entry)
         if metric not in measured:
-            entry["failure"] = not_measured(metric, measured)
+            entry["failure"] = stopped_before(metric, stopped) if stopped else not_measured(metric, measured)
             continue
         value = entry["value"] = float(measured[metric])
         ref = None
@@ -130,6 +131,15 @@ def not_measured(metric: str, measured) -> str:
     return (f"gate metric '{metric}' was not measured (measured: {', '.join(measured) or 'none'})"
             f"{did_you_mean(metric, measured)}; a task metric needs a score() hook (per graph) or "
             "evaluate() (per model) that returns it")
+
+
+def stopped_before(metric: str, stopped: dict) -> str:
+    """Why a gate on `metric` was not judged by a measurement stopped early: the samples it ran had already decided
+    that another gate fails, and a score() hook's metrics are measured on every sample or not at all."""
+    decided = list(dict.fromkeys(f["metric"] if isinstance(f, dict) else str(f) for f in stopped.get("failed", [])))
+    return (f"{metric} not measured: the measurement stopped after {stopped['samples']} of {stopped['of']} samples, "
+            f"once {' and '.join(decided) or 'a comparison gate'} failed whatever the other samples give; score() "
+            "runs only on a measurement of every sample")
 
 
 def _failure(gate: dict, value: float, low: float | None, high: float | None, ref: float | None) -> str:

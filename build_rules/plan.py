@@ -12,8 +12,8 @@ may have, but the tasks reading that task's outputs are counted anyway), so it s
 see.
 
 The time left is the sum over the tasks still to run of their seconds in out/.build-state/build.log (the last
-time each ran; a task never seen counts as the median of its stage (or of the kind its task names, see Plan.kind),
-else of all: the estimate says how many),
+time each ran; a task never seen counts as the median of its stage (or of the kind its task names, see Plan.kind):
+the estimate says how many; one of a kind never seen is left out, and named: Plan.unknown),
 minus what the running ones have done, divided by the number of jobs. A task whose outputs the local build cache
 holds (see cache_hits) counts as its last restore from the cache, a fraction of a second, not as its work. A check
 that runs again on inputs its measurement memo was made from (a new gate, a failed check judged again: see
@@ -31,6 +31,8 @@ import os
 import statistics
 import time
 from pathlib import Path
+
+from doit.dependency import UptodateCalculator
 
 from . import gates
 
@@ -79,10 +81,11 @@ class Plan:
         if not (self.seconds or self.restore_seconds):
             return None
         now = time.time() if now is None else now
-        left = [self.estimate(n) for n in self.to_run if n not in self.started]
-        left += [max(self.estimate(n) - (now - t0), 0.0) for n, t0 in running.items() if n in self.to_run]
-        if not left:
-            return 0.0
+        left = [self.estimate(n) for n in self.to_run if n not in self.started and not self.unknown(n)]
+        left += [max(self.estimate(n) - (now - t0), 0.0) for n, t0 in running.items()
+                 if n in self.to_run and not self.unknown(n)]
+        if not left:  # nothing left, or only tasks of a kind never run here: no number rather than a wrong one
+            return None if self.not_estimated(running) else 0.0
         emulator = sum(self.emulator_estimate(n) for n in self.to_run if n not in self.started)
         emulator += sum(self.emulator_estimate(n) * max(1 - (now - t0) / max(self.estimate(n), 1e-9), 0.0)
                         for n, t0 in running.items() if n in self.to_run)
@@ -101,9 +104,25 @@ class Plan:
         return statistics.median(same_kind) if same_kind else 0.0
 
     def guessed(self, running: dict[str, float]) -> int:
-        """How many of the tasks left (not started, or running) never ran here: their time is another task's."""
+        """How many of the tasks left (not started, or running) never ran here: their time is another task's of
+        their kind."""
         left = [n for n in self.to_run if n not in self.started] + [n for n in running if n in self.to_run]
-        return sum(n not in self.hits and n not in self.remembered and n not in self.seconds for n in left)
+        return sum(n not in self.hits and n not in self.remembered and n not in self.seconds and not self.unknown(n)
+                   for n in left)
+
+    def unknown(self, name: str) -> bool:
+        """A task that never ran here, of a kind none of whose tasks ran here either: nothing says how long it takes
+        (every task's median said 'about 3.3 s' for a first tune of 5 min 42 s), so the time left leaves it out and
+        says so (not_estimated)."""
+        if name in self.seconds or name in self.hits or name in self.remembered:
+            return False
+        kind = self.kind(name)
+        return not any(self.kind(n) == kind for n in self.seconds)
+
+    def not_estimated(self, running: dict[str, float]) -> list[str]:
+        """The tasks left (not started, or running) that the time left does not count (unknown), in name order."""
+        left = {n for n in self.to_run if n not in self.started} | {n for n in running if n in self.to_run}
+        return sorted(n for n in left if self.unknown(n))
 
     def estimate(self, name: str) -> float:
         if name in self.remembered:  # re-judges the numbers its memo keeps: no emulator run
@@ -116,7 +135,7 @@ class Plan:
             return self.seconds[name]
         kind = self.kind(name)
         same_kind = [s for n, s in self.seconds.items() if self.kind(n) == kind]
-        return statistics.median(same_kind or self.seconds.values() or self.restore_seconds.values())
+        return statistics.median(same_kind) if same_kind else 0.0  # (unknown: not counted)
 
     def kind(self, name: str) -> str:
         """What a never-run task is timed like: its stage, or the kind its task dict names in meta["estimate_as"]
@@ -273,6 +292,30 @@ def predict(tasks: dict, selected: list[str], runs_by_itself, decided: dict[str,
         else:
             runs[name] = counted(task) and runs_by_itself(task)
     return {name for name, run in runs.items() if run and counted(tasks[name])}
+
+
+class SetupsCurrent(UptodateCalculator):
+    """doit uptodate of a task whose inputs its setup tasks make (the report: the compiles). doit runs setup tasks
+    only when the task itself is to run, and a setup task that fails under --continue does not keep it from running
+    (doit 0.37 checks a task's failed dependencies before its setup tasks run, not after): so the task is up to date
+    only while none of its setup tasks, nor anything they need, would run (predict, the status check that counts N).
+    doit hands it its dependency manager and every task (UptodateCalculator.setup)."""
+
+    def __init__(self, names: list[str]):
+        super().__init__()
+        self.names = list(names)
+        self.dep_manager = None
+
+    def setup(self, dep_manager, tasks_dict):
+        super().setup(dep_manager, tasks_dict)
+        self.dep_manager = dep_manager
+
+    def __call__(self) -> bool:
+        if not self.names:
+            return True
+        if self.dep_manager is None:  # (doit calls setup() before asking)
+            return False
+        return not predict(self.tasks_dict, self.names, _status_check(self.dep_manager, self.tasks_dict), {})
 
 
 def _status_check(dep_manager, tasks: dict):

@@ -210,8 +210,19 @@ def reference_chip(model: Model, variant: Variant) -> Chip | None:
     chips = [chip for v, chip in variant_builds(model) if v.name == variant.name]
     if len(chips) < 2:
         return None
-    wanted = model.check.reference_chip or "SM8750"
+    wanted = model.check.reference_chip or DEFAULT_REFERENCE
     return next((c for c in chips if c.name == wanted), chips[0])
+
+
+DEFAULT_REFERENCE = "SM8750"
+
+
+def preferred_reference(model: Model) -> str:
+    """The name of the chip the checks take as reference ([check] reference_chip, else SM8750) when the model builds
+    for it, else its first chip: also where tune and sensitivity measure unless [tuning] chip says otherwise, so a
+    proposal is judged on the chip whose check judges the variant in full."""
+    wanted = model.check.reference_chip or DEFAULT_REFERENCE
+    return wanted if wanted in model.chips else model.chips[0]
 
 
 def skipped_builds() -> list[str]:

@@ -131,7 +131,11 @@ STAGES: tuple[Stage, ...] = (
           # variant and chip with their thresholds (not SQNR), and the phones' latency, at 1200 x 700; the weights
           # column counts the weights of another type than the variant's (read from the QDQ models)
           # 8: a check stopped early shows its k samples' numbers marked "k of N" and fails only the gates they decide
-          {"any": _w("report", 8, ("onnxruntime", "numpy", "matplotlib"), sdk=True)}),
+          # 9: ... each of those numbers marked, the gates they do not decide "not judged, stopped early" (a score
+          # hook's metric: why it was not measured); frame_cosine is not a task metric; the float line in view
+          # 10: the compiles are its setup tasks: under --continue a cell whose compile (or quantize) failed is shown
+          # "not built" with the error, beside the others
+          {"any": _w("report", 10, ("onnxruntime", "numpy", "matplotlib"), sdk=True)}),
     Stage("sensitivity", "10 sensitivity: rank each graph's activation tensors by what 8 bit costs (HTP emulator) "
           "-> table + plot", {"any": "tuning:sensitivity_tasks"},
           # 3: candidates keep the variant's weight overrides and LPBQ blocks
@@ -146,7 +150,10 @@ STAGES: tuple[Stage, ...] = (
           # takes the whole pair to 16 bit (what quantize can build)
           # 8: in-process candidates compile blocked weights as the build does; a candidate that does not repeat
           # itself is a miss; all at 16 bit missing does not end the search; the proposal built and measured last
-          {"any": _w("tune", 8, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
+          # (and 8:) the comments give each measurement's target metrics first and the gates it missed ("misses"); a chosen
+          # per-layer rung says how many weights its section keeps at int8 before listing the probes
+          # 9: the search runs on the CPU, judged with margins from points measured on both; rungs screened on the CPU
+          {"any": _w("tune", 9, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
     Stage("diagnose", "7c diagnose: where a binary loses accuracy, tensor by tensor (emulator vs CPU QDQ vs float) "
           "-> <graph>.diagnose.md", {"any": "diagnose:diagnose_tasks"},
           # 2: a drop at a layer reading int4 weights proposes the weight_overrides line; the weight type per row;

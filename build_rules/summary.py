@@ -91,19 +91,30 @@ class SummaryReporter(ConsoleReporter):
             suffix = ""  # none: no build log yet, or less than a second
             if left is not None and left >= 1:
                 guessed = self.plan.guessed(self.started)
-                suffix = f"  ({_duration(left)} left" + (f", {guessed} guessed from other tasks" if guessed else "") + ")"
+                unknown = len(self.plan.not_estimated(self.started))
+                suffix = f"  ({_duration(left)} left" + (f", {guessed} guessed from other tasks" if guessed else "") \
+                    + (f", {unknown} not counted" if unknown else "") + ")"
             self.write(f".  [{k}/{n}] {task.title()}{suffix}\n")
 
     def _estimate(self, now: float) -> str:
-        """', about 2 min 06 s by <build log>' and what that rests on: cache hits, tasks timed by others."""
+        """', about 2 min 06 s by <build log>' and what that rests on: cache hits, tasks timed by others, and the
+        tasks of a kind never run here, which it does not count (' (tune:m/v never ran here, nor any tune task: no
+        estimate for it)')."""
         left = self.plan.time_left(self.started, now)
+        unknown = self.plan.not_estimated(self.started) if self.plan.seconds or self.plan.restore_seconds else []
+        kinds = sorted({self.plan.kind(n).split(" (")[0] for n in unknown})
+        named = ", ".join(kinds[:4]) + (f" and {len(kinds) - 4} more" if len(kinds) > 4 else "")
+        never = "" if not unknown else \
+            f"{unknown[0]} never ran here, nor any {kinds[0]} task: no estimate for it" if len(unknown) == 1 else \
+            f"{len(unknown)} tasks of stages that never ran here ({named}): no estimate for them"
         if left is None:
-            return ""
+            return f" ({never})" if never else ""
         hits, guessed = len(self.plan.hits), self.plan.guessed(self.started)
         judged = len(self.plan.remembered)
         basis = ([f"{hits} in the build cache"] if hits else []) + \
             ([f"{judged} judged again on remembered numbers, without the emulator"] if judged else []) + \
-            ([f"{guessed} never ran here: each counted as the median of its stage"] if guessed else [])
+            ([f"{guessed} never ran here: each counted as the median of its stage"] if guessed else []) + \
+            ([never] if never else [])
         return f", about {_duration(left)} by {BUILD_LOG}" + (f" ({'; '.join(basis)})" if basis else "")
 
     def add_success(self, task):
@@ -242,7 +253,9 @@ class SummaryReporter(ConsoleReporter):
                 package = f"package:{pair}"
                 failed_here = sorted(n for n in failed if _of_pair(n, model.name, variant.name, chip.name))
                 # e.g. `doit check:<target>`: the pair's checks ran, its package did not (its manifest may be older)
-                ran_here = [] if package in ran else [n for n in ran if _of_pair(n, model.name, variant.name, chip.name)]
+                of_pair = [n for n in ran if _of_pair(n, model.name, variant.name, chip.name)]
+                # (only the stages that make or judge the pair's binary: a diagnose compiles binaries of its own)
+                ran_here = [] if package in ran else [n for n in of_pair if n.split(":", 1)[0] in VARIANT_STAGES]
                 checked_now = any(n.startswith(("check:", "evaluate:")) for n in ran_here)
                 if failed_here:
                     state = "FAILED now"
@@ -250,6 +263,8 @@ class SummaryReporter(ConsoleReporter):
                     state = "built now"
                 elif ran_here:
                     state = "checked now" if checked_now else "compiled now"
+                elif any(n.startswith("diagnose:") for n in of_pair):
+                    state = "diagnosed now"
                 elif package in blocked:
                     state = "not run now"
                 elif self.decided.get(package) is False:
@@ -277,7 +292,16 @@ class SummaryReporter(ConsoleReporter):
                           - {_variant_of(first)})
         others = f", of variant(s) {', '.join(variants)} too" if variants else ""
         return (f"stopped at the first failure, {first} (its message above): {not_run} planned task(s) not run"
-                f"{others}; `doit --continue` builds everything that does not need the failed task")
+                f"{others}; `{self._continue_command()}` builds everything that does not need the failed task")
+
+    def _continue_command(self) -> str:
+        """The run again with --continue, in the form doit takes: its options before the task names (`doit dist
+        --continue` is refused: 'option --continue not recognized'). The default tasks (plain `doit`) need no name."""
+        import shlex
+
+        from .project import project
+        named = [] if self.selected == [m.name for m in project().models] else self.selected
+        return " ".join(["doit", "--continue", *(shlex.quote(name) for name in named)])
 
     def _not_run(self) -> int:
         """Planned tasks that never started because doit stopped at a failure. Under --continue doit reports every

@@ -113,8 +113,8 @@ def test_the_report_shows_a_partly_checked_build_without_running_the_missing_che
     markdown = (tinynet_repo / OUT / "report.md").read_text()
     assert "| w8a16 | ort minmax | uint8/uint16 | SM8750 | " in markdown
     assert "| not measured | not measured: head |" in markdown
-    assert ("1 of 8 binaries not measured yet (their checks have not run): `doit check:tinynet/head/w8a16@SM8750`, "
-            "then `doit report`.") in markdown
+    assert ("1 of 8 binaries not measured yet (their checks have not run; the report shows what the checks measured "
+            "and runs none itself): `doit check:tinynet/head/w8a16@SM8750`, then `doit report:tinynet`.") in markdown
     assert run_doit(tinynet_repo, "report").ran == set()  # nothing new measured: up to date
 
     assert run_doit(tinynet_repo, "check:tinynet/head/w8a16@SM8750").code == 0

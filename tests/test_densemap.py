@@ -131,8 +131,9 @@ def test_an_int4_weight_the_htp_refuses_fails_the_compile_with_the_override_to_a
             in result.output), result.output
     assert "Node '/up1/ConvTranspose_token_" in result.output  # onnxruntime's own words stay
     stopped = re.search(r"  stopped at the first failure, compile:densemap/det/w4a16@SM8750 \(its message above\): "
-                        r"(\d+) planned task\(s\) not run, of variant\(s\) w8a8 too; `doit --continue` builds "
-                        r"everything that does not need the failed task\n", result.output)
+                        r"(\d+) planned task\(s\) not run, of variant\(s\) w8a8 too; `doit --continue "
+                        r"compile:densemap/det/w4a16@SM8750 package:densemap/w8a8@SM8750` builds everything that does "
+                        r"not need the failed task\n", result.output)
     assert stopped, result.output
     assert int(stopped.group(1)) >= 2  # at least w8a8's check and package
 

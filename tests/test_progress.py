@@ -290,3 +290,14 @@ def test_a_rerun_that_judges_remembered_numbers_estimates_seconds_not_their_meas
         variant, chip = variant_chip.split("@")
         log = (tinynet_repo / f"out/{model}/{variant}/{chip}/{graph}.check.log").read_text()
         assert "the emulator does not run again" in log or "(the same binaries and samples): equal to" in log, (name, log)
+
+
+def test_a_task_of_a_kind_that_never_ran_here_is_not_given_another_kinds_time(tinynet_repo):
+    """A first `doit tune` said 'about 3.3 s' and ran 5 min 42 s, a first sensitivity 'about 2.5 s' for 9 min (issue
+    44 item 7): a task whose stage never ran here was timed as the median of every task. It is left out of the time
+    left, which says so; here the report, the one task of `doit report:tinynet`, after a build log without one."""
+    write_build_log(tinynet_repo, lambda n: None if n.startswith("report:") else 10.0)
+    result = run_doit(tinynet_repo, "report:tinynet")
+    assert result.code == 0, result.output
+    assert "1 task(s) to run (report:tinynet never ran here, nor any report task: no estimate for it)\n" in result.output
+    assert markers(result.output) == [(1, 1, "report:tinynet", "")]  # no time left on its line either

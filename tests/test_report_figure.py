@@ -107,3 +107,30 @@ def test_the_figure_shows_each_gated_metric_per_variant_and_chip_readably(tmp_pa
     path = tmp_path / "report.png"
     plot(report, str(path))
     assert Image.open(path).size == ((1200, 700) if not extra else (1200, 1060))  # a second row of panels
+
+
+def test_the_float_models_line_and_a_stopped_checks_points_are_in_view():
+    """PP-OCR's line_recall (issue 44 item 4): the float model's value above every variant's and above the gate's
+    bound was drawn outside the plotted range. A check stopped early shows the first samples' value, and says so
+    beside its point on a chart of four chips too."""
+    import matplotlib.pyplot as plt
+
+    from build_rules.stages.report import figure
+    report = synthetic_report()
+    for cell in report["cells"]:
+        for gate in cell["gated"]:
+            if gate["metric"] == "line_recall":  # float 0.97, at most 0.2 below it: a bound of 0.77
+                gate["float"] = 0.97
+        if cell["graph"] == "det" and cell["variant"] == "w4a16" and cell["chip"] == "SM8650":
+            cell["partial"] = {"samples": 1, "of": 6, "failed": ["text_iou at most 0.88 ..."]}
+    fig = figure(report)
+    try:
+        recall = next(ax for ax in fig.get_axes() if ax.get_title() == "det: line_recall")
+        low, high = recall.get_ylim()
+        assert low < 0.77 and 0.97 < high  # the gate's bound and the float model's dotted line, both in view
+        assert sorted(round(line.get_ydata()[0], 6) for line in recall.get_lines()) == [0.77, 0.97]
+        iou = next(ax for ax in fig.get_axes() if ax.get_title() == "det: text_iou")
+        assert [t.get_text() for t in iou.texts] == ["1 of 6 samples"]  # four chips: no other value is written
+        _assert_nothing_clipped(fig)
+    finally:
+        plt.close(fig)

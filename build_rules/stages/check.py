@@ -514,7 +514,7 @@ def decide(params: dict, metrics: dict, key: dict | None = None, proof: dict | N
                              f"{metrics['partial']['of']} samples no longer decides the gates: run the check again")
         report["gated"] = gates.judge(params["name"], params["gates"], summary, metrics.get("float_score"))
     except BuildError as e:  # the numbers stay in the memo, marked failed (each gate's verdict too); the task fails
-        report["gated"] = gates.results(params["gates"], summary, metrics.get("float_score"))
+        report["gated"] = gates.results(params["gates"], summary, metrics.get("float_score"), metrics.get("partial"))
         if early is not None or any(g["passed"] is False for g in report["gated"]):  # missed, not unjudgeable
             e = BuildError(f"{e}{_inherited(proof)}{crushed_hint(metrics, params)}{diagnose_hint(params)}")
         results.keep_failed(layout.memo_file(params["final_outputs"]["report"]), report, str(e), key, metrics)

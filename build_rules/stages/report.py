@@ -19,7 +19,7 @@ from pathlib import Path
 from .. import gates, results
 from ..toolchains.qnn_graph import combine, describe as describe_float_ops, mostly_float
 from ..files import atomic_write_json, atomic_write_text
-from .check import measurement_key, remembered, summarize
+from .check import COMPARED, measurement_key, remembered, summarize
 
 
 MEASURED = ("samples", "outputs", "score", "float_score", "partial")
@@ -69,9 +69,46 @@ def weight_counts(qdq: str | None, memo: dict) -> dict[str, int] | None:
     return memo[qdq]
 
 
+def not_built(cell: dict) -> str | None:
+    """Why a cell has no binary (None: it has one): the task that makes it failed, with the error line of its log,
+    or it has not run (the variant's quantize failed). The compiles are the report's setup tasks: under --continue
+    one that fails leaves its cell without a binary and the report goes on (tasks/tuning.py)."""
+    files = cell["compile"] if isinstance(cell["compile"], list) else [cell["compile"]]
+    missing = [m for f, m in zip(files, cell.get("made_by") or [{}] * len(files)) if not Path(f).is_file()]
+    if cell.get("qdq") and not Path(cell["qdq"]).is_file():  # (a failed task's outputs are removed: runner.py)
+        return f"no QDQ model: the variant's quantize failed or has not run ({cell['qdq']} is missing)"
+    if not missing:
+        return None
+    made_by = missing[0]
+    error = _error_line(made_by.get("log"))
+    if error is None:
+        return f"{made_by.get('task', 'its compile')} has not run"
+    return f"{made_by['task']} failed: {error} (log: {made_by['log']})"
+
+
+def _error_line(log: str | None) -> str | None:
+    """The stage's error, the last 'error: <task>: ...' line of its log, without the task's name."""
+    try:
+        lines = [line for line in Path(log).read_text(errors="replace").splitlines() if line.startswith("error: ")]
+    except (OSError, TypeError):
+        return None
+    if not lines:
+        return None
+    message = lines[-1].removeprefix("error: ")
+    return message.split(": ", 1)[1] if message.split(": ", 1)[0].count(":") == 1 else message
+
+
 def run(params: dict) -> dict:
     rows, weights_memo = [], {}
     for cell in params["cells"]:
+        broken = not_built(cell)
+        if broken is not None:  # its compile (or quantize) failed: shown, marked, without numbers
+            print(f"{cell['variant']}@{cell['chip']} {cell['graph']}: not built: {broken}", flush=True)
+            rows.append({"variant": cell["variant"], "chip": cell["chip"], "graph": cell["graph"], "bytes": None,
+                         "compile_seconds": None, "gates": cell["gates"], "measured_by": "not built",
+                         "not_built": broken, "float_ops": None, "weight_types": None, "mostly_float": None,
+                         "samples": 0, "summary": {}, "float_score": {}, "gated": [], "passed": None})
+            continue
         compiled = _compiled(cell["compile"])
         metrics, source = _cell_metrics(cell, params["hooks"], params.get("data_dir"))
         print(f"{cell['variant']}@{cell['chip']} {cell['graph']}: {source}", flush=True)
@@ -88,7 +125,8 @@ def run(params: dict) -> dict:
         else:
             summary = summarize(metrics)
             row.update({"samples": metrics["samples"], "summary": summary, "float_score": metrics.get("float_score", {}),
-                        "gated": gates.results(cell["gates"], summary, metrics.get("float_score", {})),
+                        "gated": gates.results(cell["gates"], summary, metrics.get("float_score", {}),
+                                               metrics.get("partial")),
                         "passed": gates.passes_all(cell["gates"], summary, metrics.get("float_score", {}))})
             if "partial" in metrics:
                 _judge_partial(row, metrics, cell["gates"], command)
@@ -104,7 +142,8 @@ def run(params: dict) -> dict:
     atomic_write_text(params["outputs"]["markdown"], markdown(report))
     plot(report, params["outputs"]["png"])
     return {"cells": len(rows), "not_measured": sum(r["passed"] is None and r["measured_by"] == "not measured"
-                                                     for r in rows)}
+                                                     for r in rows),
+            "not_built": sum(r["measured_by"] == "not built" for r in rows)}
 
 
 def evaluations(paths: dict) -> dict:
@@ -150,14 +189,25 @@ def _judge_partial(row: dict, metrics: dict, gate_list, command: str) -> None:
         return
     failed = {f["metric"] for f in early["failed"]}
     row["partial"] = {"samples": early["samples"], "of": early["of"], "failed": [f["failure"] for f in early["failed"]]}
-    row["gated"] = [{**g, "passed": False if g["metric"] in failed else None} for g in row["gated"]]
+    # the gates the k samples do not decide are not judged (a score hook's metric was not even measured: its entry
+    # says why, gates.stopped_before)
+    row["gated"] = [{**g, "passed": False} if g["metric"] in failed else {**g, "passed": None, "stopped": True}
+                    for g in row["gated"]]
     row["passed"] = False
 
 
-def _partial_mark(row: dict) -> str:
-    """' (1 of 4 samples)' after the numbers of a check stopped early; '' otherwise."""
+def _partial_mark(row: dict, short: bool = False) -> str:
+    """' (1 of 4 samples)' after the numbers of a check stopped early (short: ' (1 of 4)'); '' otherwise."""
     partial = row.get("partial")
-    return f" ({partial['samples']} of {partial['of']} samples)" if partial else ""
+    return f" ({partial['samples']} of {partial['of']}{'' if short else ' samples'})" if partial else ""
+
+
+def _unjudged(row: dict) -> str:
+    """What a check stopped early left unmeasured: ' (det_f1 not measured: score() runs only on a check of every
+    sample)'."""
+    unmeasured = [g["metric"] for g in row["gated"] if g.get("stopped") and g["value"] is None]
+    return (f" ({' and '.join(unmeasured)} not measured: score() runs only on a check of every sample)"
+            if unmeasured else "")
 
 
 def _fmt(value, digits=4) -> str:
@@ -171,9 +221,11 @@ def _fmt(value, digits=4) -> str:
 
 
 def _gate_text(row: dict) -> str:
-    """Each gate with its verdict: 'pass (cosine >= 0.98); **FAIL** (f1 within 0.1 of float)'."""
+    """Each gate with its verdict: 'pass (cosine >= 0.98); **FAIL** (f1 within 0.1 of float)'; a gate a check
+    stopped early did not decide: 'not judged, stopped early (det_f1 >= 0.9)'."""
     verdicts = {True: "pass", False: "**FAIL**", None: "–"}
-    return "; ".join(f"{verdicts[r['passed']]} ({r['gate']})" for r in row["gated"]) or "–"
+    return "; ".join(f"{'not judged, stopped early' if r.get('stopped') else verdicts[r['passed']]} ({r['gate']})"
+                     for r in row["gated"]) or "–"
 
 
 def _gated_metrics(rows: list[dict], graph: str) -> list[str]:
@@ -222,9 +274,12 @@ def _other_weights(rows: list[dict], weights: str | None) -> str:
 
 
 def _task_metrics(row: dict) -> str:
+    """The score hook's metrics, each with its share of the float model's; a check stopped early measured none."""
+    if row.get("partial"):
+        return f"not measured (stopped after {row['partial']['samples']} of {row['partial']['of']} samples)"
     parts = []
     for name, value in row["summary"].items():
-        if name in ("cosine", "sqnr", "max_abs"):
+        if name in COMPARED:  # the comparison metrics (frame_cosine too): not the hook's
             continue
         ref = row["float_score"].get(name)
         kept = f" ({100 * value / ref:.1f} % of float)" if ref else ""
@@ -250,45 +305,58 @@ def markdown(report: dict) -> str:
             pairs.append((r["variant"], r["chip"]))
     for variant, chip in pairs:
         cells = {r["graph"]: r for r in rows if r["variant"] == variant and r["chip"] == chip}
-        size = sum(r["bytes"] for r in cells.values()) / 1e6
-        seconds = sum(r["compile_seconds"] for r in cells.values())
+        broken = [g for g, r in cells.items() if r["measured_by"] == "not built"]
+        size = "–" if broken else f"{sum(r['bytes'] for r in cells.values()) / 1e6:.3f}"
+        seconds = "–" if broken else f"{sum(r['compile_seconds'] for r in cells.values()):.2f}"
         values = []
         for g in graphs:
             r = cells.get(g)
-            values.append("not measured" if r and r["measured_by"] == "not measured" else
+            values.append(r["measured_by"] if r and r["measured_by"] in ("not measured", "not built") else
                           " / ".join(_fmt(r["summary"].get(m)) for m in _gated_metrics(rows, g)) + _partial_mark(r)
                           + _equal_mark(r) if r else "–")
         failed = [g for g, r in cells.items() if r["passed"] is False]
         unmeasured = [g for g, r in cells.items() if r["measured_by"] == "not measured"]
-        verdict = "; ".join(([f"FAIL: {', '.join(failed)}"] if failed else [])
+        verdict = "; ".join(([f"**NOT BUILT**: {', '.join(broken)}"] if broken else [])
+                            + ([f"FAIL: {', '.join(failed)}"] if failed else [])
                             + ([f"not measured: {', '.join(unmeasured)}"] if unmeasured else [])) or "pass"
         settings = report["variants"].get(variant, {})
         bits = "fp16" if settings.get("precision") == "fp16" else f"{settings.get('weights')}/{settings.get('activations')}"
         bits += _other_weights(list(cells.values()), settings.get("weights"))
-        lines.append(f"| {variant} | {report.get('quantizers', {}).get(variant, '–')} | {bits} | {chip} | {size:.3f} | "
-                     f"{seconds:.2f} | " + " | ".join(values) + f" | {verdict} |")
+        lines.append(f"| {variant} | {report.get('quantizers', {}).get(variant, '–')} | {bits} | {chip} | {size} | "
+                     f"{seconds} | " + " | ".join(values) + f" | {verdict} |")
     lines += ["", "## Per graph", "",
               "| variant | chip | graph | size (KB) | compile (s) | cosine | SQNR (dB) | max abs | task metrics | gate "
               "| measured | float ops |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r["summary"]
+        if r["measured_by"] == "not built":
+            lines.append(f"| {r['variant']} | {r['chip']} | {r['graph']} | – | – | – | – | – | – | – | not built | – |")
+            continue
         size = f"{r['bytes'] / 1e3:.1f}" + (" (" + " + ".join(f"{b / 1e3:.1f}" for b in r["part_bytes"]) + ")"
                                               if r.get("part_bytes") else "")  # a split graph: each part's size
+        of = _partial_mark(r, short=True)  # a check stopped early: each number is of its first k samples
         lines.append(f"| {r['variant']} | {r['chip']} | {r['graph']} | {size} | "
-                     f"{r['compile_seconds']:.2f} | {_fmt(s.get('cosine'), 6)} | {_fmt(s.get('sqnr'))} | "
-                     f"{_fmt(s.get('max_abs'))} | {_task_metrics(r)} | {_gate_text(r)} | {r['measured_by']}{_partial_mark(r)} | "
+                     f"{r['compile_seconds']:.2f} | {_fmt(s.get('cosine'), 6)}{of} | {_fmt(s.get('sqnr'))}{of} | "
+                     f"{_fmt(s.get('max_abs'))}{of} | {_task_metrics(r)} | {_gate_text(r)} | {r['measured_by']}{_partial_mark(r)} | "
                      f"{_float_text(r)} |")
     stopped = [r for r in rows if r.get("partial")]
     if stopped:  # an early verdict's numbers are those of the first k samples: said, never taken for all N
         lines += ["", "**Stopped early** (the gate failed whatever the other samples give; the numbers are those of the "
                       "samples measured): " + "; ".join(
                           f"{r['variant']}@{r['chip']} {r['graph']} after {r['partial']['samples']} of "
-                          f"{r['partial']['of']} samples: {', '.join(r['partial']['failed'])}" for r in stopped)]
+                          f"{r['partial']['of']} samples: {', '.join(r['partial']['failed'])}{_unjudged(r)}"
+                          for r in stopped)]
+    broken = [r for r in rows if r.get("not_built")]
+    if broken:  # a variant that does not build (doit --continue): every other variant is shown, this one says why
+        lines += ["", "**Not built** (no binary; the others are reported as usual): " + "; ".join(
+            f"{r['variant']}@{r['chip']} {r['graph']}: {r['not_built']}" for r in broken)]
     unmeasured = [r["measure_with"] for r in rows if r.get("measure_with")]
-    if unmeasured:  # the report shows what was measured; measuring the rest stays one command away
-        how = ", ".join(f"`{c}`" for c in unmeasured) if len(unmeasured) <= 3 else "`doit check` (every missing check)"
-        lines += ["", f"{len(unmeasured)} of {len(rows)} binaries not measured yet (their checks have not run): "
-                      f"{how}, then `doit report`."]
+    if unmeasured:  # the report runs no check and no emulator: measuring the rest stays one command away
+        how = ", ".join(f"`{c}`" for c in unmeasured) if len(unmeasured) <= 3 else \
+            f"`doit --continue 'check:{report['model']}/*'` (every check of the model)"
+        lines += ["", f"{len(unmeasured)} of {len(rows)} binaries not measured yet (their checks have not run; the "
+                      f"report shows what the checks measured and runs none itself): {how}, then "
+                      f"`doit report:{report['model']}`."]
     warned = [r for r in rows if r.get("mostly_float")]
     if warned:  # a quantized variant that is mostly float is not what its name says
         lines += ["", "**Mostly float:** " + "; ".join(dict.fromkeys(f"{r['variant']} {r['graph']}: {r['mostly_float']}"
@@ -321,16 +389,18 @@ PANELS_PER_ROW = 3
 def panels(report: dict) -> list[dict]:
     """What the figure shows, one panel per gated metric of each graph (and of the model's [evaluate] gate):
     {"title", "metric", "points": [{"variant", "chip", "value", "passed", "low", "high", "float", "partial"}]}; a
-    graph without gates shows its cosine. Points of cells not measured yet have value None; partial: "k of N" when
-    the value is of the first k samples (an early verdict), else None."""
+    graph without gates shows its cosine. Points of cells not measured yet have value None (and "not_built": True
+    when the cell has no binary); partial: "k of N" when the value is of the first k samples (an early verdict),
+    else None."""
     found: dict[tuple[str, str], dict] = {}
     rows = report["cells"]
-    entries = [(r["graph"], r["variant"], r["chip"], r["summary"], r["gated"], r.get("partial")) for r in rows]
+    entries = [(r["graph"], r["variant"], r["chip"], r["summary"], r["gated"], r.get("partial"),
+                r["measured_by"] == "not built") for r in rows]
     for name, value in (report.get("evaluate") or {}).items():
         variant, chip = name.split("@", 1)
         entries.append(("model", variant, chip, value.get("metrics") or {}, value.get("gated") or [],
-                        value.get("partial")))
-    for graph, variant, chip, measured, gated, partial in entries:
+                        value.get("partial"), False))
+    for graph, variant, chip, measured, gated, partial, broken in entries:
         metrics = ([g["metric"] for g in gated] or (_gated_metrics(rows, graph) if graph != "model" else []))
         for metric in dict.fromkeys(metrics):
             panel = found.setdefault((graph, metric), {"title": f"{graph}: {metric}", "metric": metric, "points": []})
@@ -340,7 +410,8 @@ def panels(report: dict) -> list[dict]:
                                     "value": float(value) if isinstance(value, (int, float)) else None,
                                     "passed": gate.get("passed"), "low": gate.get("low"), "high": gate.get("high"),
                                     "float": gate.get("float"),
-                                    "partial": f"{partial['samples']} of {partial['of']}" if partial else None})
+                                    "partial": f"{partial['samples']} of {partial['of']}" if partial else None,
+                                    **({"not_built": True} if broken else {})})
     return list(found.values())
 
 
@@ -384,19 +455,24 @@ def figure(report: dict):
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     markers = "osD^v<>pP*Xh"
     spread = 0.75 / max(1, len(chips))  # chips side by side within a variant: equal values stay apart
-    failed_any = unmeasured_any = False
+    failed_any = unmeasured_any = broken_any = False
     for index, panel in enumerate(shown):
         ax = fig.add_subplot(grid[index // columns, index % columns])
         values = [p["value"] for p in panel["points"] if p["value"] is not None and math.isfinite(p["value"])]
         # (inf: identical outputs' SQNR, drawn at the axis's edge; nan: nothing to draw)
         limits = {p[k] for p in panel["points"] for k in ("low", "high") if p[k] is not None}
-        span = [*values, *limits] or [0.0, 1.0]
+        floats = {p["float"] for p in panel["points"] if p["float"] is not None}  # its dotted line is in view too
+        span = [*values, *limits, *floats] or [0.0, 1.0]
         low, high = min(span), max(span)
         pad = (high - low) * 0.12 or abs(high) * 0.05 or 0.05
         for point in panel["points"]:
             x = variants.index(point["variant"]) + (chips.index(point["chip"]) - (len(chips) - 1) / 2) * spread
             at = chips.index(point["chip"])
             color, marker = colors[at % len(colors)], markers[at % len(markers)]
+            if point.get("not_built"):  # its compile failed (doit --continue): a black x at the bottom
+                broken_any = True
+                ax.scatter(x, low - pad * 0.6, marker="x", color="black", s=40, zorder=3)
+                continue
             if point["value"] is None or math.isnan(point["value"]):
                 unmeasured_any = True
                 ax.scatter(x, low - pad * 0.6, marker="x", color="grey", s=40, zorder=3)
@@ -406,12 +482,13 @@ def figure(report: dict):
             y = min(max(point["value"], low - pad), high + pad)  # inf (identical outputs) on the axis's edge
             ax.scatter(x, y, color=color, marker=marker, s=60, zorder=3,
                        edgecolors="red" if failed else "none", linewidths=2.2)
+            stopped = f" ({point['partial']} samples)" if point.get("partial") else ""
             if len(chips) <= 2:  # the value beside its point (more chips: their values would overlap)
-                stopped = f" ({point['partial']} samples)" if point.get("partial") else ""
                 ax.annotate(f"{point['value']:.4g}{stopped}", (x, y), xytext=(7, -3), textcoords="offset points", fontsize=9)
+            elif stopped:  # a check stopped early: its value is of the first k samples, said beside it on any chart
+                ax.annotate(stopped.strip(" ()"), (x, y), xytext=(7, -3), textcoords="offset points", fontsize=8)
         for bound in sorted(limits):  # the gate's threshold(s): a lower and an upper one for max_change
             ax.axhline(bound, color="black", linestyle="--", linewidth=1.2, zorder=2)
-        floats = {p["float"] for p in panel["points"] if p["float"] is not None}
         for ref in floats:
             ax.axhline(ref, color="grey", linestyle=":", linewidth=1.2, zorder=1)
         ax.set_ylim(low - pad, high + pad)
@@ -447,6 +524,8 @@ def figure(report: dict):
                               linestyle="", markersize=9, label="gate failed"))
     if unmeasured_any:
         handles.append(Line2D([], [], color="grey", marker="x", linestyle="", label="not measured yet"))
+    if broken_any:
+        handles.append(Line2D([], [], color="black", marker="x", linestyle="", label="not built"))
     per_row = min(len(handles), 6)
     fig.legend(handles=handles, loc="lower center", ncol=per_row, fontsize=11, frameon=False)
     fig.suptitle(f"{report['model']}: gated metrics per variant and chip (HTP emulator vs float model)", fontsize=14)

@@ -5,17 +5,44 @@ dims and a supported dtype, otherwise the build stops here naming the tensor.
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
 from ..errors import BuildError
 from ..files import atomic_write_json
 from ..lean_imports import onnxsim_simplify
+from ..native_stderr import captured
 from ..shape_break import shape_break
 
 
 # Element types a graph input or output may have on QNN HTP (int64 has its own message: export it as int32).
 IO_DTYPES = ("float32", "float16", "int32", "uint32", "int16", "uint16", "int8", "uint8", "bool")
+
+
+UNFOLDED = re.compile(r'^WARNING: failed to run "([^"]+)" op \(name is "([^"]*)"\), skip\.\.\. ?(.*)$')
+
+
+def said_once(lines: list[str]) -> None:
+    """What onnxsim wrote to stderr, each line once. Its per-node `WARNING: failed to run "Concat" op (name is ...),
+    skip... no initializer ...` lines (a node whose inputs it could not compute ahead: the node stays in the graph,
+    nothing is wrong) become one line naming each node once, with the first one's reason."""
+    unfolded: dict[str, tuple[str, str]] = {}
+    others: list[str] = []
+    for line in lines:
+        found = UNFOLDED.match(line.strip())
+        if found:
+            unfolded.setdefault(found.group(2), (found.group(1), found.group(3)))
+        elif line.strip() and line not in others:
+            others.append(line)
+    for line in others:
+        print(line, flush=True)
+    if unfolded:
+        names = list(unfolded)
+        op, why = unfolded[names[0]]
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        print(f"onnxsim kept {len(names)} node(s) it could not fold ahead of time (they run as they are): {shown} "
+              f"(the first: {op} {names[0]}: {why or 'no reason given'})", flush=True)
 
 
 def _tensor_info(value) -> dict:
@@ -93,15 +120,19 @@ def run(params: dict) -> dict:
         raise BuildError(contradiction)
     model = _opset_for_quantization(model, source)
     constants = constants_to_initializers(model)
+    said: list[str] = []  # onnxsim's C++ warnings: printed once each, its unfolded nodes on one line
     try:
-        simplified, ok = onnxsim_simplify()(
-            model, overwrite_input_shapes={n: s["shape"] for n, s in declared.items()} or None)
+        with captured() as said:
+            simplified, ok = onnxsim_simplify()(
+                model, overwrite_input_shapes={n: s["shape"] for n, s in declared.items()} or None)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__  # the rest: its C++ stack
         broken = shape_break(model, declared, params["where"]) if declared else ""
         if broken:
             raise BuildError(f"{source}: {broken}") from e
         raise BuildError(f"{source}: onnxsim failed: {first}{_control_flow(model)}") from e
+    finally:
+        said_once(said)
     if not ok:
         raise BuildError(f"{source}: onnxsim could not validate the simplified model")
     constants += constants_to_initializers(simplified)

@@ -7,8 +7,9 @@ from __future__ import annotations
 from .. import layout
 from ..config import Chip, Graph, Model, Tuning, Variant, gate_dicts
 from ..hashing import OptionalFiles
-from ..project import (chip_params, compile_input, model_data, hook_files, model_graphs, project, ranges_file,
-                       rel, stage_task, variant_builds)
+from ..plan import SetupsCurrent
+from ..project import (chip_params, compile_input, model_data, hook_files, model_graphs, preferred_reference,
+                       project, ranges_file, rel, stage_task, variant_builds)
 from . import aimet as aimet_tasks, device as device_tasks, split as split_tasks
 
 
@@ -17,7 +18,10 @@ def report_tasks():
         return  # reads <graph>.compile.json and measures with the emulator runner of onnxruntime-qnn
     for model in project().models:
         data_params, data_dep = model_data(model)
-        cells, file_dep = [], []
+        # The binaries are made by the compile tasks, the report's setup tasks (not file_dep): doit runs them first
+        # when the report is to run, and under --continue one that fails (a variant QNN refuses) does not keep the
+        # report from showing every other variant, the broken one marked (their files are optional inputs).
+        cells, file_dep, built, compiles = [], [], [], []
         for variant, chip in variant_builds(model):
             for graph in model.graphs.values():
                 def chip_file(suffix, g=graph.name, v=variant.name, c=chip.name):
@@ -25,16 +29,22 @@ def report_tasks():
 
                 def unit_files(suffix, g=graph, v=variant, c=chip):  # a list of the parts' files for a split graph
                     return split_tasks.chip_files(model, g, v, c, suffix)
+                units = split_tasks.units(model, graph)
                 cells.append({"variant": variant.name, "chip": chip.name, "graph": graph.name,
                               "compile": unit_files(".compile.json"), "ctx_model": unit_files("_ctx.onnx"),
                               "check": chip_file(".check.json"), "memo": chip_file(".measure.json"),
                               "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
                               "gates": gate_dicts(graph.gates),
-                              "qdq": None if variant.is_fp16 else compile_input(model, graph, variant)})
+                              "qdq": None if variant.is_fp16 else compile_input(model, graph, variant),
+                              # what makes the binary, with its log: a cell without it says which failed and why
+                              "made_by": [{"task": f"compile:{model.name}/{u}/{variant.name}@{chip.name}",
+                                           "log": layout.chip_file(model.name, variant.name, chip.name,
+                                                                   f"{u}.compile.log")} for u in units]})
+                compiles += [m["task"] for m in cells[-1]["made_by"]]
                 for suffix in (".compile.json", "_ctx.onnx", ".bin"):
                     files = unit_files(suffix)
-                    file_dep += files if isinstance(files, list) else [files]
-                file_dep += [cells[-1]["qdq"]] if cells[-1]["qdq"] and cells[-1]["qdq"] not in file_dep else []
+                    built += files if isinstance(files, list) else [files]
+                built += [cells[-1]["qdq"]] if cells[-1]["qdq"] and cells[-1]["qdq"] not in built else []
         file_dep += [layout.float_file(model.name, g, ".evaluation.npz") for g in model.graphs]
         if device_tasks.devices():  # issue 29: a new device result re-makes the report (no phone named: no look)
             from ..device import results as device_results
@@ -49,21 +59,23 @@ def report_tasks():
                   "outputs": outputs, **data_params}
         if model.evaluate:  # the float model's value beside each variant's
             params["float_evaluation"] = layout.float_file(model.name, "model", ".evaluate.json")
-        file_dep += aimet_tasks.report_reports(model, params)  # which QuantSim config each aimet variant used
+        built += aimet_tasks.report_reports(model, params)  # which QuantSim config each aimet variant used
         task = stage_task("report", model.name, params, [*file_dep, *hook_files(model), *data_dep],
                           list(outputs.values()), layout.report_file(model.name, ".log"))
         # What was measured so far, without running what was not: a check or evaluation that ends later re-runs it
         measured = [path for cell in cells for path in (cell["check"], cell["memo"])]
         measured += [p for path in evaluations.values() for p in (path, layout.memo_file(path))]
         measured += [params["float_evaluation"]] if model.evaluate else []
-        task["uptodate"].append(OptionalFiles(measured))
+        task["uptodate"] += [OptionalFiles(measured + built), SetupsCurrent(compiles)]
+        task["setup"] = compiles
         action, args, _ = task["actions"][0]
         task["actions"] = [(action, args)]  # not from the build cache: its key cannot hold what was measured since
         yield task
 
 
 def _tuning_chip(model: Model) -> Chip:
-    name = model.tuning.chip if model.tuning and model.tuning.chip else model.chips[0]
+    """[tuning] chip, else the checks' reference chip (SM8750 when the model builds it: project.preferred_reference)."""
+    name = model.tuning.chip if model.tuning and model.tuning.chip else preferred_reference(model)
     return project().chips.chips[name]
 
 

@@ -214,8 +214,7 @@ class Ladder:
                     continue  # a task metric the score hook gives on the full set only: judged there
                 ok = meets(graph["target"], summary)
                 print(f"ladder {rung['name']}: {name} {built['bytes'] / 1e3:.1f} KB, {values(graph['target'], summary)} "
-                      f"on {'all' if full else 'the tuning'} samples: {'meets' if ok else 'misses'} "
-                      f"{' and '.join(metrics)}", flush=True)
+                      f"on {'all' if full else 'the tuning'} samples: {verdict(graph['target'], summary)}", flush=True)
                 if not ok:
                     return False
         return True
@@ -232,10 +231,10 @@ def search(params: dict) -> dict:
     base = ladder.as_is()
     missed = [name for name, summary in base.items() if not meets(ladder._graph(name)["target"], summary)]
     for name, summary in base.items():
-        metrics = gates.metrics(ladder._graph(name)["target"])
+        target = ladder._graph(name)["target"]
         on = "" if "partial" in summary else " on all samples"  # else values() says after how many it stopped
-        print(f"{params['variant']} as built: {name}: {values(ladder._graph(name)['target'], summary)}{on}: "
-              f"{'misses' if name in missed else 'meets'} {' and '.join(metrics)}", flush=True)
+        print(f"{params['variant']} as built: {name}: {values(target, summary)}{on}: {verdict(target, summary)}",
+              flush=True)
     if not missed:
         found["notes"].append("the variant meets every target: no other variant tried")
         return found
@@ -292,6 +291,32 @@ def _per_layer(rung: dict, found: dict, ladder: Ladder, variant: QuantSpec, base
     return weight_bits.search(ladder, whole, ceiling, order, lambda line: print(line, flush=True))
 
 
+def missed(target, summary: dict) -> list[str]:
+    """The metrics of `target` a measurement misses, each once: those whose gate failed, or for a measurement stopped
+    early the ones its samples decided (the others were not judged, a score hook's not even measured); [] for a
+    candidate that does not build."""
+    partial = summary.get("partial")
+    if partial:
+        ranges = {m: tuple(r) for m, r in (summary.get("_ranges") or {}).items()}
+        early = gates.early_failure(target, ranges, partial["samples"], partial["of"]) if ranges else None
+        if early is not None:
+            return list(dict.fromkeys(f["metric"] for f in early["failed"]))
+        return list(dict.fromkeys(str(f).split(" ", 1)[0] for f in partial["failed"]))  # "cosine at most ..."
+    if "not_built" in summary:
+        return []
+    found = gates.results(target, summary, summary.get("_float_score", {}))
+    return list(dict.fromkeys(r["metric"] for r in found if r["passed"] is False))
+
+
+def verdict(target, summary: dict) -> str:
+    """'meets det_f1 and cosine', 'misses det_f1' (only the gates that missed), 'not built'."""
+    if "not_built" in summary:
+        return "misses: not built"
+    failed = missed(target, summary)
+    return f"misses {' and '.join(failed) or 'its target'}" if failed or not meets(target, summary) else \
+        f"meets {' and '.join(gates.metrics(target))}"
+
+
 def _same_as_variant(rung: dict, variant: QuantSpec) -> bool:
     return rung_spec(rung, variant) == variant
 
@@ -335,6 +360,7 @@ def mixed_size(found: dict, results: dict, params: dict) -> dict:
 def toml_lines(found: dict, name: str, base_name: str, graphs: list[dict]) -> tuple[list[str], list[str]]:
     """(comment lines: every rung with its size and numbers; the variant section of a chosen rung, or [])."""
     lines = ["# Whole variants tried before keeping tensors at 16 bit (tuning chip; sizes: the graphs built):"]
+    targets = {g.get("name"): g.get("target") for g in graphs}
     for rung in found["rungs"]:
         errors = [f"{g}: {r['error']}" for g, r in rung["graphs"].items() if "error" in r]
         if errors:
@@ -345,12 +371,15 @@ def toml_lines(found: dict, name: str, base_name: str, graphs: list[dict]) -> tu
             lines.append(f"#   {rung['name']}: ruled out on the CPU ({'; '.join(ruled)})")
             continue
         status = "chosen" if rung is found["chosen"] else "misses a target"
-        if "probes" in rung:  # the per-layer search: what each probe kept at int8 and what it measured
-            lines.append(f"#   {rung['name']}: {status}: " + "; ".join(
-                f"{p['graph']} {p['int8']} weights at int8 {_probe(p)}" for p in rung["probes"]))
+        if "probes" in rung:  # the per-layer search: what it chose, then what each probe kept at int8 and measured
+            kept = ", ".join(f"{g} {len(n)} weights at int8" for g, n in rung["weight_bits"].items()) \
+                if rung is found["chosen"] else ""  # what the section below holds (a probe may have had more)
+            size = f", {rung['bytes'] / 1e3:.1f} KB" if kept and rung.get("bytes") else ""
+            lines.append(f"#   {rung['name']}: {status}{': ' + kept + size if kept else ''}; probes: " + "; ".join(
+                f"{p['graph']} top {p['int8']} at int8 {_probe(p, targets.get(p['graph']))}" for p in rung["probes"]))
             lines += [f"#     {g} at int8: {', '.join(n)}" for g, n in rung["weight_bits"].items() if n]
             continue
-        values = ", ".join(f"{g} {k} {json.dumps(_short(m))}" for g, r in rung["graphs"].items()
+        values = ", ".join(f"{g} {k} {json.dumps(_short(m, targets.get(g)))}" for g, r in rung["graphs"].items()
                            for k, m in (("full", r.get("full")), ("subset", r.get("subset"))) if m) or "-"
         lines.append(f"#   {rung['name']}: {rung['bytes'] / 1e3:.1f} KB, {status} ({values})")
     lines += [f"#   {n}" for n in found.get("notes", [])]
@@ -371,16 +400,23 @@ def toml_lines(found: dict, name: str, base_name: str, graphs: list[dict]) -> tu
     return lines, section
 
 
-def _probe(probe: dict) -> str:
+def _probe(probe: dict, target) -> str:
     if "error" in probe:
         return f"failed: {probe['error']}"
     measured = probe.get("full") or probe.get("subset") or {}
-    return (f"{probe.get('bytes', 0) / 1e3:.1f} KB {json.dumps(_short(measured))} "
+    return (f"{probe.get('bytes', 0) / 1e3:.1f} KB {json.dumps(_short(measured, target))} "
             f"{'meets' if probe['meets'] else 'misses'}")
 
 
-def _short(summary: dict) -> dict:
-    short = {k: round(v, 5) for k, v in summary.items() if k in ("cosine", "sqnr", "accuracy", "wer")}
+def _short(summary: dict, target=None) -> dict:
+    """A measurement as the comments give it: the target's metrics (what decides), cosine and SQNR beside them, and
+    which of the target's metrics it missed ("misses")."""
+    shown = [*gates.metrics(target), "cosine", "sqnr"] if target else ["cosine", "sqnr", "accuracy", "wer"]
+    short = {k: round(summary[k], 5) for k in dict.fromkeys(shown)
+             if isinstance(summary.get(k), (int, float)) and not isinstance(summary.get(k), bool)}
+    failed = missed(target, summary) if target else []
+    if failed:
+        short["misses"] = " and ".join(failed)
     if summary.get("partial"):  # a miss decided before the last sample: the numbers of those measured
         short["stopped_after"] = f"{summary['partial']['samples']} of {summary['partial']['of']} samples"
     return short
