@@ -91,3 +91,35 @@ def test_a_fully_quantized_variant_reports_no_float_op(built_tinynet):
     for graph in ("encoder", "head"):
         float_ops = json.loads((built_tinynet / f"out/tinynet/w8a16/SM8750/{graph}.compile.json").read_text())["float_ops"]
         assert float_ops["count"] == 0 and float_ops["op_types"] == {} and float_ops["weights"] > 0
+
+
+def test_a_16_bit_element_wise_op_in_an_8_bit_variant_takes_its_constant_at_16_bit(tmp_path):
+    """A Mul or Add by a constant whose tensors an override makes 16 bit in an 8-bit variant: onnxruntime's
+    quantizer left the constant at 8 bit, and QNN ran the op in float (Whisper tiny.en's encoder, every activation at
+    16 bit over W8A8: its positional Add and 4 attention-scale Muls, 6.1 % of its weights). The constant now takes
+    the op's type, as in a W8A16 variant, and nothing runs in float (issue 45)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from build_rules.toolchains import ort_qnn
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array((rng.standard_normal((16, 16)) * 0.3).astype(np.float32), "w"),
+               numpy_helper.from_array(np.array(0.125, np.float32), "scale"),
+               numpy_helper.from_array((rng.standard_normal((1, 16)) * 0.1).astype(np.float32), "positions")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"], name="matmul"),
+             helper.make_node("Mul", ["mm", "scale"], ["scaled"], name="mul"),
+             helper.make_node("Add", ["scaled", "positions"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], weights)
+    float_model = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(float_model))
+    calibration = [{"x": rng.standard_normal((1, 16)).astype(np.float32)} for _ in range(8)]
+    qdq = tmp_path / "mixed.qdq.onnx"
+    ort_qnn.quantize(float_model, qdq, calibration, activations="uint8", weights="uint8", per_channel=False,
+                     overrides={"mm": "uint16", "scaled": "uint16", "y": "uint16"})
+    model = onnx.load(str(qdq))
+    types = {i.name: i.data_type for i in model.graph.initializer}
+    assert types["scale_quantized"] == types["positions_quantized"] == TensorProto.UINT16
+    compiled = ort_qnn.compile_context_binary(qdq, tmp_path / "SM8750", "g", soc_model=69, vtcm_mb=8, fp16=False)
+    assert compiled["float_ops"]["count"] == 0, compiled["float_ops"]
