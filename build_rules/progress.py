@@ -32,15 +32,18 @@ def interval() -> float:
 
 
 class _Counter:
-    def __init__(self, what: str, total, value=None):
+    def __init__(self, what: str, total, value=None, time_left: bool = False):
         self.what, self.total, self.done = what, total, 0
         self._value = value  # a function returning the count (watch), else `done` counts steps
         self.where = ""  # who runs them, when not this process alone: "2 emulator workers" (emulator_pool sets it)
+        self.time_left, self.started = time_left, time.monotonic()
 
     def describe(self) -> str:
         done = self._value() if self._value else self.done
         total = self.total() if callable(self.total) else self.total
         text = f"{done}/{total} {self.what}" if total else f"{done} {self.what}"
+        if self.time_left and total and 0 < done < total:  # its own pace so far, not other stages' medians
+            text += f" (about {format_seconds((time.monotonic() - self.started) / done * (total - done))} left)"
         return f"{text} on {self.where}" if self.where else text
 
 
@@ -128,9 +131,16 @@ def count_graph_runs(run_graph, float_report: str | None = None):
     return counted
 
 
-def watch(value, what: str, total=None, slot: str = "stage") -> None:
-    """Report value() (a count the stage keeps anyway) until another watch takes the slot."""
-    _register(slot, _Counter(what, total, value))
+def watch(value, what: str, total=None, slot: str = "stage", time_left: bool = False) -> None:
+    """Report value() (a count the stage keeps anyway) until another watch takes the slot or stop() ends it;
+    time_left: with a total, the time the rest takes at the pace so far."""
+    _register(slot, _Counter(what, total, value, time_left))
+
+
+def stop(slot: str) -> None:
+    """No more lines for this slot (its work is done: a tune's CPU ranking of one graph, before the next)."""
+    with _lock:
+        _counters.pop(slot, None)
 
 
 def _register(slot: str, counter: _Counter) -> _Counter:

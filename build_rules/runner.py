@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -65,8 +66,13 @@ def run_stage(stage: str, params: dict, targets: list[str], log: str, publish_di
         from . import progress
         with open(log, "wb") as log_file:
             proc = subprocess.Popen([sys.executable, "-m", "build_rules.stage_main", stage, str(staging)],
-                                    stdout=log_file, stderr=subprocess.STDOUT, env=env)
-            code = progress.follow(proc, log, params.get("name", stage))  # its progress lines on the console
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+            copying = threading.Thread(target=_copy_output, args=(proc.stdout, log_file), daemon=True)
+            copying.start()
+            try:
+                code = progress.follow(proc, log, params.get("name", stage))  # its progress lines on the console
+            finally:
+                copying.join(timeout=30)  # to the end of the output: the stage's, and its workers' (they end with it)
         try:
             result = json.loads((staging / "result.json").read_text())
         except (OSError, ValueError):
@@ -92,6 +98,22 @@ def run_stage(stage: str, params: dict, targets: list[str], log: str, publish_di
         return values
     finally:
         remove_quietly(staging)
+
+
+# The x86 HTP emulator's HVX library prints this line for every session it opens (its thread-local-storage setting):
+# hundreds of lines in a tune's log, nothing a reader can act on.
+NATIVE_NOISE = b" # LIBNATIVE: "
+
+
+def _copy_output(source, log_file) -> None:
+    """A stage's output (and its emulator workers', who inherit its stdout) into its log, line by line, but for the
+    emulator's per-session NATIVE_NOISE line. Here, outside the stage process: a stage that crashes natively still
+    leaves every line it wrote."""
+    with source:
+        for line in iter(source.readline, b""):
+            if not line.startswith(NATIVE_NOISE):
+                log_file.write(line)
+                log_file.flush()
 
 
 def remove_stale_staging() -> None:
