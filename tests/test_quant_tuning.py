@@ -326,8 +326,9 @@ def test_bisect_tune_needs_no_more_16_bit_tensors_than_the_exhaustive_one_even_w
     assert fast["ranking"] == "the CPU QDQ model (gain and cost per tensor)" and fast["cpu_evaluations"] > 0
     log = "\n".join(lines)
     assert blind["ranking"] == "given" and "even the top 1 miss (CPU): the search starts from all 6" in log
-    # (fast: at most as many: the CPU is blind here, so after one confirmation the emulator searched, as it used to)
-    assert fast["evaluations"] <= exhaustive["evaluations"] and blind["evaluations"] < exhaustive["evaluations"]
+    # at most as many: the CPU is blind here, so after one confirmation the emulator searched, as it used to (where
+    # the CPU sees what the emulator does, it saves most of them: MTCNN's R-Net below)
+    assert fast["evaluations"] <= exhaustive["evaluations"] and blind["evaluations"] <= exhaustive["evaluations"]
     # the CPU searches, the emulator judges (issue 45): here the CPU's proposal {relu_1, features} met the target on
     # the CPU model and missed on the emulator (the HTP gains nothing from them); the margin that miss sets fails
     # even all 16 bit on the CPU, so the emulator searched and found the exhaustive search's set

@@ -92,11 +92,13 @@ def _tuning_graph(model: Model, graph: Graph, variant: Variant) -> dict:
              "variant": variant.settings_for(graph.name)}
     if graph.state:  # measured as built: each state output quantized as the input it feeds (quantize's "tied")
         found["tied"] = sorted(graph.state.items())
+    if not variant.is_fp16 and not variant.is_aimet:  # the quantize stage's Concat warnings: their fixes go first
+        found["concats"] = layout.variant_file(model.name, variant.name, graph.name, ".quantize.json")
     return found
 
 
 def _tuning_deps(g: dict) -> list[str]:
-    return [g["onnx"], g["ranges"], g["evaluation"]]
+    return [g["onnx"], g["ranges"], g["evaluation"], *([g["concats"]] if g.get("concats") else [])]
 
 
 def sensitivity_tasks():

@@ -33,12 +33,17 @@ class Judge:
         self.record(point, self.cpu.measure(sixteen, indices), emulator, len(indices))
 
     def record(self, point: str, on_cpu: dict, emulator: dict, samples: int) -> None:
-        """One point measured on both, on the same `samples` samples."""
+        """One point measured on both, on the same `samples` samples. A binary that does not repeat itself teaches no
+        margin (its numbers are the worst of runs that differ: YOLOv8n's all-16-bit cosine 0.9745 where the CPU gave
+        0.99965 would have failed every set the CPU tried); it is listed, marked."""
         entry = {"point": point, "samples": samples}
+        if emulator.get("unstable"):
+            entry["unstable"] = True
         for metric in self.metrics:
             if metric in emulator and metric in on_cpu:
                 entry[metric] = {"cpu": on_cpu[metric], "emulator": emulator[metric]}
-                self.deltas[metric].append(emulator[metric] - on_cpu[metric])
+                if not emulator.get("unstable"):
+                    self.deltas[metric].append(emulator[metric] - on_cpu[metric])
         self.points.append(entry)
 
     def margin(self) -> dict[str, float]:
@@ -88,7 +93,8 @@ def points_text(target, points: list[dict]) -> str:
         values = [f"{m} CPU {entry[m]['cpu']:.5g} / emulator {entry[m]['emulator']:.5g}"
                   for m in gates.metrics(target) if m in entry]
         if values:
-            parts.append(f"{entry['point']} ({entry['samples']} samples): {', '.join(values)}")
+            marked = ", does not repeat itself: no margin from it" if entry.get("unstable") else ""
+            parts.append(f"{entry['point']} ({entry['samples']} samples{marked}): {', '.join(values)}")
     return "; ".join(parts)
 
 
@@ -98,8 +104,44 @@ def on_samples(emulator: dict, indices) -> list[int]:
     return list(indices)[:partial["samples"]] if partial else list(indices)
 
 
+def float_weights(qdq_model, float_model) -> bytes:
+    """The QDQ model with every quantized weight and bias of a Conv, ConvTranspose, MatMul or Gemm back in float (the
+    float model's, by node name): its activations as quantized, its weights as no weight technique can beat (SeqMSE,
+    AdaRound only choose how weights round). Not 16-bit weights: their int32 bias, at the activation scale times the
+    weight scale, overflows (YOLOv8n W16A16 gave cosine 0.984 on the CPU, below W4A16 SeqMSE's 0.994)."""
+    import onnx
+
+    from ...toolchains import ort_qnn
+    model = onnx.load(str(qdq_model))
+    source = ort_qnn.preprocessed_model(float_model)
+    by_name = {n.name: n for n in source.graph.node if n.name}
+    float_inits = {i.name: i for i in source.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    have = {i.name for i in model.graph.initializer}
+    added: set[str] = set()
+    for node in model.graph.node:
+        original = by_name.get(node.name)
+        if node.op_type not in ("Conv", "ConvTranspose", "MatMul", "Gemm") or original is None:
+            continue
+        for k in (1, 2):
+            if k >= len(node.input) or k >= len(original.input) or original.input[k] not in float_inits:
+                continue
+            dq = producers.get(node.input[k])
+            if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in have:
+                continue
+            weight, name = original.input[k], f"{original.input[k]}_build_rules_float"  # (the DQ may have its name)
+            if name not in added:
+                tensor = onnx.TensorProto()
+                tensor.CopyFrom(float_inits[weight])
+                tensor.name = name
+                model.graph.initializer.append(tensor)
+                added.add(name)
+            node.input[k] = name
+    return model.SerializeToString()
+
+
 def qdq_summary(c, model, indices: list[int]) -> dict:
-    """Summary metrics (as Candidates.measure) of a QDQ model file on onnxruntime's CPU EP, on the evaluation samples
+    """Summary metrics (as Candidates.measure) of a QDQ model (a file, or bytes) on onnxruntime's CPU EP, on the samples
     `indices` of `c` (a precision.Candidates): a whole-variant rung's CPU number, in seconds."""
     import onnxruntime as ort
 
@@ -107,7 +149,8 @@ def qdq_summary(c, model, indices: list[int]) -> dict:
     from ...samples import compare
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(str(model), sess_options=options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(model if isinstance(model, bytes) else str(model), sess_options=options,
+                                   providers=["CPUExecutionProvider"])
     names = list(c.reference[0])
     outputs = [dict(zip(names, session.run(names, c.inputs[i]))) for i in indices]
     try:

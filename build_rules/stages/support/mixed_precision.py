@@ -59,6 +59,8 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
     c.not_built_is_a_miss = True  # a trial the HTP does not build cannot ship: the search goes on past it
     from ... import progress
     progress.watch(lambda: c.evaluations, f"emulator measurements for {name}")  # a search: no total known ahead
+    progress.stop("cpu ranking")  # the previous graph's CPU ranking and search: this graph's lines from here
+    progress.stop("cpu")
     # A variant with 16-bit activations is (nearly) all candidates at 16 bit: when tune gets here it has usually
     # missed as built, so that measurement goes first and a miss ends the search before any 8-bit run (measured on
     # Whisper w4a16: the 8-bit start alone ran for over 25 min before it could say nothing helps).
@@ -75,9 +77,13 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
         order = [t for t in order if t in c.candidates]
         order, source, cpu = order + [t for t in c.candidates if t not in order], "given", None
     else:
-        order, source, cpu = _order(c, hooks, sensitivity, method, log)
+        order, source, cpu = _order(c, hooks, sensitivity, method, log, target)
     result["ranking"] = source
     log(f"{name}: ranking from {source}")
+    first = _concat_fixes(graph, c)
+    if first:  # a Concat whose narrow input its scale crushes (quantize's warning): its fix is tried first
+        order = first + [t for t in order if t not in first]
+        log(f"{name}: first in the ranking, the fix of the quantize stage's Concat warning: {', '.join(first)}")
     top = _all_16bit(c, target, order, name, chip, where, log)
     result["all_16bit"] = clean(top)
     full = search_full(c, target)
@@ -90,6 +96,7 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
         # the emulator confirms the result on every sample, and a miss there widens the margin and searches again
         from . import cpu_ranking, cpu_search
         cpu = cpu or cpu_ranking.SwitchModel(c)
+        progress.watch(lambda: cpu.evaluations, f"CPU measurements for {name}", slot="cpu")
         judge = cpu_search.Judge(cpu, target)
         everything = list(range(len(c.inputs)))
         judge.learn("the variant at 8 bit", set(), base, everything)
@@ -177,7 +184,7 @@ def _all_16bit(c: Candidates, target, order: list[str], name: str, chip: dict, w
     return top
 
 
-def _order(c: Candidates, hooks: str, sensitivity: str | None, method: str, log):
+def _order(c: Candidates, hooks: str, sensitivity: str | None, method: str, log, target=None):
     """(candidates, most important first; where the order came from; the CPU model if one was built)."""
     from ..sensitivity import saved_ranking
     saved = saved_ranking(c, hooks, sensitivity)
@@ -188,9 +195,23 @@ def _order(c: Candidates, hooks: str, sensitivity: str | None, method: str, log)
         return emulator_cost_ranking(c), "measured (cost only, on the emulator)", None
     from . import cpu_ranking
     cpu = cpu_ranking.SwitchModel(c)
-    rows = cpu_ranking.costs(cpu, c.candidates)
+    rows = cpu_ranking.costs(cpu, c.candidates, target)
     log(f"{c.graph['name']}: CPU ranking: {cpu.evaluations} CPU QDQ runs in {cpu.seconds + cpu.build_seconds:.1f} s")
     return cpu_ranking.order(c.candidates, rows), "the CPU QDQ model (gain and cost per tensor)", cpu
+
+
+def _concat_fixes(graph: dict, c: Candidates) -> list[str]:
+    """The tensors quantize's Concat warnings say to keep at 16 bit (support/concat_slices.py: a YOLO export's box and
+    score output), those that are candidates: an SQNR ranking puts them far down (YOLOv8n: the score Sigmoid 182nd of
+    242), while their fix is what a task metric needs."""
+    import json
+    from pathlib import Path
+    try:
+        entries = json.loads(Path(graph["concats"]).read_text()).get("concats", []) if graph.get("concats") else []
+    except (OSError, ValueError):
+        return []
+    found = [t for e in entries for t in (e.get("fix") or {}).get("overrides", []) if t in c.candidates]
+    return list(dict.fromkeys(found))
 
 
 def _one_at_a_time(c: Candidates, target, order: list[str], full: bool, log):

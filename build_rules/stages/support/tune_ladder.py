@@ -163,14 +163,25 @@ class Ladder:
         if judge is None or name not in self.candidates:
             return None
         c = self.candidates[name]
-        aimet = rung["changes"].get("quantizer") == "aimet"
-        probe = {**rung, "name": f"{rung['name']}_ort_counterpart", "changes": {**rung["changes"], **ORT}} \
-            if aimet else rung
-        path = self.quantize(probe, graph) if aimet else Path(self.build_graph(rung, graph)["path"])
+        if rung["changes"].get("quantizer") == "aimet":
+            # AIMET's techniques change the weights only: the rung's activations with float weights bound what they
+            # can reach; its onnxruntime counterpart, how far they would have to go
+            counterpart = {**rung, "name": f"{rung['name']}_ort_counterpart", "changes": {**rung["changes"], **ORT}}
+            path = self.quantize(counterpart, graph)
+            self.cpu_screens += 2
+            bound = judge.optimistic(cpu_search.qdq_summary(c, cpu_search.float_weights(path, graph["onnx"]),
+                                                            c.subset))
+            if not meets(graph["target"], bound):
+                return (f"even with its weights in float (what no weight technique, SeqMSE or AdaRound, can beat) "
+                        f"{values(graph['target'], bound)} on the CPU, the most favourable CPU-to-emulator difference "
+                        "seen added")
+            return cpu_search.beyond_recovery(graph["target"], judge.optimistic(
+                cpu_search.qdq_summary(c, path, c.subset)))
+        built = self.build_graph(rung, graph)
+        if "error" in built:
+            return None  # try_rung reports it
         self.cpu_screens += 1
-        summary = judge.optimistic(cpu_search.qdq_summary(c, path, c.subset))
-        if aimet:
-            return cpu_search.beyond_recovery(graph["target"], summary)
+        summary = judge.optimistic(cpu_search.qdq_summary(c, built["path"], c.subset))
         if meets(graph["target"], summary):
             return None
         return (f"{values(graph['target'], summary)} on the CPU with the most favourable CPU-to-emulator difference "
@@ -192,7 +203,11 @@ class Ladder:
         """Every graph in `order` meets its target with this rung (tuning samples, then the full set); a graph the
         CPU rules out first (ruled_out) is a miss without SeqMSE or the emulator."""
         for name in order:
-            why = None if name in rung["graphs"] else self.ruled_out(rung, self._graph(name))
+            try:
+                why = None if name in rung["graphs"] else self.ruled_out(rung, self._graph(name))
+            except Exception as e:  # noqa: BLE001 -- a screen that cannot run decides nothing: the emulator measures
+                print(f"ladder {rung['name']}: {name}: not screened on the CPU ({type(e).__name__}: {e})", flush=True)
+                why = None
             if why:
                 rung["graphs"][name] = {"ruled_out": why}
                 print(f"ladder {rung['name']}: {name}: ruled out on the CPU, not built nor measured on the emulator: "
