@@ -16,7 +16,7 @@ import pytest
 from conftest import TEST_MODELS, make_repo, run_doit
 
 FIX_TABLE = '''[variants.w4a16.graphs.det]
-weight_overrides = { "/stem/stem.0/Conv" = "int8", "/down3/down3.0/Conv" = "int8" }
+weight_overrides = { "/stem/stem.0/Conv" = "int8", "/down1/down1.0/Conv" = "int8" }
 '''
 
 
