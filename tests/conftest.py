@@ -130,17 +130,28 @@ def tinynet_repo(built_tinynet, tmp_path) -> Path:
 
 # Imported by every Python process started with the fixture's PYTHONPATH (the stage processes): records each
 # context model opened on the HTP emulator (check, evaluate, report, dist verify all open them with this function).
+# With BUILD_RULES_TEST_EMULATOR_OPENS=n, the first session a process opens waits (2 minutes at most) until the
+# log has n lines: a test of samples spread over two workers then sees both open, however late one starts.
 EMULATOR_SPY = '''
 import os
+import time
 from build_rules.toolchains import ort_qnn
 
 _open = ort_qnn.open_context_binary
+_first = True
 
 
 def _recorded(ctx_model, *args, **kwargs):
-    with open(os.environ["BUILD_RULES_TEST_EMULATOR_LOG"], "a") as log:
+    global _first
+    path = os.environ["BUILD_RULES_TEST_EMULATOR_LOG"]
+    with open(path, "a") as log:
         log.write(f"{ctx_model}\\n")
-    return _open(ctx_model, *args, **kwargs)
+    session = _open(ctx_model, *args, **kwargs)
+    wanted, deadline = int(os.environ.get("BUILD_RULES_TEST_EMULATOR_OPENS", "0")), time.monotonic() + 120
+    while _first and len(open(path).read().splitlines()) < wanted and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _first = False
+    return session
 
 
 ort_qnn.open_context_binary = _recorded

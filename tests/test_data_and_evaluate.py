@@ -119,6 +119,11 @@ def test_the_per_sample_form_runs_across_workers_and_gives_the_old_forms_numbers
     hooks = repo / "models/tinynet/hooks.py"
     hooks.write_text(hooks.read_text() + PER_SAMPLE)  # both forms: the per-sample one is used
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    # two slots of this test's own (another process on the machine holding one would leave the second worker
+    # waiting), and a worker's first image waits until the other opened its first binary: otherwise a worker that
+    # starts late on a busy machine finds the 4 images done by the other
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("BUILD_RULES_TEST_EMULATOR_OPENS", "4")
     result = run_doit(repo, *tasks)
     assert result.code == 0 and set(tasks) <= result.ran, result.output
     new = [json.loads((repo / r).read_text()) for r in reports]
