@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -174,9 +173,7 @@ def test_flipping_a_setting_back_restores_from_the_cache_without_running_a_stage
 
     monkeypatch.setattr(runner.subprocess, "Popen", no_stage_process)
     set_weights(tinynet_repo, "uint8")
-    started = time.perf_counter()
-    result = run_doit(tinynet_repo)
-    seconds = time.perf_counter() - started
+    result = run_doit(tinynet_repo)  # (no stage process: the restore does no stage's work, whatever the machine)
     assert result.code == 0, result.output
     expected = {f"{stage}:tinynet/{g}/w8a16@{c}" for stage in ("compile", "check") for g in GRAPHS for c in CHIPS}
     assert expected <= result.ran
@@ -184,7 +181,6 @@ def test_flipping_a_setting_back_restores_from_the_cache_without_running_a_stage
     assert _binaries(tinynet_repo) == before
     assert "[restored from the build cache: out/.cache/" in \
         (tinynet_repo / "out/tinynet/w8a16/SM8750/encoder.compile.log").read_text()
-    assert seconds < 15
     assert run_doit(tinynet_repo).ran == set()  # restored targets are up to date
 
 
