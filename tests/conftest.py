@@ -110,6 +110,23 @@ def labelled_repo(dest: Path) -> Path:
     return repo
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _worker_cwd(tmp_path_factory):
+    """The session's fixtures start in a folder of this pytest process's own, and each test in one of its own
+    (_test_cwd): what the emulator door keeps under ./out/.build-state (the output memo, the records of whether a
+    binary repeats itself) for a binary run in-process would otherwise land in the checkout, shared by every later
+    test and xdist worker (a memo hit where a test counts emulator runs, or a record another test left)."""
+    old = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("session-cwd"))
+    yield
+    os.chdir(old)
+
+
+@pytest.fixture(autouse=True)
+def _test_cwd(_worker_cwd, tmp_path_factory, monkeypatch):
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
 @pytest.fixture(scope="session")
 def built_tinynet(tmp_path_factory) -> Path:
     """The tiny two-graph model, fully built once; tests take copies of it."""
