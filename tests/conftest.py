@@ -127,14 +127,51 @@ def _test_cwd(_worker_cwd, tmp_path_factory, monkeypatch):
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 
-@pytest.fixture(scope="session")
-def built_tinynet(tmp_path_factory) -> Path:
-    """The tiny two-graph model, fully built once; tests take copies of it."""
-    repo = make_repo(tmp_path_factory.mktemp("tinynet-built"), {"tinynet": TEST_MODELS / "tinynet"})
+def run_folder(tmp_path_factory) -> Path:
+    """A folder every pytest process of this run shares: the parent of the xdist workers' base temporary folders
+    (/tmp/pytest-of-<user>/pytest-<n>/), or the base folder itself without xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextlib.contextmanager
+def _flock(path: Path):
+    import fcntl
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """A build that tests of several files (on any xdist worker) read: made once per run by whichever process asks
+    first, build(folder), while the others wait on a file lock, then shared read-only (a test that changes it takes a
+    copy). A build that failed is tried again by the next process that asks (and fails there too, with its output)."""
+    shared = run_folder(tmp_path_factory)
+    folder, done = shared / name, shared / f"{name}.done"
+    with _flock(shared / f"{name}.lock"):
+        if not done.exists():
+            if folder.exists():
+                shutil.rmtree(folder)
+            build(folder)
+            done.write_text("")
+    return folder
+
+
+def _build_tinynet(folder: Path) -> None:
+    repo = make_repo(folder, {"tinynet": TEST_MODELS / "tinynet"})
     write_tinynet_checkpoints(repo / "models" / "tinynet")
     result = run_doit(repo)
     assert result.code == 0, result.output
-    return repo
+
+
+@pytest.fixture(scope="session")
+def built_tinynet(tmp_path_factory) -> Path:
+    """The tiny two-graph model, fully built once per run (whichever xdist worker asks first); tests read it or take
+    copies of it, never change it."""
+    return built_once(tmp_path_factory, "tinynet-built", _build_tinynet)
 
 
 @pytest.fixture
@@ -239,3 +276,4 @@ def sample_runs(tmp_path, monkeypatch):
         log.write_text("")
         return counts
     return runs
+
