@@ -277,3 +277,39 @@ def sample_runs(tmp_path, monkeypatch):
         return counts
     return runs
 
+
+# --- the slow end-to-end tests, and the order the files start in ---------------------------------------------------
+
+# Fixtures that build a model end to end, each tens of seconds to minutes on 2 cores (setup times: docs/testing.md):
+# every test that uses one is marked slow, as are the tests marked @pytest.mark.slow themselves. `-m "not slow"` is
+# the inner loop while working on the tool (CI and the README's command run everything).
+SLOW_FIXTURES = {"mtcnn_build", "whisper_float", "dist_built", "uploaded", "built", "conv_built", "shared_build",
+                 "built_qairt", "built_dlc", "kvstep_dist", "speaker", "hook_calls", "built_ffn", "built_recurrent",
+                 "onet_split", "gru_repo", "built_detector", "detector", "built_rnet_aimet", "cluster"}
+
+# Seconds each file's tests took in all (setup, call, teardown; docs/testing.md, measured on a loaded 2-core machine:
+# only their order matters). Under xdist (--dist loadfile --no-loadscope-reorder) the files start heaviest first, so
+# that no worker is left alone with a heavy file at the end; a file not listed starts first of all (unknown: maybe
+# heavy). xdist's own order (by number of tests) started tests/test_mtcnn_end_to_end.py last.
+FILE_SECONDS = {
+    "test_quant_tuning.py": 502, "test_device.py": 484, "test_data_and_evaluate.py": 438, "test_dist.py": 405,
+    "test_reliability.py": 378, "test_block_quant.py": 373, "test_mtcnn_end_to_end.py": 349,
+    "test_user_models.py": 286, "test_repeats.py": 231, "test_progress.py": 225, "test_incremental.py": 211,
+    "test_remote_cache.py": 190, "test_aimet.py": 176, "test_whisper.py": 172, "test_chip_proof.py": 154,
+    "test_qairt_toolchain.py": 138, "test_step_graphs.py": 120, "test_qairt_flows.py": 119,
+    "test_shared_weights.py": 118, "test_diagnose.py": 104, "test_split.py": 97, "test_ray.py": 97,
+    "test_recurrent_cells.py": 94, "test_densemap.py": 93, "test_variant_precision.py": 74, "test_hooks.py": 51,
+    "test_concat_slices.py": 47, "test_transformer_blocks.py": 42, "test_errors.py": 37, "test_results.py": 36,
+    "test_gates.py": 33, "test_emulator_runs.py": 33, "test_early_verdicts.py": 29, "test_fuzzed_inputs.py": 23,
+    "test_ort_qnn_toolchain.py": 14, "test_house.py": 12, "test_report_figure.py": 5, "test_load_paths.py": 0,
+    "test_quant_spec.py": 0,
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks added here
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+    unknown = max(FILE_SECONDS.values()) + 1
+    items.sort(key=lambda item: -FILE_SECONDS.get(item.path.name, unknown))  # stable: a file's own order is kept

@@ -184,6 +184,7 @@ def test_flipping_a_setting_back_restores_from_the_cache_without_running_a_stage
     assert run_doit(tinynet_repo).ran == set()  # restored targets are up to date
 
 
+@pytest.mark.slow
 def test_a_shared_cache_serves_another_checkout_and_can_be_pruned(built_tinynet, tmp_path, monkeypatch):
     from build_rules import cache
     shared = tmp_path / "shared-cache"
@@ -300,6 +301,7 @@ def test_sensitivity_ranks_every_candidate_tensor_and_bisect_finds_the_exhaustiv
     assert by_tensor[best["tensor"]]["gain_db"] == pytest.approx(best["gain_db"], abs=1e-9)
 
 
+@pytest.mark.slow
 def test_bisect_tune_needs_no_more_16_bit_tensors_than_the_exhaustive_one_even_with_a_blind_ranking(tinynet_repo):
     """tune's search (mixed_precision.search, callable on its own) on the tiny encoder at w8a8 with a target between
     all-8-bit (cosine 0.99979 on the tuning chip) and all-16-bit (0.99988): the bisect search with the CPU ranking,
@@ -391,6 +393,7 @@ def mtcnn_without_onet(tmp_path: Path) -> Path:
     return repo
 
 
+@pytest.mark.slow
 def test_automatic_mixed_precision_finds_a_variant_that_passes_its_gate(tmp_path, monkeypatch):
     from build_rules import tuning
     repo = mtcnn_without_onet(tmp_path)
@@ -501,6 +504,7 @@ def test_tuning_a_variant_that_already_meets_its_targets_at_8_bit_proposes_nothi
         tuning.apply(tuned, model_toml=toml, chips_toml=tinynet_repo / "chips.toml")
 
 
+@pytest.mark.slow
 def test_a_candidate_the_htp_does_not_build_is_named_not_a_traceback(tmp_path):
     """The labelled classifier's first Gemm at 16 bit, with its graph input x kept at 8 bit (the search keeps the
     binary's input format), fails to finalize on the HTP (QNN_COMMON_ERROR_MEM_ALLOC, measured on SM8750; with x at
@@ -527,6 +531,7 @@ def test_a_candidate_the_htp_does_not_build_is_named_not_a_traceback(tmp_path):
     assert not (repo / "out/labelled/tuning/w8a8/classifier.sensitivity.json").exists()
 
 
+@pytest.mark.slow
 def test_tune_without_aimet_scores_with_the_labels_and_skips_the_aimet_rungs(tmp_path):
     """Issue 35: tune lost the labels of evaluation_inputs() (`score() takes labels, but evaluation_inputs('det')
     returned none`), and without aimet-onnx it crashed on an import of a module that does not exist. CI installs
