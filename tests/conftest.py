@@ -110,14 +110,68 @@ def labelled_repo(dest: Path) -> Path:
     return repo
 
 
-@pytest.fixture(scope="session")
-def built_tinynet(tmp_path_factory) -> Path:
-    """The tiny two-graph model, fully built once; tests take copies of it."""
-    repo = make_repo(tmp_path_factory.mktemp("tinynet-built"), {"tinynet": TEST_MODELS / "tinynet"})
+@pytest.fixture(scope="session", autouse=True)
+def _worker_cwd(tmp_path_factory):
+    """The session's fixtures start in a folder of this pytest process's own, and each test in one of its own
+    (_test_cwd): what the emulator door keeps under ./out/.build-state (the output memo, the records of whether a
+    binary repeats itself) for a binary run in-process would otherwise land in the checkout, shared by every later
+    test and xdist worker (a memo hit where a test counts emulator runs, or a record another test left)."""
+    old = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("session-cwd"))
+    yield
+    os.chdir(old)
+
+
+@pytest.fixture(autouse=True)
+def _test_cwd(_worker_cwd, tmp_path_factory, monkeypatch):
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
+def run_folder(tmp_path_factory) -> Path:
+    """A folder every pytest process of this run shares: the parent of the xdist workers' base temporary folders
+    (/tmp/pytest-of-<user>/pytest-<n>/), or the base folder itself without xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextlib.contextmanager
+def _flock(path: Path):
+    import fcntl
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """A build that tests of several files (on any xdist worker) read: made once per run by whichever process asks
+    first, build(folder), while the others wait on a file lock, then shared read-only (a test that changes it takes a
+    copy). A build that failed is tried again by the next process that asks (and fails there too, with its output)."""
+    shared = run_folder(tmp_path_factory)
+    folder, done = shared / name, shared / f"{name}.done"
+    with _flock(shared / f"{name}.lock"):
+        if not done.exists():
+            if folder.exists():
+                shutil.rmtree(folder)
+            build(folder)
+            done.write_text("")
+    return folder
+
+
+def _build_tinynet(folder: Path) -> None:
+    repo = make_repo(folder, {"tinynet": TEST_MODELS / "tinynet"})
     write_tinynet_checkpoints(repo / "models" / "tinynet")
     result = run_doit(repo)
     assert result.code == 0, result.output
-    return repo
+
+
+@pytest.fixture(scope="session")
+def built_tinynet(tmp_path_factory) -> Path:
+    """The tiny two-graph model, fully built once per run (whichever xdist worker asks first); tests read it or take
+    copies of it, never change it."""
+    return built_once(tmp_path_factory, "tinynet-built", _build_tinynet)
 
 
 @pytest.fixture
@@ -130,17 +184,28 @@ def tinynet_repo(built_tinynet, tmp_path) -> Path:
 
 # Imported by every Python process started with the fixture's PYTHONPATH (the stage processes): records each
 # context model opened on the HTP emulator (check, evaluate, report, dist verify all open them with this function).
+# With BUILD_RULES_TEST_EMULATOR_OPENS=n, the first session a process opens waits (2 minutes at most) until the
+# log has n lines: a test of samples spread over two workers then sees both open, however late one starts.
 EMULATOR_SPY = '''
 import os
+import time
 from build_rules.toolchains import ort_qnn
 
 _open = ort_qnn.open_context_binary
+_first = True
 
 
 def _recorded(ctx_model, *args, **kwargs):
-    with open(os.environ["BUILD_RULES_TEST_EMULATOR_LOG"], "a") as log:
+    global _first
+    path = os.environ["BUILD_RULES_TEST_EMULATOR_LOG"]
+    with open(path, "a") as log:
         log.write(f"{ctx_model}\\n")
-    return _open(ctx_model, *args, **kwargs)
+    session = _open(ctx_model, *args, **kwargs)
+    wanted, deadline = int(os.environ.get("BUILD_RULES_TEST_EMULATOR_OPENS", "0")), time.monotonic() + 120
+    while _first and len(open(path).read().splitlines()) < wanted and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _first = False
+    return session
 
 
 ort_qnn.open_context_binary = _recorded
@@ -211,3 +276,40 @@ def sample_runs(tmp_path, monkeypatch):
         log.write_text("")
         return counts
     return runs
+
+
+# --- the slow end-to-end tests, and the order the files start in ---------------------------------------------------
+
+# Fixtures that build a model end to end, each tens of seconds to minutes on 2 cores (setup times: docs/testing.md):
+# every test that uses one is marked slow, as are the tests marked @pytest.mark.slow themselves. `-m "not slow"` is
+# the inner loop while working on the tool (CI and the README's command run everything).
+SLOW_FIXTURES = {"mtcnn_build", "whisper_float", "dist_built", "uploaded", "built", "conv_built", "shared_build",
+                 "built_qairt", "built_dlc", "kvstep_dist", "speaker", "hook_calls", "built_ffn", "built_recurrent",
+                 "onet_split", "gru_repo", "built_detector", "detector", "built_rnet_aimet", "cluster"}
+
+# Seconds each file's tests took in all (setup, call, teardown; docs/testing.md, measured on a loaded 2-core machine:
+# only their order matters). Under xdist (--dist loadfile --no-loadscope-reorder) the files start heaviest first, so
+# that no worker is left alone with a heavy file at the end; a file not listed starts first of all (unknown: maybe
+# heavy). xdist's own order (by number of tests) started tests/test_mtcnn_end_to_end.py last.
+FILE_SECONDS = {
+    "test_quant_tuning.py": 502, "test_device.py": 484, "test_data_and_evaluate.py": 438, "test_dist.py": 405,
+    "test_reliability.py": 378, "test_block_quant.py": 373, "test_mtcnn_end_to_end.py": 349,
+    "test_user_models.py": 286, "test_repeats.py": 231, "test_progress.py": 225, "test_incremental.py": 211,
+    "test_remote_cache.py": 190, "test_aimet.py": 176, "test_whisper.py": 172, "test_chip_proof.py": 154,
+    "test_qairt_toolchain.py": 138, "test_step_graphs.py": 120, "test_qairt_flows.py": 119,
+    "test_shared_weights.py": 118, "test_diagnose.py": 104, "test_split.py": 97, "test_ray.py": 97,
+    "test_recurrent_cells.py": 94, "test_densemap.py": 93, "test_variant_precision.py": 74, "test_hooks.py": 51,
+    "test_concat_slices.py": 47, "test_transformer_blocks.py": 42, "test_errors.py": 37, "test_results.py": 36,
+    "test_gates.py": 33, "test_emulator_runs.py": 33, "test_early_verdicts.py": 29, "test_fuzzed_inputs.py": 23,
+    "test_ort_qnn_toolchain.py": 14, "test_house.py": 12, "test_report_figure.py": 5, "test_load_paths.py": 0,
+    "test_quant_spec.py": 0,
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks added here
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+    unknown = max(FILE_SECONDS.values()) + 1
+    items.sort(key=lambda item: -FILE_SECONDS.get(item.path.name, unknown))  # stable: a file's own order is kept

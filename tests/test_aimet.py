@@ -96,6 +96,7 @@ def test_aimet_settings_errors_name_the_file_table_and_allowed_values(tmp_path, 
     assert f"models/mtcnn/model.toml: {message}" in result.output
 
 
+@pytest.mark.slow
 def test_a_missing_aimet_onnx_fails_the_variant_naming_the_extra_and_nothing_else(tmp_path, monkeypatch, request):
     from build_rules.tasks import aimet as aimet_tasks
     # The built repo when AIMET is here (the aimet task then made stale), else a new one.
@@ -201,6 +202,7 @@ def test_aimet_encodings_reach_the_qairt_converter(rnet_copy, tmp_path, monkeypa
 
 # --- tune: whole variants across quantizers and bit widths before 16-bit tensors ---------------------------------
 
+@pytest.mark.slow
 @needs_aimet
 def test_tune_proposes_the_smallest_whole_variant_that_meets_the_gate_before_16_bit_tensors(rnet_copy):
     from build_rules import tuning
@@ -229,6 +231,7 @@ def test_tune_proposes_the_smallest_whole_variant_that_meets_the_gate_before_16_
     assert "aimet:mtcnn/rnet/w4a16_tuned" in listing and "quantize:mtcnn/rnet/w4a16_tuned" not in listing
 
 
+@pytest.mark.slow
 @needs_aimet
 def test_an_aimet_step_graph_gives_each_state_output_the_encoding_of_the_input_it_feeds(tmp_path):
     """A recurrent cell with its state declared ([graphs.cell.state], no stacked output): AIMET calibrates h and c

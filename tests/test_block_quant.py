@@ -58,6 +58,7 @@ def _weights(qdq: Path) -> dict[str, tuple[int, int]]:
     return found
 
 
+@pytest.mark.slow
 def test_an_lpbq_variant_compiles_for_two_chips_runs_lpbq_on_the_htp_and_passes_its_gate(built):
     repo, result = built
     for chip in ("SM8750", "SM8550"):
@@ -256,6 +257,7 @@ def test_aimets_lpbq_gemm_with_a_transposed_weight_becomes_a_matmul_with_the_sam
     assert max(float(np.abs(e - f).max()) for e, f in zip(expected, found)) <= 2 * step
 
 
+@pytest.mark.slow
 def test_tune_keeps_the_fewest_weights_at_int8_when_lpbq_misses(built, tmp_path, monkeypatch):
     """doit tune's ladder searches weight formats: per-channel int4 (AIMET SeqMSE), LPBQ int4 (onnxruntime, AIMET
     SeqMSE), then LPBQ with the fewest weights at int8 (ranked on the CPU, bisected on the emulator), before 8-bit
@@ -347,6 +349,7 @@ def test_the_stand_in_converter_refuses_a_malformed_lpbq_encoding(tmp_path):
         assert message in str(error.value)
 
 
+@pytest.mark.slow
 def test_the_quantize_stage_is_cached_and_reruns_when_the_block_size_changes(built):
     repo, _ = built
     again = run_doit(repo)
@@ -380,6 +383,7 @@ def conv_built(tmp_path_factory):
     return repo, result
 
 
+@pytest.mark.slow
 def test_a_1x1_conv_is_blocked_and_runs_lpbq_on_the_htp_while_a_3x3_conv_stays_per_channel(conv_built):
     """onnxruntime-qnn 2.7.0 runs LPBQ in a 1x1 Conv2d (a blockwise DequantizeLinear with float block scales and the
     EP's block option, which the compile stage gives such a model), beside a MatMul in the integer-scale form."""

@@ -9,6 +9,8 @@ import os
 import re
 from pathlib import Path
 
+import pytest
+
 from conftest import run_doit
 
 OUT = Path("out/tinynet")
@@ -137,6 +139,7 @@ def evaluate(run_graph):
 '''
 
 
+@pytest.mark.slow
 def test_a_chip_proven_equal_takes_the_reference_evaluation(tinynet_repo, sample_runs):
     """[evaluate] on two chips: the reference chip's binaries are evaluated on the emulator; the other chip, whose
     graphs all proved equal in their checks, takes those metrics, labelled, and runs no emulator sample."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from conftest import TEST_MODELS, make_repo, run_doit, write_tinynet_checkpoints
 
 HOOKS = '''
@@ -54,6 +56,7 @@ def make(tmp_path, gate='{ metric = "accuracy", max_decrease = 0.5 }'):
     return repo
 
 
+@pytest.mark.slow
 def test_data_stage_feeds_the_hooks_and_evaluate_gates_against_float(tmp_path):
     # [evaluate] takes a list of gates too: all must pass, each gated value is in the report
     repo = make(tmp_path, gate='[{ metric = "accuracy", max_decrease = 0.5 }, { metric = "images", min = 4 }]')
@@ -105,6 +108,7 @@ def combine(results):
 '''
 
 
+@pytest.mark.slow
 def test_the_per_sample_form_runs_across_workers_and_gives_the_old_forms_numbers(tmp_path, emulator_sessions,
                                                                                   monkeypatch):
     monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "0")  # every sample on the emulator, in both forms
@@ -119,6 +123,11 @@ def test_the_per_sample_form_runs_across_workers_and_gives_the_old_forms_numbers
     hooks = repo / "models/tinynet/hooks.py"
     hooks.write_text(hooks.read_text() + PER_SAMPLE)  # both forms: the per-sample one is used
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    # two slots of this test's own (another process on the machine holding one would leave the second worker
+    # waiting), and a worker's first image waits until the other opened its first binary: otherwise a worker that
+    # starts late on a busy machine finds the 4 images done by the other
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("BUILD_RULES_TEST_EMULATOR_OPENS", "4")
     result = run_doit(repo, *tasks)
     assert result.code == 0 and set(tasks) <= result.ran, result.output
     new = [json.loads((repo / r).read_text()) for r in reports]
@@ -142,6 +151,7 @@ def bound(results, total):
 '''
 
 
+@pytest.mark.slow
 def test_a_per_sample_hook_with_a_bound_stops_once_the_gate_cannot_be_met(tmp_path, monkeypatch):
     """Issue 36 item 2: an evaluation stops once the samples scored decide that a gate fails (the hook's bound says
     what the metric can still be); its numbers are those of the first samples, marked partial; a relaxed gate
@@ -178,6 +188,7 @@ def test_a_per_sample_hook_with_a_bound_stops_once_the_gate_cannot_be_met(tmp_pa
     assert "partial" not in report
 
 
+@pytest.mark.slow
 def test_a_failed_model_gate_names_the_float_reference(tmp_path, emulator_sessions):
     repo = make(tmp_path, gate='{ metric = "accuracy", min = 1.5 }')
     result = run_doit(repo, "evaluate:tinynet/fp16@SM8750")

@@ -74,6 +74,7 @@ def _net_runs(calls):
     return [" ".join(c) for c in calls if "shell" in c and "--retrieve_context" in " ".join(c)]
 
 
+@pytest.mark.slow
 def test_device_check_passes_with_the_emulators_numbers_and_pushes_nothing_twice(phone_env):
     repo = phone_env.repo
     result = run_doit(repo, CHECK)
@@ -365,6 +366,7 @@ def test_list_command_prints_the_table_to_paste(phone_env):
             in done.stderr)
 
 
+@pytest.mark.slow
 def test_report_shows_the_phone_beside_the_emulator_and_dist_lists_it(phone_env):
     repo = phone_env.repo
     assert run_doit(repo, CHECK).code == 0
@@ -815,6 +817,7 @@ def evaluate(run_graph):
 '''
 
 
+@pytest.mark.slow
 def test_profile_gives_the_real_time_factor_of_a_model_whose_evaluate_hook_runs_over_audio(phone_env, monkeypatch):
     repo = phone_env.repo
     monkeypatch.setenv("BUILD_RULES_PROFILE_RUNS", "5")
@@ -855,6 +858,7 @@ def test_profile_of_a_model_without_audio_has_no_real_time_factor():
                                                     "(no latency for it in this profile)"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flow", ["model-lib", "dlc"])
 def test_qairt_binaries_are_checked_and_profiled_on_the_phone_through_their_own_contract(flow, tmp_path, monkeypatch):
     """The qairt toolchain's context binaries: the contract from _net.json (model-lib flow: channel-last inputs

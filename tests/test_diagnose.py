@@ -33,6 +33,7 @@ def logpower_repo(dest: Path) -> Path:
     return repo
 
 
+@pytest.mark.slow
 def test_an_underflow_is_linted_for_fp16_and_diagnose_names_the_log_at_fp16_and_at_16_bit(tmp_path):
     repo = logpower_repo(tmp_path / "repo")
     result = run_doit(repo, "--continue")
@@ -219,6 +220,7 @@ def test_the_init_template_is_this_repos_example():
     assert '"templates/repo/*", "templates/repo/models/mtcnn/*"' in text  # package data: a wheel has them
 
 
+@pytest.mark.slow
 def test_diagnose_says_when_its_samples_miss_the_loss_check_measured(tinynet_repo):
     """Diagnose runs 4 evenly spaced samples; when check measured the same binary as much worse (here: the 8 samples
     diagnose skips are 30 x outside the calibrated range, so the binary clips them), the report says so first, with

@@ -64,6 +64,7 @@ def dist_built(built_tinynet, tmp_path_factory) -> Path:
 
 # ---------------------------------------------------------------------------------------------- the bundle
 
+@pytest.mark.slow
 def test_bundle_holds_the_binaries_index_licences_and_cpu_fallback(dist_built):
     import onnx
     from onnx import numpy_helper
@@ -128,6 +129,7 @@ def test_sha256sum_checks_every_file(dist_built):
     assert checked == expected_files() and all(line.endswith(": OK") for line in proc.stdout.splitlines())
 
 
+@pytest.mark.slow
 def test_the_archive_has_the_bundle_and_is_byte_identical_when_rebuilt(dist_built, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(dist_built, repo, symlinks=True)
@@ -323,6 +325,7 @@ def test_contract_of_int32_and_layout_op_inputs(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- multi-SoC
 
+@pytest.mark.slow
 def test_multi_soc_binary_for_all_chips(dist_built, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(dist_built, repo, symlinks=True)
@@ -539,6 +542,7 @@ def test_qairt_bundle_ships_the_sdk_runtime_and_reads_the_contract_from_the_mani
     assert proc.returncode == 0, proc.stdout
 
 
+@pytest.mark.slow
 def test_one_task_per_variant_so_a_change_or_a_failed_gate_touches_only_that_variant(dist_built, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(dist_built, repo, symlinks=True)

@@ -21,12 +21,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_ort_qnn_toolchain import make_tiny, samples  # noqa: E402
 
 # Imported by every Python process started with the spy's PYTHONPATH (the workers): logs each session opened and
-# each run, with the process and the machine's monotonic clock, to $SPY_LOG.
+# each run, with the process and the machine's monotonic clock, to $SPY_LOG. Samples can be held instead of racing
+# the test: with $SPY_HOLD_OPENS=n a process's first sample waits until n sessions are open, with $SPY_HOLD (a path)
+# each later one waits until that file exists (2 minutes at most, so a broken door fails an assertion, not the run).
 SPY = '''
 import os, time
 from build_rules.toolchains import ort_qnn
 
 _open = ort_qnn.open_context_binary
+_ran = 0
 
 
 def _log(line):
@@ -34,11 +37,28 @@ def _log(line):
         f.write(line + "\\n")
 
 
+def _wait(done):
+    deadline = time.monotonic() + 120
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _hold():
+    global _ran
+    opens, hold = int(os.environ.get("SPY_HOLD_OPENS", "0")), os.environ.get("SPY_HOLD")
+    if _ran == 0 and opens:
+        _wait(lambda: open(os.environ["SPY_LOG"]).read().count("open ") >= opens)
+    elif _ran > 0 and hold:
+        _wait(lambda: os.path.exists(hold))
+    _ran += 1
+
+
 def _recorded(ctx_model, *args, **kwargs):
     _log(f"open {os.getpid()} {time.monotonic()}")
     run = _open(ctx_model, *args, **kwargs)
 
     def timed(feed):
+        _hold()
         started = time.monotonic()
         try:
             return run(feed)
@@ -95,6 +115,7 @@ def test_workers_give_the_serial_runs_bytes_in_sample_order(binary, spy, monkeyp
     in_process = session_seconds() - before  # the slot this process held while it ran the 7 samples
     assert in_process > 0
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    monkeypatch.setenv("SPY_HOLD_OPENS", "2")  # (unheld, an idle machine's first worker ran all 7 before the second)
     (Path(os.environ["SPY_LOG"])).write_text("")
     before = session_seconds()
     parallel = emulator_runs.run_outputs(binary, feeds)
@@ -113,9 +134,15 @@ def test_workers_give_the_serial_runs_bytes_in_sample_order(binary, spy, monkeyp
     assert _same_bytes(serial, emulator_runs.run_outputs([binary], feeds))
 
 
-def test_closing_early_runs_no_more_samples_and_leaves_no_worker(binary, spy, monkeypatch):
+def test_closing_early_runs_no_more_samples_and_leaves_no_worker(binary, spy, tmp_path, monkeypatch):
+    """Whatever the machine's speed: each worker runs its first sample once both workers are open, and every later
+    sample waits for a file this test never makes (the spy's hold). The caller gets sample 0, closes, and the
+    workers are gone with at most their first samples run. (Unheld, an idle machine's workers could finish all 40
+    tiny samples before the close, and a loaded one could close before the second worker opened.)"""
     monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "0")
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    monkeypatch.setenv("SPY_HOLD", str(tmp_path / "never"))
+    monkeypatch.setenv("SPY_HOLD_OPENS", "2")
     runs = emulator_runs.iter_outputs(binary, samples(40, 4))
     index, first = next(runs)
     runs.close()
@@ -126,7 +153,7 @@ def test_closing_early_runs_no_more_samples_and_leaves_no_worker(binary, spy, mo
         with pytest.raises(ProcessLookupError):
             os.kill(int(pid), 0)
     done = len([line for line in spy() if line[0] == "run"])
-    assert done < 40, f"{done} of 40 samples ran though the caller stopped after the first"
+    assert 1 <= done <= 2, f"{done} of 40 samples ran though the caller stopped after the first"
 
 
 def _alive(pid: int) -> bool:

@@ -158,6 +158,7 @@ THREE_GATES = ('gate = [{ metric = "cosine", min = 0.98 }, { metric = "mean_outp
                '{ metric = "agreement", min = 0.75 }]')
 
 
+@pytest.mark.slow
 def test_several_gates_on_a_graph_with_labels_and_float_outputs_in_score(tinynet_repo):
     folder = tinynet_repo / "models/tinynet"
     hooks = folder / "hooks.py"

@@ -225,6 +225,7 @@ def test_the_table_has_a_row_for_every_hook_the_stages_call():
     assert called == set(names), "a hook the stages call is missing from docs/model-toml.md's table, or one is extra"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row", ROWS, ids=[row["hook"] for row in ROWS])
 def test_each_hook_gets_what_its_row_says(hook_calls, row):
     calls = [c for c in hook_calls if c["hook"] == row["hook"]]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import re
 
+import pytest
+
 from conftest import run_doit
 
 GRAPHS = ("encoder", "head")
@@ -40,6 +42,7 @@ def test_a_no_op_build_writes_no_state(tinynet_repo):
     assert stamps() == before
 
 
+@pytest.mark.slow
 def test_the_build_log_says_what_ran_and_how_long(tinynet_repo):
     from build_rules.build_log import read_build_log, seconds_per_stage
     log = tinynet_repo / "out/.build-state/build.log"
@@ -67,6 +70,7 @@ def test_touching_a_checkpoint_without_changing_bytes_runs_nothing(tinynet_repo)
     assert run_doit(tinynet_repo).ran == set()
 
 
+@pytest.mark.slow
 def test_changing_one_checkpoint_reruns_that_graphs_chain_only(tinynet_repo):
     import torch
     checkpoint = tinynet_repo / "models/tinynet/encoder.pt"
@@ -99,6 +103,7 @@ def test_changing_one_variant_setting_reruns_that_variants_quantize_compile_chec
         assert not result.ran_stage(stage)
 
 
+@pytest.mark.slow
 def test_changing_one_chip_entry_reruns_that_chips_compile_check_package(tinynet_repo):
     chips = tinynet_repo / "chips.toml"
     text = chips.read_text()
@@ -151,6 +156,7 @@ def test_one_chip_group_builds_only_that_chip(tinynet_repo):
     assert not (tinynet_repo / "out/tinynet/w8a16/SM8550").exists()
 
 
+@pytest.mark.slow
 def test_chip_without_fp16_skips_fp16_variants_with_a_note(tmp_path):
     from conftest import TEST_MODELS, make_repo, write_tinynet_checkpoints
     repo = make_repo(tmp_path / "repo", {"tinynet": TEST_MODELS / "tinynet"})

@@ -22,6 +22,7 @@ def mtcnn_build(tmp_path_factory):
     return repo, result
 
 
+@pytest.mark.slow
 def test_builds_every_graph_variant_and_chip_and_only_those_chips(mtcnn_build):
     repo, result = mtcnn_build
     expected = {f"compile:mtcnn/{g}/{v}@{c}" for g in GRAPHS for v in VARIANTS for c in CHIPS}
@@ -60,6 +61,7 @@ def test_onet_accuracy_on_lfw_subset_on_the_emulator(mtcnn_build):
                 assert summary["max_abs"] < 0.5
 
 
+@pytest.mark.slow
 def test_two_builds_from_clean_give_identical_binaries(mtcnn_build, tmp_path):
     repo, _ = mtcnn_build
     second = make_repo(tmp_path / "again", {"mtcnn": ROOT / "models/mtcnn"})

@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT, TEST_MODELS, make_repo, run_doit, write_tinynet_checkpoints
 
 MARK = re.compile(r"^\.  \[(\d+)/(\d+)\] (\S+)(?:  \((.+?) left(?:, (\d+) guessed from other tasks)?\))?$", re.M)
@@ -43,6 +45,7 @@ def write_build_log(repo, seconds_of, emulator_of=lambda name: 0.0) -> None:
     log.write_text("\n".join(rows) + "\n")
 
 
+@pytest.mark.slow
 def test_each_started_task_says_k_of_n_and_the_time_left(tinynet_repo):
     from build_rules.progress import format_seconds
     from build_rules.build_log import read_build_log
@@ -76,6 +79,7 @@ def test_each_started_task_says_k_of_n_and_the_time_left(tinynet_repo):
     assert list(slowest.groups()[1:]) == [task for _, _, _, task in rows[:3]]
 
 
+@pytest.mark.slow
 def test_a_check_that_never_ran_counts_as_the_checks_of_its_kind(tinynet_repo):
     """Another chip's check proves its outputs equal to the reference chip's in seconds (stages/check.py): one that
     never ran counts as the median of those, not of every check (the full checks take minutes)."""
@@ -141,6 +145,7 @@ def test_n_is_an_upper_bound_that_follows_what_doit_decides():
     assert predict(tasks, ["c"], lambda t: False, {}) == set()
 
 
+@pytest.mark.slow
 def test_a_long_stage_reports_progress_in_its_log_and_on_the_console(tmp_path, monkeypatch):
     monkeypatch.setenv("BUILD_RULES_PROGRESS_SECONDS", "0.1")
     repo = make_repo(tmp_path / "repo", {"tinynet": TEST_MODELS / "tinynet"})
@@ -232,6 +237,7 @@ def test_always_execute_counts_every_task_from_the_first_line(tinynet_repo):
     assert result.ran == {"export:tinynet/head", "simplify:tinynet/head", "verify:tinynet/head"}
 
 
+@pytest.mark.slow
 def test_parallel_workers_share_the_time_left(tinynet_repo):
     """`doit -n 2` (worker processes, doit's default): the time left is the work left over the two workers doit
     started before the first task (plan.workers)."""
@@ -243,6 +249,7 @@ def test_parallel_workers_share_the_time_left(tinynet_repo):
     assert f"21 task(s) to run, about {format_seconds(21 * 10.0 / 2)} by out/.build-state/build.log\n" in result.output
 
 
+@pytest.mark.slow
 def test_the_emulator_work_left_is_bounded_by_the_machines_emulator_slots(tinynet_repo, monkeypatch):
     """Issue 36 item 6: doit's jobs divide the wall times, but every task shares the machine's emulator slots. The
     head graph's 4 checks each ran 40 s of emulator sessions last time; with one slot they take 160 s whatever

@@ -146,6 +146,7 @@ def test_sdk_version_and_build_id_from_sdk_yaml_or_the_folder(tmp_path, folder, 
     assert qairt.Sdk(root).release() == expected
 
 
+@pytest.mark.slow
 def test_a_new_sdk_build_id_reruns_exactly_the_sdk_tasks(dlc_copy):
     repo, sdk, calls = dlc_copy
     (sdk / "sdk.yaml").write_text("name: qairt\nversion: 2.40.0\nbuild_id: 251031\n")
@@ -333,6 +334,7 @@ calibration = { method = "minmax", samples = 8 }
 """
 
 
+@pytest.mark.slow
 def test_16_bit_activations_on_a_v68_chip_use_per_row_quantization(tmp_path, monkeypatch):
     """The stand-in's HTP refuses a 16-bit FullyConnected on v68 unless its weights are quantized per row."""
     from build_rules.toolchains import qairt

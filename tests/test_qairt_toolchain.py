@@ -273,6 +273,7 @@ def test_converter_flags_for_layouts_weights_and_overrides(tmp_path):
 
 # ----------------------------------------------------------------------------------------------- a build
 
+@pytest.mark.slow
 def test_build_writes_outputs_and_logs_where_the_design_says(built_qairt):
     base, result = built_qairt
     repo, calls = base / "repo", base / "calls.jsonl"

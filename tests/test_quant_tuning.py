@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -174,9 +173,7 @@ def test_flipping_a_setting_back_restores_from_the_cache_without_running_a_stage
 
     monkeypatch.setattr(runner.subprocess, "Popen", no_stage_process)
     set_weights(tinynet_repo, "uint8")
-    started = time.perf_counter()
-    result = run_doit(tinynet_repo)
-    seconds = time.perf_counter() - started
+    result = run_doit(tinynet_repo)  # (no stage process: the restore does no stage's work, whatever the machine)
     assert result.code == 0, result.output
     expected = {f"{stage}:tinynet/{g}/w8a16@{c}" for stage in ("compile", "check") for g in GRAPHS for c in CHIPS}
     assert expected <= result.ran
@@ -184,10 +181,10 @@ def test_flipping_a_setting_back_restores_from_the_cache_without_running_a_stage
     assert _binaries(tinynet_repo) == before
     assert "[restored from the build cache: out/.cache/" in \
         (tinynet_repo / "out/tinynet/w8a16/SM8750/encoder.compile.log").read_text()
-    assert seconds < 15
     assert run_doit(tinynet_repo).ran == set()  # restored targets are up to date
 
 
+@pytest.mark.slow
 def test_a_shared_cache_serves_another_checkout_and_can_be_pruned(built_tinynet, tmp_path, monkeypatch):
     from build_rules import cache
     shared = tmp_path / "shared-cache"
@@ -304,6 +301,7 @@ def test_sensitivity_ranks_every_candidate_tensor_and_bisect_finds_the_exhaustiv
     assert by_tensor[best["tensor"]]["gain_db"] == pytest.approx(best["gain_db"], abs=1e-9)
 
 
+@pytest.mark.slow
 def test_bisect_tune_needs_no_more_16_bit_tensors_than_the_exhaustive_one_even_with_a_blind_ranking(tinynet_repo):
     """tune's search (mixed_precision.search, callable on its own) on the tiny encoder at w8a8 with a target between
     all-8-bit (cosine 0.99979 on the tuning chip) and all-16-bit (0.99988): the bisect search with the CPU ranking,
@@ -405,6 +403,7 @@ def mtcnn_without_onet(tmp_path: Path) -> Path:
     return repo
 
 
+@pytest.mark.slow
 def test_automatic_mixed_precision_finds_a_variant_that_passes_its_gate(tmp_path, monkeypatch):
     from build_rules import tuning
     repo = mtcnn_without_onet(tmp_path)
@@ -515,6 +514,7 @@ def test_tuning_a_variant_that_already_meets_its_targets_at_8_bit_proposes_nothi
         tuning.apply(tuned, model_toml=toml, chips_toml=tinynet_repo / "chips.toml")
 
 
+@pytest.mark.slow
 def test_a_candidate_the_htp_does_not_build_is_named_not_a_traceback(tmp_path):
     """The labelled classifier's first Gemm at 16 bit, with its graph input x kept at 8 bit (the search keeps the
     binary's input format), fails to finalize on the HTP (QNN_COMMON_ERROR_MEM_ALLOC, measured on SM8750; with x at
@@ -541,6 +541,7 @@ def test_a_candidate_the_htp_does_not_build_is_named_not_a_traceback(tmp_path):
     assert not (repo / "out/labelled/tuning/w8a8/classifier.sensitivity.json").exists()
 
 
+@pytest.mark.slow
 def test_tune_without_aimet_scores_with_the_labels_and_skips_the_aimet_rungs(tmp_path):
     """Issue 35: tune lost the labels of evaluation_inputs() (`score() takes labels, but evaluation_inputs('det')
     returned none`), and without aimet-onnx it crashed on an import of a module that does not exist. CI installs

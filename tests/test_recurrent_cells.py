@@ -76,6 +76,7 @@ def test_the_cells_rebuilt_from_the_onnx_weights_compute_what_the_onnx_file_comp
     assert np.max(np.abs(np.stack(masks) - expected)) < 1e-5
 
 
+@pytest.mark.slow
 def test_an_onnx_gru_stays_float_and_the_step_graph_quantizes_fully(gru_repo):
     result = run_doit(gru_repo)
     assert result.code == 0, result.output

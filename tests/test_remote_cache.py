@@ -122,6 +122,7 @@ def uploaded(built_tinynet, tmp_path_factory):
 
 # --- whole builds against rclone ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_second_clone_restores_every_stage_from_the_remote_and_runs_no_stage_process(
         uploaded, built_tinynet, tmp_path, monkeypatch, capfd):
     from build_rules import cache

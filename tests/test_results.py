@@ -8,6 +8,8 @@ import json
 import re
 import shutil
 
+import pytest
+
 from conftest import run_doit
 
 REFERENCE_HEAD_CHECKS = {f"check:tinynet/head/{v}@SM8750" for v in ("fp16", "w8a16")}
@@ -19,6 +21,7 @@ def fail_the_head_gate(repo) -> None:
                                              'gate = { metric = "sqnr", min = 500 }'))
 
 
+@pytest.mark.slow
 def test_a_failed_check_keeps_its_numbers_and_is_not_measured_again(tinynet_repo, emulator_sessions):
     from build_rules import results
     fail_the_head_gate(tinynet_repo)

@@ -29,6 +29,7 @@ def shared_build(tmp_path_factory):
     return repo, result
 
 
+@pytest.mark.slow
 def test_two_graphs_sharing_weights_get_one_binary_and_the_index_says_so(shared_build):
     import onnx
 

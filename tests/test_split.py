@@ -84,6 +84,7 @@ def _copy(onet_split, tmp_path) -> Path:
     return repo
 
 
+@pytest.mark.slow
 def test_a_split_graph_is_compiled_per_part_and_checked_as_a_chain(onet_split):
     repo, result = onet_split
     assert result.ran_stage("split") == {"split:onet/onet", "split:onet/onet/w8a8"}
@@ -280,6 +281,7 @@ def test_the_bundle_lists_the_parts_in_order_with_each_cut_and_verify_runs_the_c
     assert any("2 parts chained through the bare binaries hold the I/O contract" in line for line in lines), lines
 
 
+@pytest.mark.slow
 def test_no_cut_at_a_tensor_the_quantizer_folds_away(tinynet_repo):
     """tinynet's encoder is Conv, Relu, Conv, Relu: onnxruntime's QDQ quantizer folds each Relu into its Conv (the
     Conv writes the Relu's output), so the Conv's own output is no tensor of the w8a16 QDQ model. The plan cuts where

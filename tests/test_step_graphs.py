@@ -40,6 +40,7 @@ def edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new))
 
 
+@pytest.mark.slow
 def test_the_bundle_index_describes_the_step_contract(kvstep_dist):
     repo, _ = kvstep_dist
     index = json.loads((repo / "out/kvstep/dist/w8a16/index.json").read_text())
@@ -195,6 +196,7 @@ def test_the_index_entry_of_a_recurrent_state_and_of_inputs_other_graphs_feed():
         dist.step_entry({"state": {"h_next": "h"}, "cache": None, "greedy": None}, contract, {})
 
 
+@pytest.mark.slow
 def test_tune_sets_a_state_pair_to_one_type_and_the_build_says_which_override_breaks_it(tmp_path, monkeypatch):
     """Whisper's decoder (bench/whisper_tune.py): tune proposed 'this_self_v_1' at 16 bit with the state input it
     feeds at 8, which quantize refused, and had measured the graph without the pair's shared encoding at all. Tune's

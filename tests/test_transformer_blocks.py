@@ -57,6 +57,7 @@ def _weight_types(qdq: Path) -> dict[str, tuple[str, int]]:
     return found
 
 
+@pytest.mark.slow
 def test_int4_weights_compile_with_the_layernorm_scale_kept_uint8(built_ffn):
     import onnx
     repo = built_ffn

@@ -57,6 +57,7 @@ def edit(path: Path, old: str, new: str) -> None:
 
 # --- 1. exporter ---------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_recurrent_cell_with_state_io_exports_verifies_and_compiles(built_recurrent):
     out = built_recurrent / "out/recurrent"
     assert "with the dynamo exporter" in (out / "float/cell.export.log").read_text()
@@ -463,6 +464,7 @@ def layer_norm_graph(axis: int):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+@pytest.mark.slow
 def test_layer_norm_with_int8_weights_builds_with_its_scale_kept_uint8(tmp_path):
     """HTP takes no signed LayerNormalization weights (QNN error 0xc26): the quantize stage keeps the scale uint8
     under int8 / int4 weights (the MatMul's weight is int8 as asked), so the variant compiles."""
@@ -572,6 +574,7 @@ def evaluation_inputs(graph):
 '''
 
 
+@pytest.mark.slow
 def test_a_paddle_exported_classifier_from_a_wheel_builds_once_its_input_is_pinned(tmp_path):
     """PP-OCR's text direction classifier as the rapidocr_onnxruntime wheel ships it: paddle2onnx, opset 11,
     hundreds of Constant nodes, a dynamic input and an output declared [-1, 2]."""

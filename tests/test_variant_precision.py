@@ -30,6 +30,7 @@ def speaker(tmp_path_factory) -> tuple[Path, str]:
     return repo, built.output
 
 
+@pytest.mark.slow
 def test_the_lstms_of_a_quantized_variant_are_named_as_float_in_the_check_report(speaker):
     repo, _ = speaker
     out = repo / "out/speaker_lstm"

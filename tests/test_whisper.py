@@ -28,6 +28,7 @@ def whisper_float(tmp_path_factory):
     return repo, result
 
 
+@pytest.mark.slow
 def test_data_stage_makes_the_speech_clips(whisper_float):
     repo, result = whisper_float
     assert "data:whisper_tiny_en" in result.ran
