@@ -38,6 +38,8 @@ def iter_outputs(ctx_model, inputs: list[dict], what: str = "samples",
     `others` hold the second run (see repeats.shown())."""
     from . import emulator_memo, emulator_ray, repeats
     wanted = repeats.samples_to_check() if repeat_samples is None else repeat_samples
+    if emulator_ray.configured():
+        emulator_ray.preflight()  # ray missing or the cluster not answering: fails here, before the memo reads
     memo = emulator_memo.Memo(ctx_model)
     record = repeats.Record(memo.identity)
     if not emulator_ray.configured():
@@ -46,7 +48,6 @@ def iter_outputs(ctx_model, inputs: list[dict], what: str = "samples",
                                                                      counter),
                                  inputs, what)
         return
-    emulator_ray.preflight()  # ray missing or the cluster not answering: fails here, before the memo reads
 
     def on_ray(items: list[dict], counter) -> Iterator[tuple[int, dict]]:
         counter.where = "the Ray cluster"

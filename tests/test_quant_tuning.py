@@ -339,7 +339,8 @@ def test_bisect_tune_needs_no_more_16_bit_tensors_than_the_exhaustive_one_even_w
 def test_tuning_a_16_bit_variant_that_misses_goes_on_and_fails_when_no_mix_meets(tinynet_repo):
     """A variant whose activations are already 16 bit is the search's every-tensor-at-16-bit end: it is measured
     first. Its miss does not end the search (issue 44: YOLOv8n's all-16-bit det_f1 0.857 was worse than 2 tensors at
-    16 bit, 0.971): the search goes along the ranking, and fails only when no set of it meets, naming both."""
+    16 bit, 0.971): the search goes along the ranking (on the CPU, with the margin the two ends measured on both give),
+    and fails only when no set of it meets, naming both."""
     from build_rules.errors import BuildError
     from build_rules.stages.support import mixed_precision
     from build_rules.stages.support.precision import Candidates
@@ -350,13 +351,15 @@ def test_tuning_a_16_bit_variant_that_misses_goes_on_and_fails_when_no_mix_meets
             mixed_precision.search(graph, {"metric": "cosine", "min": 0.99999}, log=lines.append, where="tune",
                                    candidates=candidates, **settings)
     assert re.fullmatch(r"tune: encoder: no mix of 8 and 16 bit met cosine >= 0\.99999 on SM\d+: all 6 candidates at 16 bit "
-                        r"miss \(cosine = 0\.999\d+ \(stopped after 1 of \d+ samples: .*\)\), and so do the top 1 to 4 "
-                        r"of the ranking; relax the target, or change weights / per_channel / calibration of the variant",
+                        r"miss \(cosine = 0\.999\d+ \(stopped after 1 of \d+ samples: .*\)\), and the CPU judges the top 1 "
+                        r"to 4 of the ranking to miss too; relax the target, or change weights / per_channel / calibration of the variant",
                         str(failed.value)), str(failed.value)
     assert lines[0].startswith("encoder: all 6 candidates at 16 bit: cosine = 0.999"), lines
     assert [line for line in lines if line.startswith("  top ")] == [
-        f"  top {k} of the ranking at 16 bit: misses the target" for k in (1, 2, 4)]
-    assert candidates.evaluations == 5  # all 16 bit, the 8-bit start, the top 1, 2 and 4
+        f"  top {k} of the ranking at 16 bit (CPU): misses the target" for k in (1, 2, 4)]
+    # on the emulator: all 16 bit and the 8-bit start, the ends the CPU's margin comes from (they agree: +0); the
+    # top 1, 2 and 4 are judged on the CPU with that margin
+    assert candidates.evaluations == 2
 
 
 @contextlib.contextmanager
