@@ -153,7 +153,7 @@ STAGES: tuple[Stage, ...] = (
           # (and 8:) the comments give each measurement's target metrics first and the gates it missed ("misses"); a chosen
           # per-layer rung says how many weights its section keeps at int8 before listing the probes
           # 9: the search runs on the CPU, judged with margins from points measured on both; rungs screened on the CPU
-          {"any": _w("tune", 9, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
+          {"any": _w("tune", 10, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
     Stage("diagnose", "7c diagnose: where a binary loses accuracy, tensor by tensor (emulator vs CPU QDQ vs float) "
           "-> <graph>.diagnose.md", {"any": "diagnose:diagnose_tasks"},
           # 2: a drop at a layer reading int4 weights proposes the weight_overrides line; the weight type per row;

@@ -276,8 +276,15 @@ def test_tune_keeps_the_fewest_weights_at_int8_when_lpbq_misses(built, tmp_path,
     expected = (["w4a16_aimet_seq_mse"] if AIMET else []) + ["w4a16_lpbq_ort"] + \
         (["w4a16_lpbq_aimet_seq_mse"] if AIMET else []) + ["w4a16_lpbq_ort_int8_layers"]
     assert list(rungs) == expected and tuned["chosen"] == "w4a16_lpbq_ort_int8_layers"
-    # the whole LPBQ rungs were built and measured: below the target (0.9949 / 0.9955 measured)
-    for name in [n for n in expected if "lpbq" in n and "int8" not in n]:
+    # the whole LPBQ rungs miss the target: onnxruntime's on the CPU already (0.9948 with the margin the variant as
+    # built gave; the emulator measured 0.9949), so it is neither measured on the emulator nor counted as a
+    # measurement; AIMET's SeqMSE one, whose float-weight bound meets, is built and measured (0.9956)
+    ort = rungs["w4a16_lpbq_ort"]["graphs"]["block"]
+    assert "subset" not in ort and 0.99 < ort["cpu"]["cosine"] < 0.997, ort
+    assert ort["ruled_out"] == (f"cosine = {ort['cpu']['cosine']:.5g} on the CPU ({ort['cpu']['samples']} samples) "
+                                "with the most favourable CPU-to-emulator difference seen added: a miss beyond the "
+                                "margin")
+    for name in [n for n in expected if "lpbq" in n and "aimet" in n]:
         cosine = rungs[name]["graphs"]["block"]["subset"]["cosine"]
         assert 0.99 < cosine < 0.997, (name, cosine)
     # the CPU ranking puts the projection that cannot be blocked (96 input channels: per-channel int4) first; all 4
@@ -291,7 +298,8 @@ def test_tune_keeps_the_fewest_weights_at_int8_when_lpbq_misses(built, tmp_path,
     assert chosen["graphs"]["block"]["full"]["cosine"] >= 0.997
     assert rungs["w4a16_lpbq_ort"]["bytes"] < chosen["bytes"] < chosen["probes"][0]["bytes"]
     text = (repo / "out/ffn_lpbq/tuning/w4a16.tuned.toml").read_text()
-    assert f"w4a16_lpbq_ort: {rungs['w4a16_lpbq_ort']['bytes'] / 1e3:.1f} KB, misses a target" in text
+    assert f"w4a16_lpbq_ort: {rungs['w4a16_lpbq_ort']['bytes'] / 1e3:.1f} KB, ruled out on the CPU (block: cosine = " \
+        in text
     assert '[variants.w4a16_tuned.graphs.block]\nweight_overrides = { "Gemm_1" = "int8" }' in text
     from build_rules import tuning
     monkeypatch.chdir(repo)  # as `python -m build_rules.tuning apply` runs: in the repo

@@ -88,6 +88,8 @@ class Ladder:
         # graph -> how its CPU QDQ model's numbers compare with the emulator's (cpu_search.Judge), from the variant as
         # built: a rung the CPU rules out beyond that difference is not measured on the emulator (nor made by SeqMSE)
         self.judges: dict = {}
+        self.screened: dict = {}  # the last screen's CPU numbers (margin added), for the rung's record
+        self.screen_samples: dict = {}  # graph -> the samples its margin was learnt on: the screens measure those
         self.cpu_screens = 0
 
     def _graph(self, name: str) -> dict:
@@ -153,6 +155,7 @@ class Ladder:
             judge.record("the variant as built", cpu_search.qdq_summary(c, built["path"], samples), found[name],
                          len(samples))
             self.judges[name] = judge
+            self.screen_samples[name] = samples
         return found
 
     def ruled_out(self, rung: dict, graph: dict) -> str | None:
@@ -162,7 +165,9 @@ class Ladder:
         name, judge = graph["name"], self.judges.get(graph["name"])
         if judge is None or name not in self.candidates:
             return None
-        c = self.candidates[name]
+        # on the samples the margin was learnt on: a subset's cosine is not the full set's (R-Net's 16 tuning
+        # samples gave W4A16 0.78 on the CPU where its first 122 gave 0.90 on the emulator)
+        c, samples = self.candidates[name], self.screen_samples[name]
         if rung["changes"].get("quantizer") == "aimet":
             # AIMET's techniques change the weights only: the rung's activations with float weights bound what they
             # can reach; its onnxruntime counterpart, how far they would have to go
@@ -170,21 +175,24 @@ class Ladder:
             path = self.quantize(counterpart, graph)
             self.cpu_screens += 2
             bound = judge.optimistic(cpu_search.qdq_summary(c, cpu_search.float_weights(path, graph["onnx"]),
-                                                            c.subset))
+                                                            samples))
+            self.screened = {**bound, "samples": len(samples)}
             if not meets(graph["target"], bound):
                 return (f"even with its weights in float (what no weight technique, SeqMSE or AdaRound, can beat) "
-                        f"{values(graph['target'], bound)} on the CPU, the most favourable CPU-to-emulator difference "
+                        f"{values(graph['target'], bound)} on the CPU ({len(samples)} samples), the most favourable CPU-to-emulator difference "
                         "seen added")
-            return cpu_search.beyond_recovery(graph["target"], judge.optimistic(
-                cpu_search.qdq_summary(c, path, c.subset)))
+            counterpart = judge.optimistic(cpu_search.qdq_summary(c, path, samples))
+            self.screened = {**counterpart, "samples": len(samples)}
+            return cpu_search.beyond_recovery(graph["target"], counterpart)
         built = self.build_graph(rung, graph)
         if "error" in built:
             return None  # try_rung reports it
         self.cpu_screens += 1
-        summary = judge.optimistic(cpu_search.qdq_summary(c, built["path"], c.subset))
+        summary = judge.optimistic(cpu_search.qdq_summary(c, built["path"], samples))
+        self.screened = {**summary, "samples": len(samples)}
         if meets(graph["target"], summary):
             return None
-        return (f"{values(graph['target'], summary)} on the CPU with the most favourable CPU-to-emulator difference "
+        return (f"{values(graph['target'], summary)} on the CPU ({len(samples)} samples) with the most favourable CPU-to-emulator difference "
                 "seen added: a miss beyond the margin")
 
     def build_graph(self, rung: dict, graph: dict) -> dict:
@@ -209,7 +217,10 @@ class Ladder:
                 print(f"ladder {rung['name']}: {name}: not screened on the CPU ({type(e).__name__}: {e})", flush=True)
                 why = None
             if why:
-                rung["graphs"][name] = {"ruled_out": why}
+                rung["graphs"][name] = {"ruled_out": why, "cpu": clean(self.screened)}
+                made = self._built.get((rung["name"], name), {})  # an onnxruntime rung is built for its screen
+                if "bytes" in made:
+                    rung["graphs"][name]["bytes"] = made["bytes"]
                 print(f"ladder {rung['name']}: {name}: ruled out on the CPU, not built nor measured on the emulator: "
                       f"{why}", flush=True)
                 return False
@@ -383,7 +394,8 @@ def toml_lines(found: dict, name: str, base_name: str, graphs: list[dict]) -> tu
             continue
         ruled = [f"{g}: {r['ruled_out']}" for g, r in rung["graphs"].items() if "ruled_out" in r]
         if ruled:  # not built nor measured on the emulator
-            lines.append(f"#   {rung['name']}: ruled out on the CPU ({'; '.join(ruled)})")
+            size = f"{rung['bytes'] / 1e3:.1f} KB, " if rung.get("bytes") else ""
+            lines.append(f"#   {rung['name']}: {size}ruled out on the CPU ({'; '.join(ruled)})")
             continue
         status = "chosen" if rung is found["chosen"] else "misses a target"
         if "probes" in rung:  # the per-layer search: what it chose, then what each probe kept at int8 and measured
@@ -418,6 +430,9 @@ def toml_lines(found: dict, name: str, base_name: str, graphs: list[dict]) -> tu
 def _probe(probe: dict, target) -> str:
     if "error" in probe:
         return f"failed: {probe['error']}"
+    if "ruled_out" in probe:
+        return (f"{probe.get('bytes', 0) / 1e3:.1f} KB {json.dumps(_short(probe['cpu'], target))} on the CPU, "
+                "ruled out there")
     measured = probe.get("full") or probe.get("subset") or {}
     return (f"{probe.get('bytes', 0) / 1e3:.1f} KB {json.dumps(_short(measured, target))} "
             f"{'meets' if probe['meets'] else 'misses'}")

@@ -120,9 +120,12 @@ def _graph_search(ladder, base: dict, ceiling: dict, graph: dict, rung: dict, lo
         return ladder.build_graph(trial(k), graph)
 
     def probe(k: int) -> bool:
-        ok = ladder.try_rung(trial(k), [name])
+        tried = trial(k)
+        ok = ladder.try_rung(tried, [name])
+        screened = tried["graphs"].get(name, {})  # a probe the CPU ruled out: its CPU numbers, no emulator's
         rung["probes"].append({"graph": name, "int8": k, "meets": ok, **{key: built(k)[key] for key in (
-            "bytes", "subset", "full", "error") if key in built(k)}})
+            "bytes", "subset", "full", "error") if key in built(k)},
+            **{key: screened[key] for key in ("ruled_out", "cpu") if key in screened}})
         return ok
 
     tried = base.get("graphs", {}).get(name) or {}
@@ -131,7 +134,7 @@ def _graph_search(ladder, base: dict, ceiling: dict, graph: dict, rung: dict, lo
     known = tried.get("missed")  # set when the whole rung is the variant itself, measured as it is
     if known is False or (known is None and tried.get("full") and meets(graph["target"], tried["full"])):
         return [], tried if "bytes" in tried else {**ladder.build_graph(base, graph), "full": tried["full"]}
-    missed = known or any(tried.get(s) and not meets(graph["target"], tried[s]) for s in ("subset", "full"))
+    missed = known or "ruled_out" in tried or any(tried.get(s) and not meets(graph["target"], tried[s]) for s in ("subset", "full"))
     if not missed and probe(0):  # not known to miss: measured as it is first
         return [], built(0)
     spec = QuantSpec.from_settings(graph["variant"])
