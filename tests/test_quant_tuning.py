@@ -566,3 +566,60 @@ def test_tune_without_aimet_scores_with_the_labels_and_skips_the_aimet_rungs(tmp
     assert tuned["ladder"]["notes"] == ["w4a16_aimet_seq_mse: skipped (aimet-onnx is not installed: "
                                         "pip install 'aimet-onnx==2.42.0' 'torch==2.13.0')"]
     assert "[variants.w8a8_tuned]" in (repo / "out/labelled/tuning/w8a8.tuned.toml").read_text()
+
+
+# Imported by every stage process: one line per emulator session (a context binary opened, or a QDQ model compiled
+# in-process, as tune's candidates are): a measurement the output memo answers opens none.
+SESSION_SPY = '''
+import os
+from build_rules.toolchains import ort_qnn
+
+_binary, _model = ort_qnn.open_context_binary, ort_qnn.emulator_session
+
+
+def _log(kind):
+    with open(os.environ["BUILD_RULES_TEST_SESSION_LOG"], "a") as log:
+        log.write(kind + "\\n")
+
+
+def _opened_binary(*args, **kwargs):
+    _log("binary")
+    return _binary(*args, **kwargs)
+
+
+def _opened_model(*args, **kwargs):
+    _log("model")
+    return _model(*args, **kwargs)
+
+
+ort_qnn.open_context_binary, ort_qnn.emulator_session = _opened_binary, _opened_model
+'''
+
+
+@pytest.mark.slow
+def test_a_second_tune_after_a_target_edit_the_first_decided_runs_no_emulator_session(tinynet_repo, tmp_path,
+                                                                                      monkeypatch):
+    """Issue 45 item 5: a tune after an edit that changes nothing a measurement depends on reuses what the first one
+    measured. The emulator output memo keys each candidate by its quantized model's bytes and the compile options,
+    and the context binaries by their bytes, so a second tune whose candidates and proposal are the same runs every
+    sample from the memo: no emulator session opens. (The spy counts sessions in every stage process.)"""
+    from conftest import _spy
+    toml = tinynet_repo / "models/tinynet/model.toml"
+    toml.write_text(toml.read_text() + '\n[variants.w8a8]\ninherits = "w8a16"\nactivations = "uint8"\n\n'
+                    '[tuning]\ntargets = { encoder = { metric = "cosine", min = 0.99985 }, '
+                    'head = { metric = "cosine", min = 0.98 } }\n')
+    log = _spy(tmp_path, monkeypatch, "sessions", SESSION_SPY, "BUILD_RULES_TEST_SESSION_LOG")
+    first = run_doit(tinynet_repo, "tune:tinynet/w8a8")
+    assert first.code == 0, first.output
+    opened = log.read_text().splitlines()
+    assert opened.count("model") > 0 and opened.count("binary") > 0, opened  # candidates, then the proposal built
+    tuned = (tinynet_repo / "out/tinynet/tuning/w8a8.tuned.toml").read_text()
+    proposal = tuned[tuned.index("[variants."):]
+    # a target the first tune's measurements already decide: the proposal met 0.99985, and so does it 0.99984
+    toml.write_text(toml.read_text().replace("min = 0.99985", "min = 0.99984"))
+    log.write_text("")
+    second = run_doit(tinynet_repo, "tune:tinynet/w8a8")
+    assert second.ran == {"tune:tinynet/w8a8"}, second.output  # the target is part of the task: it runs again
+    assert log.read_text().splitlines() == [], second.output
+    text = (tinynet_repo / "out/tinynet/tuning/w8a8.tuned.toml").read_text()
+    assert text[text.index("[variants."):] == proposal
