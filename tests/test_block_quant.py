@@ -540,3 +540,30 @@ def test_tune_and_diagnose_run_a_blocked_conv_as_the_build_compiles_it(conv_buil
     session = emulator_runs.run_model_outputs(Path("out/conv_lpbq/lpbq/block.qdq.onnx").read_bytes(), inputs,
                                               soc_model=69, vtcm_mb=8)
     assert all(a["y"].tobytes() == b["y"].tobytes() for a, b in zip(binary, session))
+
+
+def test_the_per_layer_search_keeps_a_larger_k_whose_binary_came_out_smaller():
+    """Binary size is not monotonic in the weights kept at int8 (PP-OCRv4's recogniser: 25 convolutions at int8
+    3244.0 KB, 29 at 3194.9 KB): after the bisection's smallest k that meets, a larger k already compiled to a
+    smaller binary is measured, and kept when it meets; one that misses keeps the bisection's k, and a larger k
+    compiled larger is not measured."""
+    from types import SimpleNamespace
+
+    from build_rules.stages.support.weight_bits import _smaller_still
+
+    def run(sizes: dict[int, int], meets: dict[int, bool]):
+        rung = {"name": "r", "probes": [], "ranked": {"g": [[f"n{i}", 0.5] for i in range(6)]}}
+        ladder = SimpleNamespace(_built={(f"r_g_top{k}", "g"): {"bytes": b} for k, b in sizes.items()})
+        probed, lines = [], []
+
+        def probe(k):
+            probed.append(k)
+            rung["probes"].append({"graph": "g", "int8": k, "meets": meets[k]})
+            return meets[k]
+        found = _smaller_still(2, ladder, lambda k: {"name": f"r_g_top{k}"}, probe, rung, "g", lines.append)
+        return found, probed, lines
+
+    assert run({2: 3244000, 3: 3300000, 4: 3194900, 5: 3400000}, {4: True}) == (4, [4], [
+        "ladder r: g: top 4 at int8 compiled to 3194.9 KB, smaller than top 2's 3244.0 KB: measured too"])
+    assert run({2: 3244000, 4: 3194900}, {4: False})[:2] == (2, [4])
+    assert run({2: 3244000, 3: 3300000, 5: 3400000}, {}) == (2, [], [])

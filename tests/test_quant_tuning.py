@@ -486,6 +486,30 @@ def test_the_proposal_counts_candidates_apart_from_state_tensors_and_says_when_t
     assert "budget" not in toml_section(tuned, params)
 
 
+def test_a_mix_no_smaller_than_w8a16_is_proposed_as_w8a16_itself_with_the_sizes_that_show_it():
+    """Issue 45 item 4: Whisper's tune proposed every activation at 16 bit, W8A16 by another name. When the mix the
+    search found compiles to a binary no smaller than W8A16's (both measured by the ladder), the proposal is W8A16
+    itself, and says why with both sizes; a smaller mix is proposed as the mix."""
+    from build_rules.stages.tune import toml_section
+    target = {"metric": "cosine", "min": 0.98}
+    encoder = {"target": target, "search": "bisect", "candidates": 132, "base": {"cosine": 0.97},
+               "all_16bit": {"cosine": 0.99}, "tuned": {"cosine": 0.99}, "sixteen_bit": ["t1", "t2"]}
+    tuned = {"name": "w8a8_tuned", "variant": "w8a8", "model": "whisper_tiny_en",
+             "chip": {"name": "SM8750", "soc_id": 69}, "graphs": {"encoder": encoder},
+             "mixed_bytes": 12_800_000, "w8a16": {"bytes": 12_700_000}, "w8a16_instead": True}
+    params = {"graphs": [{"variant": {"activations": "uint8", "weights": "uint8"}}],
+              "final_outputs": {"toml": "out/whisper_tiny_en/tuning/w8a8.tuned.toml"}}
+    text = toml_section(tuned, params)
+    assert ("# No mix of 8 and 16 bit found is smaller than W8A16 here (12800.0 KB against 12700.0 KB, measured "
+            "above): the proposal is W8A16 itself\n") in text, text
+    section = text[text.index("[variants."):]
+    assert section.startswith('[variants.w8a8_tuned]\ninherits = "w8a8"\n') and 'activations = "uint16"' in section
+    assert "overrides" not in section, section
+    del tuned["w8a16_instead"]
+    section = toml_section(tuned, params)
+    assert 'activations = "uint8"' in section and '"t1" = "uint16"' in section
+
+
 def test_tuning_a_variant_that_already_meets_its_targets_at_8_bit_proposes_nothing(tinynet_repo):
     from build_rules import tuning
     from build_rules.config import ConfigError

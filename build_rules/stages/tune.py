@@ -43,6 +43,9 @@ def run(params: dict) -> dict:
     tuned = {"model": params["model"], "variant": params["variant"], "name": params["new_name"],
              "chip": params["chip"], "model_toml": params["model_toml"], "graphs": found,
              **tune_ladder.summary(ladder, found, params)}
+    w16 = tuned.get("w8a16", {})
+    if "bytes" in w16 and tuned.get("mixed_bytes", 0) >= w16["bytes"]:  # a mix no cheaper than W8A16: propose it
+        tuned["w8a16_instead"] = True
     text = toml_section(tuned, params)
     if f"\n[variants.{_key(params['new_name'])}]" in text:  # the last step: the proposal built as the build builds it
         tuned["as_built"] = tune_confirm.build_and_measure(params, text)
@@ -141,9 +144,14 @@ def toml_section(tuned: dict, params: dict) -> str:
         # The tuned variant would be the variant itself: write no section, so `apply` adds no duplicate.
         lines += [f"# Nothing to add: {base} already meets every target with its 8-bit activations."]
         return "\n".join(lines) + "\n"
+    if tuned.get("w8a16_instead"):
+        lines += [f"# No mix of 8 and 16 bit found is smaller than W8A16 here ({tuned['mixed_bytes'] / 1e3:.1f} KB "
+                  f"against {tuned['w8a16']['bytes'] / 1e3:.1f} KB, measured above): the proposal is W8A16 itself"]
     lines += tune_confirm.comment_lines(tuned.get("as_built"), chip)
-    lines += [f"# Keep it: python -m build_rules.tuning apply {params['final_outputs']['toml']}", "",
-              f"[variants.{_key(name)}]", f"inherits = {_toml_string(base)}", 'activations = "uint8"', ""]
+    lines += [f"# Keep it: python -m build_rules.tuning apply {params['final_outputs']['toml']}", ""]
+    if tuned.get("w8a16_instead"):
+        return "\n".join(lines + tune_ladder.w8a16_section(_key(name), base, params["graphs"]))
+    lines += [f"[variants.{_key(name)}]", f"inherits = {_toml_string(base)}", 'activations = "uint8"', ""]
     for graph, r in tuned["graphs"].items():
         if r["sixteen_bit"]:
             pairs = ", ".join(f"{_toml_string(t)} = \"uint16\"" for t in r["sixteen_bit"])

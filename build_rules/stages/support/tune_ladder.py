@@ -427,6 +427,13 @@ def toml_lines(found: dict, name: str, base_name: str, graphs: list[dict]) -> tu
     return lines, section
 
 
+def w8a16_section(name: str, base_name: str, graphs: list[dict]) -> list[str]:
+    """[variants.<name>] as W8A16 (w8a16()): what tune proposes when no mix of 8 and 16 bit it found is smaller."""
+    base = QuantSpec.from_settings(graphs[0]["variant"])
+    spec = rung_spec(w8a16(base), base)
+    return [f"[variants.{name}]", f"inherits = {json.dumps(base_name)}", *spec.toml_lines(base), ""]
+
+
 def _probe(probe: dict, target) -> str:
     if "error" in probe:
         return f"failed: {probe['error']}"
