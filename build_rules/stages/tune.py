@@ -119,9 +119,12 @@ def toml_section(tuned: dict, params: dict) -> str:
         line = f"#   {graph}: target {describe(r['target'])}: {base} {values(r['target'], r['base'])}"
         if r["sixteen_bit"] or "all_16bit" in r:
             state = r.get("state_tensors", 0)  # a step graph's state inputs, 16 bit with the tensors they pair with
-            line += (f" -> {values(r['target'], r['tuned'])} with {len(r['sixteen_bit']) - state} of "
+            inputs = r.get("graph_inputs_16", [])  # graph inputs the HTP needs at 16 bit beside their consumers
+            line += (f" -> {values(r['target'], r['tuned'])} with {len(r['sixteen_bit']) - state - len(inputs)} of "
                      f"{r['candidates']} activation tensors at 16 bit"
                      + (f" and the {state} state tensors they pair with" if state else "")
+                     + (f" and graph input{'s' if len(inputs) > 1 else ''} {', '.join(inputs)} (the HTP did not "
+                        "build the mix with it at 8 bit)" if inputs else "")
                      + f" (all at 16 bit: {values(r['target'], r['all_16bit'])})")
         else:
             line += " (already meets it)"

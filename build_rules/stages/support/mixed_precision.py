@@ -152,14 +152,19 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
     if not meets(target, final):
         raise BuildError(f"{where}: {name}: no mixed precision met {describe(target)} on the full set")
     # a step graph's state pairs the kept tensors touch are 16 bit too (precision.Candidates.closed): listed last
+    # and the graph inputs the HTP needs at 16 bit beside them (precision.Candidates.inputs_at_16): listed apart
     closed = c.closed(kept)
-    sixteen, state = [t for t in order if t in closed], sorted(closed - set(order))
-    result.update(sixteen_bit=sixteen + state, state_tensors=len(state), tuned=clean(final))
+    inputs = [i for i in c.graph_inputs if i in closed]
+    sixteen, state = [t for t in order if t in closed], sorted(closed - set(order) - set(inputs))
+    result.update(sixteen_bit=sixteen + state + inputs, state_tensors=len(state), tuned=clean(final))
+    if inputs:
+        result["graph_inputs_16"] = inputs
     if judge is not None:  # how well the CPU predicted the emulator where both measured
         result["cpu_vs_emulator"] = judge.points
     if cpu is not None:
         result.update(cpu_evaluations=cpu.evaluations, cpu_seconds=round(cpu.seconds + cpu.build_seconds, 1))
-    paired = f" and the {len(state)} state tensors they pair with" if state else ""
+    paired = (f" and the {len(state)} state tensors they pair with" if state else "") + \
+        (f" and graph input{'s' if len(inputs) > 1 else ''} {', '.join(inputs)}" if inputs else "")
     log(f"{name}: {len(sixteen)} of {len(order)} tensors{paired} at 16 bit: {values(target, final)}")
     return _done(result, c)
 

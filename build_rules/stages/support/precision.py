@@ -114,6 +114,10 @@ class Candidates:
         # a ranking (sensitivity) cannot place it and stops with the message (measure()).
         self.not_built_is_a_miss = False
         self.candidates = self._candidates()
+        # Graph inputs that go to 16 bit with their consumers: the HTP refused a mix with them at 8 bit beside a
+        # 16-bit consumer (QNN_COMMON_ERROR_MEM_ALLOC: the labelled classifier's x into its first Gemm) and built it
+        # with them at 16 bit, as W8A16 has them. Learnt by measure(); closed() adds them.
+        self.inputs_at_16: set[str] = set()
 
     def _candidates(self) -> list[str]:
         """Activation tensors the quantizer calibrates, except graph inputs (the binary's input format stays;
@@ -143,9 +147,16 @@ class Candidates:
         while True:
             reach = set().union(*(self._neighbours.get(t, {t}) for t in found)) if found else set()
             more = set().union(*(g for g in self._tied_groups if g & reach and not g <= found)) - found
+            more |= {i for i in self.inputs_at_16 - found if self._neighbours.get(i, set()) & reach}
             if not more:
                 return found
             found |= more
+
+    def inputs_beside(self, sixteen) -> list[str]:
+        """The graph inputs kept at the variant's type next to a 16-bit node of `sixteen`."""
+        effective, closed = self.effective(sixteen), self.closed(sixteen)
+        return [i for i in self.graph_inputs if i not in self.pinned and i not in closed
+                and self._neighbours.get(i, set()) & effective]
 
     def effective(self, sixteen) -> set[str]:
         """The candidate tensors the quantizer writes at 16 bit when `sixteen` are asked for: a 16-bit tensor makes
@@ -221,6 +232,15 @@ class Candidates:
         except EmulatorCompileError as e:  # QNN refused the candidate's graph (seen: a graph input kept 8 bit
             self.evaluations += 1          # converted to 16 bit for a Gemm fails to finalize, MEM_ALLOC)
             self.seconds += time.perf_counter() - started
+            beside = self.inputs_beside(sixteen)
+            if beside:  # the inputs beside go to 16 bit with their consumers, from now on, and it is tried again
+                refused = self.why_not_built(sixteen, e)
+                self.inputs_at_16 |= set(beside)
+                print(f"{self.graph['name']}: {refused}; measured with graph input"
+                      f"{'s' if len(beside) > 1 else ''} {', '.join(beside)} at 16 bit too, as W8A16 has "
+                      f"{'them' if len(beside) > 1 else 'it'} (from now on, whenever a consumer is at 16 bit)",
+                      flush=True)
+                return self.measure(sixteen, full=full, target=target, end=end)
             self._memo[key] = {"not_built": self.why_not_built(sixteen, e)}
             return self._not_built(self._memo[key])
         if missed is not None:
@@ -266,9 +286,11 @@ class Candidates:
         error (its first line)."""
         effective = sorted(self.effective(sixteen))
         names = ", ".join(effective[:4]) + (f" and {len(effective) - 4} more" if len(effective) > 4 else "")
-        beside = [i for i in self.graph_inputs if i not in self.pinned and self._neighbours.get(i, set()) & set(effective)]
-        inputs = (f"; graph input{'s' if len(beside) > 1 else ''} {', '.join(beside)} kept at 8 bit beside them "
-                  "(the search keeps the binary's input format)" if beside else "")
+        beside = self.inputs_beside(sixteen)
+        raised = sorted(self.inputs_at_16 & self.closed(sixteen))
+        inputs = (f"; graph input{'s' if len(beside) > 1 else ''} {', '.join(beside)} kept at 8 bit beside them"
+                  if beside else f"; graph input{'s' if len(raised) > 1 else ''} {', '.join(raised)} at 16 bit too"
+                  if raised else "")
         qnn = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return (f"the HTP of {self.chip['name']} does not build {self.graph['name']} with {len(effective)} activation "
                 f"tensor{'s' if len(effective) != 1 else ''} at 16 bit ({names}){inputs}: {qnn}")
