@@ -46,21 +46,23 @@ def iter_outputs(ctx_model, inputs: list[dict], what: str = "samples",
         yield from _through_memo(memo, record,
                                  lambda items, counter: iter_results(_BINARY, (ctx_model, False, wanted), items, what,
                                                                      counter),
-                                 inputs, what)
+                                 inputs, what, wanted)
         return
 
     def on_ray(items: list[dict], counter) -> Iterator[tuple[int, dict]]:
         counter.where = "the Ray cluster"
+        items = [_plain(feed)[0] for feed in items]  # Ray's openers decide per job (_open_twice)
         opener = _open if record.checked(wanted) else _open_twice
         for index, outputs in emulator_ray.iter_outputs(ctx_model, items, what, opener):
             outputs = outputs if isinstance(outputs, repeats.Outputs) else repeats.Outputs(outputs)
             _keep(memo, record, items[index], outputs)  # (workers keep their own; Ray's come back here)
             counter.done += 1
             yield index, outputs
-    yield from _through_memo(memo, record, on_ray, inputs, what)
+    yield from _through_memo(memo, record, on_ray, inputs, what, wanted)
 
 
-def _through_memo(memo, record, run_missing, inputs: list[dict], what: str) -> Iterator[tuple[int, dict]]:
+def _through_memo(memo, record, run_missing, inputs: list[dict], what: str,
+                  wanted: int) -> Iterator[tuple[int, dict]]:
     """(index, outputs) in sample order: the memo's where it has them, the rest from run_missing(items, counter).
     A binary that did not repeat itself takes nothing from the memo: every sample runs (twice)."""
     from . import progress, repeats
@@ -76,13 +78,18 @@ def _through_memo(memo, record, run_missing, inputs: list[dict], what: str) -> I
               f"by up to {unstable['spread']:.4g} between {unstable['runs']} runs of one sample): each sample runs "
               "twice and none comes from the output memo", flush=True)
     missing = [i for i in range(len(inputs)) if i not in remembered]
+    # Which samples run twice is decided here, for the whole job: the first of those missing, as many as the binary
+    # still needs (all when it did not repeat itself). Left to each worker's look at the shared record, two workers
+    # raced and a check reported 16 or 17 samples run twice for the same binary.
+    found = record.load()
+    need = len(missing) if found["unstable"] is not None else max(0, wanted - found["equal"])
     if remembered and missing:
         print(f"{len(remembered)} of {len(inputs)} {what} from the emulator output memo", flush=True)
     elif remembered:
         print(f"all {len(inputs)} {what} from the emulator output memo: the emulator does not run", flush=True)
     with progress.counting(what, len(inputs)) as counter:
         counter.done = len(remembered)
-        runs = run_missing([inputs[i] for i in missing], counter)
+        runs = run_missing([{**inputs[i], TWICE: k < need} for k, i in enumerate(missing)], counter)
         try:
             for index in range(len(inputs)):
                 yield index, remembered.pop(index) if index in remembered else next(runs)[1]
@@ -153,6 +160,9 @@ def _checked(opener, memo, record, wanted: int, eager: bool = False):
 
     def run(feed: dict) -> dict:
         nonlocal session
+        feed, twice = _plain(feed)
+        if twice is None:  # (a caller outside _through_memo: the record decides)
+            twice = not record.checked(wanted)
         if record.unstable() is None:
             outputs = memo.get(feed)
             if outputs is not None:
@@ -160,11 +170,23 @@ def _checked(opener, memo, record, wanted: int, eager: bool = False):
         if session is None:
             session = opener()
         first = session(feed)
-        sample = repeats.Outputs(first) if record.checked(wanted) else repeats.Outputs(first, [session(feed)])
+        sample = repeats.Outputs(first, [session(feed)]) if twice else repeats.Outputs(first)
         _keep(memo, record, feed, sample)
         return sample
 
     return run
+
+
+# A feed's key saying whether the sample runs twice (set by _through_memo for the job, removed before the session)
+TWICE = "build_rules_run_twice"
+
+
+def _plain(feed: dict) -> tuple[dict, bool | None]:
+    """The feed without the TWICE key, and its value (None: not set)."""
+    if TWICE not in feed:
+        return feed, None
+    plain = dict(feed)
+    return plain, plain.pop(TWICE)
 
 
 def _keep(memo, record, feed: dict, sample) -> None:
@@ -205,7 +227,7 @@ def iter_model_outputs(model, inputs: list[dict], *, soc_model: int, vtcm_mb: in
     yield from _through_memo(memo, repeats.Record(memo.identity),
                              lambda items, counter: iter_results("build_rules.emulator_runs:open_model",
                                                                  (data, options, wanted), items, what, counter),
-                             inputs, what)
+                             inputs, what, wanted)
 
 
 def run_model_outputs(model, inputs: list[dict], **options) -> list[dict]:

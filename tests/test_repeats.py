@@ -79,6 +79,17 @@ def test_a_binarys_first_samples_run_twice_then_once_and_go_in_the_memo(binary, 
     assert [line[0] for line in spy()[before:]].count("run") == 2
 
 
+def test_which_samples_run_twice_is_decided_for_the_job_not_by_racing_workers(binary, monkeypatch):
+    """Two workers each asked the shared record whether the binary was checked yet: a check reported 16 samples run
+    twice for one build and 17 for the same binary in another (issue 46's byte-identical check reports). The job
+    decides: the first samples it runs, as many as the binary still needs, whichever worker runs them."""
+    monkeypatch.setenv("BUILD_RULES_REPEAT_SAMPLES", "3")
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    first = emulator_runs.run_outputs(binary, samples(12, 13))
+    assert [len(o.others) for o in first] == [1, 1, 1] + [0] * 9
+    assert repeats.shown(first)["samples"] == 3 and emulator_runs.repeat_record(binary)["equal"] == 3
+
+
 def test_a_binary_that_does_not_repeat_itself_is_never_memoized(detector, monkeypatch):
     monkeypatch.chdir(detector)
     inputs, _ = _evaluation(detector)
