@@ -97,7 +97,7 @@ def progress(row) -> None:
 def make_repo(dest: Path, model: str, chips: list[str] | None = None) -> tuple[Path, list[Path]]:
     """A scratch model repo whose checkpoints are local files (so the benchmark can change them):
     (repo, checkpoint files)."""
-    from build_rules.config import load_chips, load_model
+    from build_rules.configuration.config import load_chips, load_model
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     shutil.copy(ROOT / "dodo.py", dest)
@@ -141,7 +141,7 @@ def perturb_checkpoint(path: Path) -> None:
 
 
 def hash_throughput(size_gib: float) -> dict:
-    from build_rules.hashing import file_digest
+    from build_rules.build_state.hashing import file_digest
     path = Path(tempfile.gettempdir()) / "build_bench_hash.bin"
     block = os.urandom(1 << 20)
     with open(path, "wb") as f:
@@ -172,7 +172,7 @@ def bytes_read_by_noop(repo: Path) -> dict:
     """In-process doit runs, reading the stat cache's byte counter."""
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import run_doit  # the same in-process runner the tests use
-    from build_rules.hashing import stat_cache
+    from build_rules.build_state.hashing import stat_cache
     run_doit(repo)
     stat_cache().bytes_hashed = 0
     run_doit(repo)
@@ -242,7 +242,7 @@ def main() -> None:
     from build_rules.build_log import read_build_log, seconds_per_stage
     first_build_stages = seconds_per_stage(read_build_log(str(repo / "out/.build-state/build.log"), last_build=True))
     peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    from build_rules.config import load_chips, load_model
+    from build_rules.configuration.config import load_chips, load_model
     chip_count = len(load_model(repo / "models" / args.model, load_chips(repo / "chips.toml")).chips)
     rows.append((f"full build, {chip_count} chip(s) (serial)", f"{full:.1f} s", f"{full_tasks} tasks", "1.00"))
     progress(rows[-1])

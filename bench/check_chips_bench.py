@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from build_rules.project import EVERY_CHIP_ENV  # noqa: E402
+from build_rules.doit_run.project import EVERY_CHIP_ENV  # noqa: E402
 from build_rules.build_log import read_build_log  # noqa: E402
 
 DOIT = [shutil.which("doit") or "doit"]

@@ -1,4 +1,4 @@
-"""Fits build_rules/context_size.py's overhead to the context binaries a repo has built, and prints a table of the
+"""Fits build_rules/measuring/context_size.py's overhead to the context binaries a repo has built, and prints a table of the
 estimate against each binary's real size (Markdown; numbers go in docs/split.md).
 
     python bench/context_size_fit.py [repo ...]      (default: this repo's out/)
@@ -17,7 +17,8 @@ import numpy as np
 import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from build_rules import config, context_size  # noqa: E402
+from build_rules.configuration import config  # noqa: E402
+from build_rules.measuring import context_size  # noqa: E402
 
 
 def rows(repo: Path):

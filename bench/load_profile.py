@@ -61,7 +61,8 @@ def get_module(*args, **kwargs):
     try:
         import build_rules.tasks  # the import dodo.py does first, timed on its own
         add("  of which: import build_rules", clock() - start)
-        from build_rules import config, tasks
+        from build_rules import tasks
+        from build_rules.configuration import config
         timed(tasks, "project", "  of which: config (chips.toml, model.toml files, toolchain identity)")
         timed(config, "load_models", "    of which: model.toml files")
         return original_get_module(*args, **kwargs)

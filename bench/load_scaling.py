@@ -207,7 +207,7 @@ def main() -> None:
         stand_in_build(args.placeholders)
         return
     compare = Path(args.compare).resolve() if args.compare else None
-    if compare:  # as after its first build (build_rules/bytecode.py): a checkout without .pyc files compiles every load
+    if compare:  # as after its first build (build_rules/doit_run/bytecode.py): a checkout without .pyc files compiles every load
         subprocess.run([PYTHON, "-m", "compileall", "-q", str(compare / "build_rules")], check=True)
     rows = []
     if not args.no_examples:

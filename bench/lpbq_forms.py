@@ -16,7 +16,7 @@
       in forms (a), (b) and (b) with the option, the block scales shared over the kernel positions ("k") or, for
       (b), one per output channel and block ("1": [OC, IC/BLOCK, 1, 1], the shape the EP's BW_FLOAT_BLOCK path
       reads); compiles each for SM8750, prints its weights' QNN encodings, CPU nodes, binary bytes and cosine.
-Experiment code, not the build's (build_rules/block_quant.py is): SKIP=<node,...> leaves nodes per-channel.
+Experiment code, not the build's (build_rules/quantization/block_quant.py is): SKIP=<node,...> leaves nodes per-channel.
 """
 import json
 import shutil
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np, onnx
 from onnx import helper, numpy_helper, TensorProto
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from build_rules import emulator_runs
+from build_rules.emulator import emulator_runs
 from build_rules.toolchains import ort_qnn
 
 def lpbq_params(w, block, axis_k, scale_bits=4, bits=4):

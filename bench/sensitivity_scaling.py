@@ -111,7 +111,7 @@ def probe_times(repo: Path, model: str, graph: str, variant: str, probes: int) -
     os.chdir(repo)
     try:
         from build_rules import tasks
-        from build_rules.project import chip_params, project, rel
+        from build_rules.doit_run.project import chip_params, project, rel
         from build_rules.stages.support.precision import Candidates
         from build_rules.tasks.tuning import _tuning_chip, _tuning_graph
         tasks.project.cache_clear()

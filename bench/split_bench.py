@@ -52,8 +52,8 @@ def doit(repo: Path, *args: str):
 
 def _emulator_ratio(whole_ctx: Path, part_ctx: list[Path], evaluation: Path, samples: int) -> tuple[float, float]:
     """Seconds per sample: the whole graph's binary, the chain of parts (loaded once each, runs alternating)."""
-    from build_rules import chain
-    from build_rules.samples import load_evaluation
+    from build_rules.emulator import chain
+    from build_rules.measuring.samples import load_evaluation
     from build_rules.toolchains import ort_qnn
     inputs, _ = load_evaluation(str(evaluation))
     inputs = inputs[:samples]

@@ -46,7 +46,7 @@ def wer(repo: Path, mixes: list[str]) -> None:
 def _runner(repo: Path, clips: int | None = None):
     import onnxruntime as ort
 
-    from build_rules.samples import load_evaluation
+    from build_rules.measuring.samples import load_evaluation
     inputs, _ = load_evaluation(str(repo / MODEL / "float/encoder.evaluation.npz"))
     inputs = inputs[:clips] if clips else inputs
 

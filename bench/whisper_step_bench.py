@@ -40,7 +40,7 @@ def _runner(repo: Path, variant: str, chip: str):
     """(run(), what was fed): the decoder binary of one repo on one evaluation sample."""
     import numpy as np
 
-    from build_rules.samples import load_evaluation
+    from build_rules.measuring.samples import load_evaluation
     from build_rules.toolchains import ort_qnn
 
     ctx = repo / "out" / MODEL / variant / chip / "decoder_ctx.onnx"
@@ -78,7 +78,7 @@ def emulator_cycles(repo: Path, variant: str, chip: str, top: int = 3) -> tuple[
 
     import numpy as np
 
-    from build_rules.samples import load_evaluation
+    from build_rules.measuring.samples import load_evaluation
     from build_rules.toolchains import ort_qnn
 
     ctx = repo / "out" / MODEL / variant / chip / "decoder_ctx.onnx"

@@ -90,7 +90,7 @@ def main() -> int:
                                                           f"package:{MODEL}/{name}@SM8750"], repo, env, may_fail=True)
     times["build w8a16"], _ = step("build w8a16 (for the sizes)", [*doit, f"package:{MODEL}/w8a16@SM8750"], repo, env)
     sys.path.insert(0, str(args.code))
-    from build_rules import results
+    from build_rules.build_state import results
     print("\n| variant | graph | binary MB | check | cosine | sqnr |\n|---|---|---|---|---|---|")
     for variant in ("w8a8", name, "w8a16"):
         for graph in ("encoder", "decoder"):

@@ -13,7 +13,7 @@ import sys
 import time
 from collections import defaultdict
 
-from .state import BUILD_LOG
+from .build_state.state import BUILD_LOG
 
 
 class BuildLog:

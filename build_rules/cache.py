@@ -16,7 +16,7 @@ A hit refreshes the entry's mtime: prune by last use with
     python -m build_rules.cache clear
 
 (or delete the folder: nothing else refers to it). A shared second tier on S3 (BUILD_RULES_REMOTE_CACHE) is
-asked when this one misses and given what it stores: build_rules/remote_cache.py.
+asked when this one misses and given what it stores: build_rules/build_state/remote_cache.py.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ DEFAULT = "out/.cache"
 OFF = ("off", "0", "no", "none", "false")
 _CHUNK = 1 << 20
 # The code that runs inside stage processes: a change to any of it may change outputs.
-_CODE = ("stages", "toolchains", "stage_main.py", "files.py", "errors.py", "layout.py")
+_CODE = ("stages", "toolchains", "stage_main.py", "plumbing/files.py", "errors.py", "build_state/layout.py")
 
 
 def cache_root(environ=os.environ) -> Path | None:
@@ -125,7 +125,7 @@ class Cache:
             return None
         for tmp, target in zip(temps, targets):
             os.replace(tmp, target)
-        from .hashing import stat_cache
+        from .build_state.hashing import stat_cache
         for target, digest in zip(targets, meta["digests"]):
             stat_cache().remember(target, digest)  # doit stamps the restored targets without reading them again
         if log:
@@ -212,7 +212,7 @@ class Cache:
 
 
 def open_cache() -> Cache | None:
-    from .remote_cache import shared_remote  # light; boto3 only once a remote is set and first used
+    from .build_state.remote_cache import shared_remote  # light; boto3 only once a remote is set and first used
     root, remote = cache_root(), shared_remote()
     return Cache(root, remote) if root is not None or remote is not None else None
 
@@ -264,14 +264,14 @@ def main(argv=None) -> int:
     if root is None:
         print(f"the build cache is off ({ENV}={os.environ.get(ENV)})")
         if args.command == "info":
-            from . import remote_cache
+            from .build_state import remote_cache
             print("\n".join(remote_cache.info_lines()))
         return 0
     cache = Cache(root)
     if args.command == "info":
         entries = cache.entries()
         print(f"{root}: {len(entries)} entries, {sum(s for _, s, _ in entries) / 1e6:.1f} MB")
-        from . import remote_cache
+        from .build_state import remote_cache
         print("\n".join(remote_cache.info_lines()))
     elif args.command == "prune":
         if args.max_size is None and args.older_than is None:

@@ -29,9 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import emulator_slots
+from .emulator import emulator_slots
 # The contract code, kept importable from here (dist.contract_from_ctx, dist.DistError, ...).
-from .dist_contract import (FIXED_DTYPES, NUMPY_DTYPES, PLAIN_DTYPES, DistError, _bare_binary_model,  # noqa: F401
+from .bundles.dist_contract import (FIXED_DTYPES, NUMPY_DTYPES, PLAIN_DTYPES, DistError, _bare_binary_model,  # noqa: F401
                             _EmulatorRefused, contract_from_ctx, contract_from_manifest, dequantize, quantize, sha256)
 
 INDEX = "index.json"
@@ -337,13 +337,13 @@ def verify(bundle: Path, evaluation: dict[str, Path] | None = None, samples: int
             raise DistError(f"no evaluation inputs for graph '{graph}': {evaluation[graph]} not found; pass "
                             "--evaluation DIR (a folder with <graph>.evaluation.npz, out/<model>/float/ of the "
                             "build)")
-    from .samples import load_evaluation
+    from .measuring.samples import load_evaluation
     inputs = {g: load_evaluation(str(evaluation[g]), samples)[0] for g in index["graphs"]}  # once, not per chip
     for chip in index["chips"]:
         for graph, entry in index["graphs"].items():
             where = f"{chip}/{graph}"
             if entry.get("parts"):  # a split graph: its parts as a chain, fixed-point buffers passed on at each cut
-                from .dist_parts import verify_chain
+                from .bundles.dist_parts import verify_chain
                 measured = verify_chain(bundle / chip, graph, entry, Path(evaluation[graph]), samples, where,
                                         inputs=inputs[graph])
                 result["contract"][where] = measured
@@ -396,7 +396,7 @@ def _check_targets(bundle: Path, index: dict, say) -> int:
             for name in (graph_entry.get("parts") and [p["binary"] for p in graph_entry["parts"]]) or [f"{graph}.bin"]:
                 count += _check_target(bundle / chip / name, entry, chip, graph)
     say(f"{count} binaries: embedded SoC and arch match index.json")
-    from .dist_parts import check_shared_targets
+    from .bundles.dist_parts import check_shared_targets
     shared = check_shared_targets(bundle, index)
     if shared:
         say(f"{shared} weight-shared context binaries: embedded SoC matches index.json")
@@ -461,7 +461,7 @@ def check_contract(chip_dir: Path, graph: str, contract: dict, evaluation: Path,
     inputs: the evaluation inputs already loaded (verify reads each graph's once for all chips)."""
     import numpy as np
 
-    from .samples import load_evaluation
+    from .measuring.samples import load_evaluation
 
     ctx_path = chip_dir / (ctx_name or f"{graph}_ctx.onnx")
     binary = chip_dir / (binary_name or f"{graph}.bin")
@@ -473,7 +473,7 @@ def check_contract(chip_dir: Path, graph: str, contract: dict, evaluation: Path,
         if inputs and tensor["name"] not in inputs[0]:
             raise DistError(f"{where}: index input '{tensor['name']}' is not in {evaluation} "
                             f"(it has {sorted(inputs[0])})")
-    from . import emulator_runs
+    from .emulator import emulator_runs
     with tempfile.TemporaryDirectory(prefix="dist-verify-") as tmp:
         wrapper = _bare_binary_model(ctx_path, binary, contract, Path(tmp))
         feeds = [{t["name"]: np.asarray(sample[t["name"]]) for t in contract["inputs"]} for sample in inputs]
@@ -506,7 +506,7 @@ def open_contract_runs(wrapper: str, ctx_path: str, contract: dict, where: str):
     each emulator worker of check_contract opens once (emulator_runs.iter_results), both through the output memo."""
     import numpy as np
 
-    from .emulator_runs import open_binary
+    from .emulator.emulator_runs import open_binary
     try:
         run_bare = open_binary(wrapper, eager=True)
     except Exception as e:  # onnxruntime raises its own exception types
@@ -534,8 +534,8 @@ def check_steps(chip_dir: Path, graph: str, entry: dict, evaluation: Path, steps
     same; raises DistError naming the step and output otherwise."""
     import numpy as np
 
-    from .emulator_runs import holding_slot, open_binary
-    from .samples import load_evaluation
+    from .emulator.emulator_runs import holding_slot, open_binary
+    from .measuring.samples import load_evaluation
 
     contract, step = entry["io"], entry["step"]
     ctx_path, binary = chip_dir / f"{graph}_ctx.onnx", chip_dir / f"{graph}.bin"
@@ -551,7 +551,7 @@ def check_steps(chip_dir: Path, graph: str, entry: dict, evaluation: Path, steps
     floats = {t["name"]: np.array(start[t["name"]]) for t in contract["inputs"]}
     with holding_slot(), tempfile.TemporaryDirectory(prefix="dist-steps-") as tmp:
         if entry.get("parts"):  # a split step graph: its parts chained, fixed-point buffers passed on at each cut
-            from .dist_parts import open_chains
+            from .bundles.dist_parts import open_chains
             run_bare, run_float = open_chains(chip_dir, entry, Path(tmp))
         else:
             run_bare = open_binary(_bare_binary_model(ctx_path, binary, contract, Path(tmp)), eager=True)

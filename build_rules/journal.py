@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from .files import atomic_write_text
+from .plumbing.files import atomic_write_text
 
 class JournalDB:
     desc = "JSON snapshot + per-change journal (kill-safe), one doit per repo"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from doit.exceptions import TaskFailed
 
-from .files import publish, remove_quietly, replace_folder
+from .plumbing.files import publish, remove_quietly, replace_folder
 
 STAGING = Path("out/.staging")
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
@@ -47,7 +47,7 @@ def run_stage(stage: str, params: dict, targets: list[str], log: str, publish_di
         from . import cache
         store = cache.open_cache()
         if store is not None:
-            from .hashing import stat_cache
+            from .build_state.hashing import stat_cache
             digest = cache_key if isinstance(cache_key, str) else cache_key.digest
             entry = cache.entry_key(digest, [stat_cache().digest(f, os.stat(f)) for f in file_dep])
             values = store.restore(entry, targets, log, relocatable)
@@ -63,7 +63,7 @@ def run_stage(stage: str, params: dict, targets: list[str], log: str, publish_di
         Path(log).parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p))
-        from . import progress
+        from .plumbing import progress
         with open(log, "wb") as log_file:
             proc = subprocess.Popen([sys.executable, "-m", "build_rules.stage_main", stage, str(staging)],
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)

@@ -10,7 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-from . import emulator_slots, progress
+from .emulator import emulator_slots
+from .plumbing import progress
 from .errors import BuildError
 
 

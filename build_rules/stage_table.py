@@ -17,7 +17,7 @@ Light: imports nothing but the record decorator (doit loads it on every run).
 """
 from __future__ import annotations
 
-from .records import record
+from .plumbing.records import record
 
 
 @record

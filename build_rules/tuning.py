@@ -16,8 +16,8 @@ import re
 import sys
 from pathlib import Path
 
-from .config import ConfigError, load_chips, load_model
-from .files import atomic_write_text
+from .configuration.config import ConfigError, load_chips, load_model
+from .plumbing.files import atomic_write_text
 
 
 def apply(tuned_toml: Path, model_toml: Path | None = None, name: str | None = None,
@@ -48,7 +48,7 @@ def apply(tuned_toml: Path, model_toml: Path | None = None, name: str | None = N
         text = text.replace(f"[variants.{old}]", f"[variants.{quoted}]").replace(f"[variants.{old}.",
                                                                                  f"[variants.{quoted}.")
     original = model_toml.read_text()
-    from .config import read_toml
+    from .configuration.config import read_toml
     if new_name in read_toml(model_toml).get("variants", {}):
         raise ConfigError(f"{model_toml} already has a variant {new_name!r}; choose another with --name")
     atomic_write_text(model_toml, original.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n")

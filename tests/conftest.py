@@ -32,8 +32,9 @@ def run_doit(repo: Path, *args: str) -> DoitRun:
     from doit.cmd_base import ModuleTaskLoader
     from doit.doit_cmd import DoitMain
 
-    from build_rules import collector, tasks
-    from build_rules.hashing import stat_cache
+    from build_rules import tasks
+    from build_rules.doit_run import collector
+    from build_rules.build_state.hashing import stat_cache
 
     old_cwd = os.getcwd()
     os.chdir(repo)

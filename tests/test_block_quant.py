@@ -132,7 +132,7 @@ def test_a_block_size_the_htp_does_not_take_fails_at_load_time(tmp_path, setting
 
 
 def test_weight_overrides_per_graph_reach_only_that_graphs_quantize_settings(tmp_path):
-    from build_rules.config import ConfigError, load_chips, load_model
+    from build_rules.configuration.config import ConfigError, load_chips, load_model
     from conftest import ROOT
     repo = make_repo(tmp_path, {"ffn_lpbq": TEST_MODELS / "ffn_lpbq"})
     (repo / "models/ffn_lpbq/block.pt").write_bytes(b"")  # loading checks that it exists, not what it holds
@@ -224,7 +224,7 @@ def test_aimets_lpbq_gemm_with_a_transposed_weight_becomes_a_matmul_with_the_sam
     from aimet_onnx.quantsim import QuantizationSimModel, set_grouped_blockwise_quantization_for_weights
     from onnx import helper, numpy_helper
 
-    from build_rules.block_quant import matmul_for_blocked_gemms
+    from build_rules.quantization.block_quant import matmul_for_blocked_gemms
     from build_rules.stages.aimet import htp_config
     rng = np.random.default_rng(0)
     graph = helper.make_graph(
@@ -316,7 +316,7 @@ def test_tune_keeps_the_fewest_weights_at_int8_when_lpbq_misses(built, tmp_path,
 
 
 def test_a_tuned_lpbq_variant_keeps_its_block_size():
-    from build_rules.quant_spec import QuantSpec
+    from build_rules.quantization.quant_spec import QuantSpec
     from build_rules.stages.support.tune_ladder import rungs, toml_lines
     w4a16 = QuantSpec(activations="uint16", weights="int4", calibration_samples=16)
     rung = {**next(r for r in rungs(w4a16) if r["name"] == "w4a16_lpbq_ort"), "bytes": 139264, "graphs": {}}
@@ -437,7 +437,7 @@ def test_a_tied_table_that_a_gather_reads_stays_per_tensor_whatever_a_matmul_ove
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
-    from build_rules.block_quant import weight_override_entries
+    from build_rules.quantization.block_quant import weight_override_entries
     table = numpy_helper.from_array(np.zeros((8, 32), np.float32), "table")
     other = numpy_helper.from_array(np.zeros((8, 8), np.float32), "other")
     graph = helper.make_graph(
@@ -458,7 +458,7 @@ def test_the_per_layer_ranking_quantizes_a_weight_as_the_lpbq_rung_stores_it():
     form), int4 per output channel where they do not; the CPU ranking quantizes each weight so."""
     import numpy as np
     from onnx import helper
-    from build_rules.block_quant import lpbq_params
+    from build_rules.quantization.block_quant import lpbq_params
     from build_rules.stages.support.weight_bits import fake_quantized
     rng = np.random.default_rng(0)
     w = rng.standard_normal((128, 32)).astype(np.float32)  # [K, N]: 2 blocks of 64
@@ -531,8 +531,8 @@ def test_tune_and_diagnose_run_a_blocked_conv_as_the_build_compiles_it(conv_buil
     Conv weights with the EP's block option, as the compile stage does: its outputs are the context binary's, bit for
     bit. (Without the option the EP ran those layers in float16: tune measured YOLOv8n's W4A16 LPBQ proposal at det_f1
     0.94, and the binary the build made from it gave 0.03.)"""
-    from build_rules import emulator_runs
-    from build_rules.samples import load_evaluation
+    from build_rules.emulator import emulator_runs
+    from build_rules.measuring.samples import load_evaluation
     repo, _ = conv_built
     monkeypatch.chdir(repo)
     inputs, _ = load_evaluation("out/conv_lpbq/float/block.evaluation.npz", limit=3)

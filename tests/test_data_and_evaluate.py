@@ -165,7 +165,7 @@ def test_a_per_sample_hook_with_a_bound_stops_once_the_gate_cannot_be_met(tmp_pa
     result = run_doit(repo, task)
     assert result.code != 0
     assert (f"{task}: gate failed after 1 of 4 samples (partial: accuracy = ") in result.output, result.output
-    from build_rules import results
+    from build_rules.build_state import results
     kept = results.last(str(repo / "out/tinynet/fp16/SM8750/evaluate.json"))
     assert kept["passed"] is False and kept["metrics"]["images"] == 1 and kept["graph_runs"] == {"encoder": 1, "head": 1}
     best = (kept["metrics"]["accuracy"] + 3) / 4  # the first image as scored, the other three right
@@ -199,7 +199,7 @@ def test_a_failed_model_gate_names_the_float_reference(tmp_path, emulator_sessio
                                            "out/tinynet/fp16/SM8750/head_ctx.onnx"]
 
     # The failure keeps its numbers (the summary shows them), and a re-run judges them without the emulator.
-    from build_rules import results
+    from build_rules.build_state import results
     kept = results.last(str(repo / "out/tinynet/fp16/SM8750/evaluate.json"))
     assert kept["passed"] is False and kept["metrics"]["images"] == 4
     accuracy = kept["metrics"]["accuracy"]

@@ -55,7 +55,7 @@ def test_the_float_detector_finds_the_text_lines_and_8_bit_variants_pass(built):
         # the float model finds most labelled lines: its map is a detector's, not noise
         assert 0.7 <= check["float_score"]["line_recall"] <= 1.0
         assert check["summary"]["text_iou"] >= 0.95
-    from build_rules.samples import load_evaluation
+    from build_rules.measuring.samples import load_evaluation
     inputs, _ = load_evaluation(str(repo / "out/densemap/float/det.evaluation.npz"))
     assert len(inputs) == 6 and inputs[0]["image"].shape == (1, 3, 64, 96)
 
@@ -93,7 +93,7 @@ def test_which_convolutions_take_no_int4_weight():
     (the comment above it)."""
     from onnx import TensorProto, helper
 
-    from build_rules.block_quant import int4_refused
+    from build_rules.quantization.block_quant import int4_refused
 
     def conv(name, op, dims, group=1):
         weight = helper.make_tensor(f"{name}_w", TensorProto.FLOAT, dims, np.zeros(int(np.prod(dims))).tolist())

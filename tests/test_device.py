@@ -487,8 +487,8 @@ def test_profile_reads_the_thermal_state_flags_a_throttled_run_and_cools_down(ph
     import numpy as np
 
     from build_rules.device import profile
-    from build_rules.dist_contract import contract_from_ctx, quantize
-    from build_rules.samples import load_evaluation
+    from build_rules.bundles.dist_contract import contract_from_ctx, quantize
+    from build_rules.measuring.samples import load_evaluation
     monkeypatch.setenv("BUILD_RULES_PROFILE_RUNS", "2")
     monkeypatch.setenv("BUILD_RULES_PROFILE_COOLDOWN", "45")
     waited = []
@@ -883,7 +883,7 @@ def test_qairt_binaries_are_checked_and_profiled_on_the_phone_through_their_own_
     assert record["toolchain"] == "qairt" and record["passed"] is True and record["parts"] is None
     assert record["summary"]["cosine"] > 0.99999  # the stand-in ran the float model: the layouts round-tripped
     pushed = env.folder / "fs/data/local/tmp/build_rules/inputs/tinynet/encoder/0000.image.raw"
-    from build_rules.samples import load_evaluation
+    from build_rules.measuring.samples import load_evaluation
     first = load_evaluation(str(repo / "out/tinynet/float/encoder.evaluation.npz"))[0][0]["image"].reshape(1, 3, 16, 16)
     if flow == "model-lib":
         net_json = json.loads((repo / "out/tinynet/w8a16/encoder_net.json").read_text())
@@ -950,7 +950,7 @@ def test_ort_cpu_run_gives_the_float_models_outputs(tinynet_repo, tmp_path):
     Runtime, over the encoder's evaluation inputs: the float reference's outputs, one timing row per inference."""
     import numpy as np
 
-    from build_rules.samples import load_evaluation
+    from build_rules.measuring.samples import load_evaluation
     runtime = make_cpu_runtime(tmp_path / "cpu-runtime")
     inputs, reference = load_evaluation(str(tinynet_repo / "out/tinynet/float/encoder.evaluation.npz"))
     lines = []

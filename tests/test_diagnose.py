@@ -115,7 +115,7 @@ def test_the_fp16_lint_names_constants_and_ranges_beyond_fp16(tmp_path):
 # --- python -m build_rules run ---------------------------------------------------------------------------------
 
 def test_run_executes_a_binary_on_the_emulator_and_names_bad_inputs(built_tinynet, tmp_path):
-    from build_rules.samples import load_evaluation
+    from build_rules.measuring.samples import load_evaluation
     inputs, _ = load_evaluation(str(built_tinynet / "out/tinynet/float/head.evaluation.npz"))
     features = inputs[0]["features"]
     np.save(tmp_path / "features.npy", features)

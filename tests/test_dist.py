@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT, TEST_MODELS, run_doit, write_tinynet_checkpoints
 
 from build_rules import dist
-from build_rules.config import ConfigError, load_chips, load_model
+from build_rules.configuration.config import ConfigError, load_chips, load_model
 
 CHIPS = {"SM8550": (43, "v73"), "SM8750": (69, "v79")}
 GRAPHS = ("encoder", "head")
@@ -286,7 +286,7 @@ def test_contract_of_int32_and_layout_op_inputs(tmp_path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from build_rules.samples import save_arrays
+    from build_rules.measuring.samples import save_arrays
     from build_rules.toolchains import ort_qnn
 
     rng = np.random.default_rng(0)

@@ -1,5 +1,5 @@
 """Early verdicts (issue 36): a measurement stops once the samples so far decide that a gate fails, reports the
-numbers of those samples marked partial, and a passing verdict measures every sample (build_rules/gates.py,
+numbers of those samples marked partial, and a passing verdict measures every sample (build_rules/measuring/gates.py,
 early_verdicts.py, stages/check.py). Equal-chip proofs keep their own memo: a gate edit re-judges, never re-runs."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from build_rules import gates
-from build_rules.early_verdicts import Tally, run_until_decided
-from build_rules.samples import compare, worst
+from build_rules.measuring import gates
+from build_rules.measuring.early_verdicts import Tally, run_until_decided
+from build_rules.measuring.samples import compare, worst
 from conftest import run_doit
 
 OUT = Path("out/tinynet")
@@ -172,7 +172,7 @@ def test_tune_misses_stop_early_and_the_result_is_the_same(tinynet_repo, monkeyp
     16-bit tensors and reports the same numbers with early verdicts as without (but for the 8-bit start, which misses:
     its numbers are partial), running no more samples."""
     from build_rules import tasks
-    from build_rules.project import chip_params, project, rel
+    from build_rules.doit_run.project import chip_params, project, rel
     from build_rules.stages.support import mixed_precision, precision
     from build_rules.tasks.tuning import _tuning_chip, _tuning_graph
     toml = tinynet_repo / "models/tinynet/model.toml"
@@ -224,7 +224,7 @@ def test_tune_misses_stop_early_and_the_result_is_the_same(tinynet_repo, monkeyp
 def test_an_evaluate_hook_with_a_bound_stops_once_its_wer_cannot_be_met():
     """The per-sample evaluate form's optional bound(results, total): a WER of word errors over all reference words
     (known up front) is at least the errors so far / all words, so a `max` gate is decided once they exceed it."""
-    from build_rules.early_verdicts import results_until_decided
+    from build_rules.measuring.early_verdicts import results_until_decided
     clips = [(1, 10), (4, 10), (3, 10), (0, 10), (0, 10)]  # (word errors, reference words) per clip
     words = sum(w for _, w in clips)
     scored = []

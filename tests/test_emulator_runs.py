@@ -1,4 +1,4 @@
-"""The emulator door (build_rules/emulator_runs.py): samples across worker processes, the machine-wide limit on
+"""The emulator door (build_rules/emulator/emulator_runs.py): samples across worker processes, the machine-wide limit on
 sessions, and the output memo. The binary is a small Conv/Gemm model compiled for SM8750 in tmp_path."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("onnxruntime_qnn")
 
-from build_rules import emulator_memo, emulator_runs  # noqa: E402
+from build_rules.emulator import emulator_memo, emulator_runs  # noqa: E402
 from build_rules.toolchains import ort_qnn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,7 +108,7 @@ def test_workers_give_the_serial_runs_bytes_in_sample_order(binary, spy, monkeyp
     monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "0")
     feeds = samples(7, 3)
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "1")
-    from build_rules.emulator_slots import session_seconds
+    from build_rules.emulator.emulator_slots import session_seconds
     before = session_seconds()
     serial = emulator_runs.run_outputs(binary, feeds)
     assert [line[0] for line in spy()].count("open") == 1 and {line[1] for line in spy()} == {str(os.getpid())}
@@ -127,7 +127,7 @@ def test_workers_give_the_serial_runs_bytes_in_sample_order(binary, spy, monkeyp
     assert len(opened) == 2 and len(set(opened)) == 2 and str(os.getpid()) not in opened
     assert len(ran) == 7 and set(ran) == set(opened)
     # the progress line counts the samples done on both workers: all 7 by the last one's turn
-    from build_rules import progress
+    from build_rules.plumbing import progress
     lines = [progress.line() for _ in emulator_runs.iter_outputs(binary, feeds)]
     assert "7/7 samples on 2 emulator workers" in lines[-1] and all("/7 samples" in line for line in lines)
     # a split graph's form (a list of parts) takes the same road
@@ -170,7 +170,7 @@ def test_workers_end_with_a_stage_killed_outright(spy, monkeypatch):
     import signal
     import time
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
-    job = ("import time; from build_rules import emulator_runs; "
+    job = ("import time; from build_rules.emulator import emulator_runs; "
            "list(emulator_runs.iter_results('functools:partial', (time.sleep,), [3600] * 4))")
     stage = subprocess.Popen([sys.executable, "-c", job])
 
@@ -210,7 +210,7 @@ def test_a_limit_of_one_runs_one_session_at_a_time_machine_wide(binary, spy, tmp
         import sys
         sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
         from test_ort_qnn_toolchain import samples
-        from build_rules import emulator_runs
+        from build_rules.emulator import emulator_runs
         assert len(emulator_runs.run_outputs({str(binary)!r}, samples(4, int(sys.argv[1])))) == 4
     """)
     jobs = [subprocess.Popen([sys.executable, "-c", job, str(seed)]) for seed in (6, 7)]

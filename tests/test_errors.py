@@ -216,7 +216,7 @@ def test_failed_gate_names_metric_value_and_threshold(tinynet_repo):
 
 def test_one_bad_frame_fails_frame_cosine_but_not_whole_tensor_cosine():
     import numpy as np
-    from build_rules.samples import compare
+    from build_rules.measuring.samples import compare
     rng = np.random.default_rng(0)
     reference = rng.standard_normal((1, 1500, 384)).astype(np.float32)  # encoder-like: 1500 frames
     actual = reference.copy()
@@ -232,7 +232,7 @@ def test_frame_cosine_of_a_sparse_map_counts_zero_frames_that_agree():
     every line, even for float vs float (max_abs 2.9e-5). Two (near) zero frames agree, one zero frame against one
     that is not disagrees, other frames keep their cosine."""
     import numpy as np
-    from build_rules.samples import ZERO_FRAME, compare
+    from build_rules.measuring.samples import ZERO_FRAME, compare
     rng = np.random.default_rng(0)
     reference = np.zeros((1, 1, 96, 128), np.float32)
     reference[0, 0, 40:44, 10:90] = rng.uniform(0.5, 1.0, (4, 80))  # one line of text: 4 rows of the map

@@ -230,7 +230,7 @@ def assert_one_line_error(message: str, files: tuple[str, ...], what):
 def check_config_case(repo: Path, target: Path, content: bytes, what, files: tuple[str, ...]) -> str | None:
     """Write the mutant, plan in-process, put the file back: accepted (None) or refused with a one-line error naming
     the file and key (the message); nothing written outside out/, nothing under out/ written or removed."""
-    from build_rules.config import ConfigError
+    from build_rules.configuration.config import ConfigError
     original = target.read_bytes()
     outside, inside = tree(repo, skip_out=True), tree(repo / "out", skip_out=False)
     target.write_bytes(content)

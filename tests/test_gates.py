@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from build_rules import gates
+from build_rules.measuring import gates
 from build_rules.errors import BuildError
-from build_rules import samples as common
+from build_rules.measuring import samples as common
 from build_rules.stages import report
 from conftest import TEST_MODELS, make_repo, run_doit, write_tinynet_checkpoints
 

@@ -220,7 +220,7 @@ def test_the_table_has_a_row_for_every_hook_the_stages_call():
                      "evaluation_samples", "evaluate_sample", "bound", "combine", "transform"]
     # the workers, and samples.py, where they load the hooks and call build, transform and score
     stage_sources = "".join(p.read_text() for p in [*(ROOT / "build_rules/stages").rglob("*.py"),
-                                                     ROOT / "build_rules/samples.py"])
+                                                     ROOT / "build_rules/measuring/samples.py"])
     called = set(re.findall(r"hooks\.(\w+)\(", stage_sources))
     assert called == set(names), "a hook the stages call is missing from docs/model-toml.md's table, or one is extra"
 

@@ -207,6 +207,6 @@ def test_task_actions_pickle_for_process_workers(tinynet_repo, monkeypatch):
             assert pickle.loads(pickle.dumps(task["uptodate"][0])).digest == task["uptodate"][0].digest
     finally:
         tasks.project.cache_clear()
-    from build_rules.hashing import TaskKey
+    from build_rules.build_state.hashing import TaskKey
     key = TaskKey({"stage": "qairt-convert", "params": {"x": 1}})  # the qairt toolchain passes the dict itself
     assert pickle.loads(pickle.dumps(key)).digest == key.digest

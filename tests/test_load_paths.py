@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from build_rules.records import FrozenInstanceError, factory, record
+from build_rules.plumbing.records import FrozenInstanceError, factory, record
 
 
 @record
@@ -41,7 +41,7 @@ def test_records_report_wrong_arguments(args, kwargs, message):
 
 
 def test_stat_cache_reads_its_file_when_first_asked(tmp_path):
-    from build_rules.hashing import StatCache, file_digest
+    from build_rules.build_state.hashing import StatCache, file_digest
     data = tmp_path / "data.bin"
     data.write_bytes(b"abc")
     st = data.stat()
@@ -57,7 +57,7 @@ def test_stat_cache_reads_its_file_when_first_asked(tmp_path):
 def test_written_paths_reads_stage_actions_as_given_and_as_doit_makes_them():
     from doit.task import Task
 
-    from build_rules import target_set
+    from build_rules.doit_run import target_set
     from build_rules.runner import run_stage
 
     def task(name, actions):

@@ -18,7 +18,7 @@ pytest.importorskip("onnxruntime_qnn")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from build_rules import emulator_runs  # noqa: E402
+from build_rules.emulator import emulator_runs  # noqa: E402
 from build_rules.toolchains import ort_qnn  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -47,7 +47,7 @@ def write_build_log(repo, seconds_of, emulator_of=lambda name: 0.0) -> None:
 
 @pytest.mark.slow
 def test_each_started_task_says_k_of_n_and_the_time_left(tinynet_repo):
-    from build_rules.progress import format_seconds
+    from build_rules.plumbing.progress import format_seconds
     from build_rules.build_log import read_build_log
     # Last seconds: 10 s per task, packages 2 s; package:tinynet/w8a16@SM8750 never ran: the median of its stage.
     write_build_log(tinynet_repo, lambda n: None if n == "package:tinynet/w8a16@SM8750"
@@ -83,7 +83,7 @@ def test_each_started_task_says_k_of_n_and_the_time_left(tinynet_repo):
 def test_a_check_that_never_ran_counts_as_the_checks_of_its_kind(tinynet_repo):
     """Another chip's check proves its outputs equal to the reference chip's in seconds (stages/check.py): one that
     never ran counts as the median of those, not of every check (the full checks take minutes)."""
-    from build_rules.progress import format_seconds
+    from build_rules.plumbing.progress import format_seconds
 
     def seconds(name):
         if name == "check:tinynet/head/w8a16@SM8550":
@@ -103,7 +103,7 @@ def test_a_check_that_never_ran_counts_as_the_checks_of_its_kind(tinynet_repo):
 def test_tasks_the_build_cache_holds_count_as_their_restore_not_their_work(tinynet_repo):
     """A rebuild restored from the cache in well under a second said "2 min 06 s left": its tasks counted as their
     last real run. Forgotten, simplify:tinynet/head and every task reading it are stale, and the cache holds them."""
-    from build_rules.progress import format_seconds
+    from build_rules.plumbing.progress import format_seconds
     in_process = ("package:", "size:")  # tasks run inside doit: not cached, a fraction of a second
     write_build_log(tinynet_repo, lambda n: 0.2 if n.startswith(in_process) else 10.0)  # one restore: 0.1 s
     assert run_doit(tinynet_repo, "forget", "simplify:tinynet/head").output == "forgetting simplify:tinynet/head\n"
@@ -127,7 +127,7 @@ def test_a_no_op_prints_one_line(tinynet_repo):
 
 
 def test_n_is_an_upper_bound_that_follows_what_doit_decides():
-    from build_rules.plan import predict
+    from build_rules.doit_run.plan import predict
 
     class Task:
         def __init__(self, name, file_dep=(), task_dep=(), actions=True):
@@ -176,7 +176,7 @@ def evaluate(run_graph):
 
 
 def test_progress_lines_count_samples_and_time():
-    code = ("import time\nfrom build_rules import progress\nprogress.start()\n"
+    code = ("import time\nfrom build_rules.plumbing import progress\nprogress.start()\n"
             "for _ in progress.track(range(3), 'samples'):\n    time.sleep(0.4)\n")
     env = dict(os.environ, BUILD_RULES_PROGRESS_SECONDS="0.1", PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
@@ -185,7 +185,7 @@ def test_progress_lines_count_samples_and_time():
 
 
 def test_emulator_evaluate_progress_has_the_float_runs_as_totals(tmp_path, monkeypatch):
-    from build_rules import progress
+    from build_rules.plumbing import progress
     # A stage process has one stage's counters; this test process may hold those of stages other test files called
     # in-process (a search's watch stays registered): start from none.
     monkeypatch.setattr(progress, "_counters", {})
@@ -241,7 +241,7 @@ def test_always_execute_counts_every_task_from_the_first_line(tinynet_repo):
 def test_parallel_workers_share_the_time_left(tinynet_repo):
     """`doit -n 2` (worker processes, doit's default): the time left is the work left over the two workers doit
     started before the first task (plan.workers)."""
-    from build_rules.progress import format_seconds
+    from build_rules.plumbing.progress import format_seconds
     write_build_log(tinynet_repo, lambda n: 10.0)
     change_head_checkpoint(tinynet_repo)
     result = run_doit(tinynet_repo, "-n", "2")
@@ -255,7 +255,7 @@ def test_the_emulator_work_left_is_bounded_by_the_machines_emulator_slots(tinyne
     head graph's 4 checks each ran 40 s of emulator sessions last time; with one slot they take 160 s whatever
     `-n` says, more than the 21 tasks' 210 s over doit's 2 jobs. The real build then logs what its checks ran."""
     from build_rules.build_log import emulator_seconds
-    from build_rules.progress import format_seconds
+    from build_rules.plumbing.progress import format_seconds
     write_build_log(tinynet_repo, lambda n: 10.0, lambda n: 40.0 if n.startswith("check:tinynet/head/") else 0.0)
     change_head_checkpoint(tinynet_repo)
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "1")
@@ -272,8 +272,8 @@ def test_a_rerun_that_judges_remembered_numbers_estimates_seconds_not_their_meas
     """Issue 35: "about 5 min 09 s" for a 0.9 s re-run that only judged saved numbers again (issue 36: a gate edit).
     Checks keep their measurement in the memo (another chip's, its proof in the proof memo); with the gate edited
     they run again without the emulator, and the estimate counts each as a second, not as its last measurement."""
-    from build_rules.plan import REMEMBERED_SECONDS
-    from build_rules.progress import format_seconds
+    from build_rules.doit_run.plan import REMEMBERED_SECONDS
+    from build_rules.plumbing.progress import format_seconds
     toml = tinynet_repo / "models/tinynet/model.toml"
     text = toml.read_text()
     built = run_doit(tinynet_repo)  # (the fixture's repo is built: its checks' memos and proofs are there)

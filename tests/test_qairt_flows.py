@@ -367,7 +367,7 @@ def test_16_bit_activations_on_a_v68_chip_use_per_row_quantization(tmp_path, mon
 # ----------------------------------------------------------------------------------------------- 7 DLC flow
 
 def test_qairt_flow_from_chips_toml_or_the_environment(tmp_path):
-    from build_rules.config import ConfigError, load_chips
+    from build_rules.configuration.config import ConfigError, load_chips
     from build_rules.toolchains import qairt
     chips = tmp_path / "chips.toml"
     block = '[chips.SM8750]\nsoc_id = 69\ndsp_arch = "v79"\nvtcm_mb = 8\nfp16 = true\n'

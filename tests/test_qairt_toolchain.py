@@ -100,7 +100,7 @@ def qairt_copy(built_qairt, tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------------------------- choice
 
 def test_toolchain_choice_env_then_repo_never_the_sdk_root():
-    from build_rules.config import ConfigError
+    from build_rules.configuration.config import ConfigError
     from build_rules.toolchains import choose
 
     assert choose("auto", {}) == ("ort-qnn", "default")
@@ -118,7 +118,7 @@ def test_toolchain_choice_env_then_repo_never_the_sdk_root():
 
 
 def test_chips_toml_toolchain_key(tmp_path):
-    from build_rules.config import ConfigError, load_chips
+    from build_rules.configuration.config import ConfigError, load_chips
     chips = tmp_path / "chips.toml"
     block = '[chips.SM8750]\nsoc_id = 69\ndsp_arch = "v79"\nvtcm_mb = 8\nfp16 = true\n'
     chips.write_text('toolchain = "qairt"\n' + block)
@@ -131,7 +131,7 @@ def test_chips_toml_toolchain_key(tmp_path):
 
 
 def test_input_layout_key_is_validated_and_drives_the_qnn_layout(tmp_path):
-    from build_rules.config import ConfigError, load_chips, load_model
+    from build_rules.configuration.config import ConfigError, load_chips, load_model
     from build_rules.toolchains import qairt
 
     chips = tmp_path / "chips.toml"

@@ -1,10 +1,10 @@
-"""The one quantization spec (build_rules/quant_spec.py): the record config validates, tune's ladder derives its
+"""The one quantization spec (build_rules/quantization/quant_spec.py): the record config validates, tune's ladder derives its
 candidates from and the quantizing stages receive."""
 from __future__ import annotations
 
 import pytest
 
-from build_rules.quant_spec import QuantSpec
+from build_rules.quantization.quant_spec import QuantSpec
 from build_rules.stages.support import tune_ladder
 
 FULL = QuantSpec(activations="uint16", weights="int4", per_channel=True, calibration_method="minmax",

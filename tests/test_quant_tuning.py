@@ -61,7 +61,7 @@ def test_variants_with_other_activation_bits_share_one_calibration_pass(tinynet_
 
 @pytest.mark.parametrize("method", ["minmax", "entropy", "percentile"])
 def test_quantizing_from_saved_ranges_equals_calibrating_inline(tinynet_repo, tmp_path, method, monkeypatch):
-    from build_rules.samples import read_input_list
+    from build_rules.measuring.samples import read_input_list
     from build_rules.toolchains import ort_qnn
     monkeypatch.chdir(tinynet_repo)  # input_list.txt names the raw files relative to the repo
     base = tinynet_repo / "out/tinynet"
@@ -367,7 +367,7 @@ def tuning_graph(repo: Path, graph: str, variant: str):
     """(the tuning graph as tune's task passes it, the search's chip/samples/hooks) of the repo's first model, with
     the repo as the working directory (the search reads its files by relative paths)."""
     from build_rules import tasks
-    from build_rules.project import chip_params, project, rel
+    from build_rules.doit_run.project import chip_params, project, rel
     from build_rules.tasks.tuning import _tuning_chip, _tuning_graph
     cwd = os.getcwd()
     os.chdir(repo)
@@ -512,12 +512,12 @@ def test_a_mix_no_smaller_than_w8a16_is_proposed_as_w8a16_itself_with_the_sizes_
 
 def test_tuning_a_variant_that_already_meets_its_targets_at_8_bit_proposes_nothing(tinynet_repo):
     from build_rules import tuning
-    from build_rules.config import ConfigError
+    from build_rules.configuration.config import ConfigError
     toml = tinynet_repo / "models/tinynet/model.toml"
     toml.write_text(toml.read_text().replace("min = 0.99", "min = 0.9").replace("min = 0.98", "min = 0.9")
                     + '\n[variants.w8a8]\ninherits = "w8a16"\nactivations = "uint8"\n')
     # Tune reads what the build measured: here, as if SM8550's head binary had failed its gate (its numbers kept in
-    # the check's memo, build_rules/results.py; the emulator gives both chips the same numbers for this net).
+    # the check's memo, build_rules/build_state/results.py; the emulator gives both chips the same numbers for this net).
     assert run_doit(tinynet_repo, "check:tinynet/head/w8a8@SM8550").code == 0
     folder = tinynet_repo / "out/tinynet/w8a8/SM8550"
     memo = {"failed": {**json.loads((folder / "head.check.json").read_text()), "error": (

@@ -1,4 +1,4 @@
-"""Emulator runs on a Ray cluster (build_rules/emulator_ray.py, docs/ray.md) against a REAL cluster that this module
+"""Emulator runs on a Ray cluster (build_rules/emulator/emulator_ray.py, docs/ray.md) against a REAL cluster that this module
 starts on this machine (tests/ray_cluster.py): a head node and a second node from `ray start --address`, one CPU
 and 200 MB each; the kill tests add a node of their own and SIGKILL it mid-job. No mock: the stages' emulator runs
 go through the cluster's Ray tasks, and the numbers are compared with the local run's, byte for byte.
@@ -28,7 +28,7 @@ VARIANT_DIR = Path("out/tinynet/w8a16/SM8750")
 # --- no cluster needed --------------------------------------------------------------------------------------------
 
 def test_which_cluster(monkeypatch):
-    from build_rules import emulator_ray
+    from build_rules.emulator import emulator_ray
     monkeypatch.delenv("BUILD_RULES_RAY_ADDRESS", raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert emulator_ray.address() is None and not emulator_ray.configured()
@@ -41,7 +41,7 @@ def test_which_cluster(monkeypatch):
 
 
 def test_chunks_cover_every_sample_once_in_order():
-    from build_rules.emulator_ray import _chunks
+    from build_rules.emulator.emulator_ray import _chunks
     assert _chunks(10, 3) == [range(0, 3), range(3, 6), range(6, 10)]
     assert _chunks(2, 8) == [range(0, 1), range(1, 2)]
     assert _chunks(0, 4) == []
@@ -54,7 +54,7 @@ def test_without_ray_a_one_line_error(tmp_path):
     shim = tmp_path / "no-ray" / "ray"
     shim.mkdir(parents=True)
     (shim / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'ray'\", name='ray')\n")
-    code = ("from build_rules import emulator_runs\n"
+    code = ("from build_rules.emulator import emulator_runs\n"
             "from build_rules.errors import BuildError\n"
             "try:\n    emulator_runs.run_outputs('model_ctx.onnx', [{}])\n"
             "except BuildError as e:\n    print(e)\n")
@@ -67,7 +67,7 @@ def test_without_ray_a_one_line_error(tmp_path):
 
 
 def test_install_hint_is_the_extra():
-    from build_rules.emulator_ray import RAY_INSTALL
+    from build_rules.emulator.emulator_ray import RAY_INSTALL
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert RAY_INSTALL == f"pip install '{extras['ray'][0]}'"
 
@@ -76,7 +76,7 @@ def test_install_hint_is_the_extra():
 def test_a_cluster_that_does_not_answer_fails_at_once(monkeypatch):
     from s3_servers import free_port
 
-    from build_rules import emulator_runs
+    from build_rules.emulator import emulator_runs
     from build_rules.errors import BuildError
     import ray
     port = free_port()  # nothing listens there
@@ -101,7 +101,7 @@ def cluster(request):
     import ray
     from ray_cluster import LocalCluster
 
-    from build_rules import emulator_ray
+    from build_rules.emulator import emulator_ray
     started = LocalCluster()
     request.addfinalizer(started.stop)
     request.addfinalizer(ray.shutdown)  # (finalizers run last-in first-out: the driver leaves, then the nodes go)
@@ -143,7 +143,7 @@ def test_another_onnxruntime_qnn_on_a_worker_is_refused(on_cluster, tinynet_repo
     """The driver says which onnxruntime-qnn it expects (here, through the testing hook, one the workers do not
     have); the worker compares and refuses, naming both versions and the node. The stage fails like any stage and
     leaves neither its report nor a measurement."""
-    from build_rules.tool_versions import tool_version
+    from build_rules.plumbing.tool_versions import tool_version
     installed = tool_version("onnxruntime-qnn")
     monkeypatch.setenv("BUILD_RULES_RAY_EXPECT_ORT_QNN", "2.6.9")
     out = tinynet_repo / VARIANT_DIR
@@ -160,8 +160,8 @@ def test_another_onnxruntime_qnn_on_a_worker_is_refused(on_cluster, tinynet_repo
 def test_a_chain_of_parts_through_ray_equals_the_local_run(on_cluster, built_tinynet, monkeypatch):
     """A split graph's parts go as one binary of several files (each part's ctx model and .bin in a folder of its
     own on the worker): here the tiny model's encoder then its head, a chain as chain.py runs one."""
-    from build_rules import emulator_runs
-    from build_rules.samples import load_evaluation
+    from build_rules.emulator import emulator_runs
+    from build_rules.measuring.samples import load_evaluation
     parts = [str(built_tinynet / VARIANT_DIR / f"{graph}_ctx.onnx") for graph in ("encoder", "head")]
     inputs, _ = load_evaluation(str(built_tinynet / "out/tinynet/float/encoder.evaluation.npz"))
     remote = emulator_runs.run_outputs(parts, inputs)
@@ -174,7 +174,7 @@ def test_a_chain_of_parts_through_ray_equals_the_local_run(on_cluster, built_tin
 def test_the_memo_sends_only_what_it_lacks(on_cluster, built_tinynet, monkeypatch, tmp_path, capsys):
     """The output memo first: the samples it has are not sent to the cluster, the ones that come back go in it, and
     a job it has in full does not touch the cluster. The numbers are the local run's."""
-    from build_rules import emulator_runs
+    from build_rules.emulator import emulator_runs
     ctx, inputs, local = _samples(built_tinynet, 1)
     monkeypatch.chdir(tmp_path)  # a memo of this test's own (out/.build-state/emulator-outputs under the cwd)
     monkeypatch.delenv("BUILD_RULES_EMULATOR_MEMO_MB")
@@ -198,7 +198,7 @@ def test_a_cluster_that_does_not_answer_fails_even_when_the_memo_has_everything(
     where the memo lacks a sample."""
     from s3_servers import free_port
 
-    from build_rules import emulator_runs
+    from build_rules.emulator import emulator_runs
     from build_rules.errors import BuildError
     ctx, inputs, _ = _samples(built_tinynet, 1)
     monkeypatch.chdir(tmp_path)
@@ -218,8 +218,8 @@ def _samples(built_tinynet: Path, copies: int) -> tuple[str, list[dict], list[di
     node in), and the local run's outputs on the 4."""
     import os
 
-    from build_rules import emulator_runs
-    from build_rules.samples import load_evaluation
+    from build_rules.emulator import emulator_runs
+    from build_rules.measuring.samples import load_evaluation
     ctx = str(built_tinynet / VARIANT_DIR / "encoder_ctx.onnx")
     inputs, _ = load_evaluation(str(built_tinynet / "out/tinynet/float/encoder.evaluation.npz"))
     address = os.environ.pop("BUILD_RULES_RAY_ADDRESS")
@@ -233,7 +233,7 @@ def _samples(built_tinynet: Path, copies: int) -> tuple[str, list[dict], list[di
 def _run_with_a_node_killed(cluster, ctx: str, inputs: list[dict], resources: dict | None = None):
     """The job, with an extra node that is SIGKILLed as soon as one of its workers runs a chunk (as when its machine
     dies); returns the outputs, or the BuildError the job ended with. Afterwards the cluster has lost the node."""
-    from build_rules import emulator_runs
+    from build_rules.emulator import emulator_runs
     from build_rules.errors import BuildError
     node = cluster.add_node(resources=resources)
     cluster.wait_for_nodes(3)

@@ -301,7 +301,7 @@ def test_disk_full_while_writing_an_output(tmp_path):
 
 def test_an_atomically_written_output_gets_the_mode_open_would_give_it(tmp_path):
     """mkstemp's 0600 is not an output's mode: tune's proposals and bundle JSON are read by other users and tools."""
-    from build_rules.files import atomic_write_text
+    from build_rules.plumbing.files import atomic_write_text
     atomic_write_text(tmp_path / "atomic.json", "{}\n")
     (tmp_path / "plain.json").write_text("{}\n")
     assert (tmp_path / "atomic.json").stat().st_mode == (tmp_path / "plain.json").stat().st_mode

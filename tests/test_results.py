@@ -23,7 +23,7 @@ def fail_the_head_gate(repo) -> None:
 
 @pytest.mark.slow
 def test_a_failed_check_keeps_its_numbers_and_is_not_measured_again(tinynet_repo, emulator_sessions):
-    from build_rules import results
+    from build_rules.build_state import results
     fail_the_head_gate(tinynet_repo)
     for memo in tinynet_repo.glob("out/tinynet/*/*/head.measure.json"):
         memo.unlink()  # as if the binaries were new: the first failing run measures them on the emulator
@@ -168,7 +168,7 @@ def test_outputs_of_a_removed_variant_or_chip_are_removed_at_the_next_build(tiny
 
 
 def test_the_report_shows_a_failed_model_evaluation_from_its_memo(tmp_path):
-    from build_rules import results
+    from build_rules.build_state import results
     from build_rules.stages import report
     passed, failed = tmp_path / "fp16/SM8750/evaluate.json", tmp_path / "w8a16/SM8750/evaluate.json"
     passed.parent.mkdir(parents=True)

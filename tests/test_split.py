@@ -118,8 +118,8 @@ def test_chained_parts_compute_what_the_whole_graph_computes_on_the_cpu(onet_spl
     import numpy as np
     import onnxruntime as ort
 
-    from build_rules import chain
-    from build_rules.samples import load_evaluation
+    from build_rules.emulator import chain
+    from build_rules.measuring.samples import load_evaluation
     repo, _ = onet_split
     inputs, reference = load_evaluation(str(repo / "out/onet/float/onet.evaluation.npz"))
     for whole, parts in ((repo / "out/onet/float/onet.sim.onnx", "out/onet/float/onet.part{}.sim.onnx"),
@@ -140,8 +140,8 @@ def test_chained_parts_compute_what_the_whole_graph_computes_on_the_cpu(onet_spl
 def test_the_chain_on_the_emulator_agrees_with_the_unsplit_binary(onet_split, tmp_path):
     import numpy as np
 
-    from build_rules import emulator_runs
-    from build_rules.samples import compare, load_evaluation
+    from build_rules.emulator import emulator_runs
+    from build_rules.measuring.samples import compare, load_evaluation
     from build_rules.toolchains import ort_qnn
     repo, _ = onet_split
     whole = ort_qnn.compile_context_binary(repo / "out/onet/w8a8/onet.qdq.onnx", tmp_path, "onet", soc_model=69,

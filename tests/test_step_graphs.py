@@ -77,8 +77,9 @@ def test_an_untied_state_needs_converting_and_a_plain_copy_is_caught(kvstep_dist
     """Quantized without the tie, from caches 4 x what decoding holds, the cache inputs get 4 x the scale of the
     step's outputs: the contract says to convert, verify's greedy steps pass that way, and fail a bundle whose index
     says to copy the buffers as they are."""
-    from build_rules import config, dist
-    from build_rules.samples import read_input_list
+    from build_rules import dist
+    from build_rules.configuration import config
+    from build_rules.measuring.samples import read_input_list
     from build_rules.toolchains import ort_qnn
 
     repo, _ = kvstep_dist

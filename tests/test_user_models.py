@@ -256,7 +256,7 @@ def test_a_graph_calibrates_as_many_samples_as_its_variants_ask_for(tmp_path):
     assert listing.code == 0, listing.output
     assert "calibration_stats:tinynet/head/minmax-40" in listing.output
     assert "calibration_stats:tinynet/head/minmax-12" in listing.output
-    from build_rules import config
+    from build_rules.configuration import config
     model = config.load_model(repo / "models/tinynet", config.load_chips(repo / "chips.toml"))
     assert {g.calibration_samples for g in model.graphs.values()} == {40}
 

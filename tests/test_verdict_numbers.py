@@ -153,7 +153,7 @@ def test_tune_names_only_the_gates_that_missed_and_comments_the_metric_that_deci
 def test_the_chosen_per_layer_rung_says_how_many_weights_its_section_keeps_at_int8():
     """PP-OCRv4's recogniser: the comment said 'chosen: rec 34 weights at int8' (its first probe) where the section it
     wrote holds 32, the probe the bisection ended on."""
-    from build_rules.quant_spec import QuantSpec
+    from build_rules.quantization.quant_spec import QuantSpec
     from build_rules.stages.support.tune_ladder import rungs, toml_lines
     w4a16 = QuantSpec(activations="uint16", weights="int4", calibration_samples=16)
     target = [{"metric": "accuracy", "min": 0.9}]
@@ -199,7 +199,7 @@ def test_onnxsims_warnings_are_printed_once_each_and_its_unfolded_nodes_on_one_l
     descriptor (native_stderr.captured) and prints each node once, on one line; another line once."""
     import os
 
-    from build_rules.native_stderr import captured
+    from build_rules.plumbing.native_stderr import captured
     from build_rules.stages.simplify import said_once
     with captured() as said:
         for line in YOLO_SIMPLIFY * 3 + ["some other warning", "some other warning"]:

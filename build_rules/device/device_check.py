@@ -21,9 +21,9 @@ import json
 import tempfile
 from pathlib import Path
 
-from .. import repeats
+from ..emulator import repeats
 from ..errors import BuildError
-from ..files import atomic_write_json
+from ..plumbing.files import atomic_write_json
 from .errors import DeviceError
 from .push import sha256
 from .results import mark_stale
@@ -59,8 +59,8 @@ def binary_digests(params: dict) -> str | dict:
 
 
 def check(params: dict) -> dict:
-    from .. import gates
-    from ..samples import load_evaluation, load_labels
+    from ..measuring import gates
+    from ..measuring.samples import load_evaluation, load_labels
     from ..stages import check as check_stage
     from .on_phone import run_graph
     from .target import parts as read_parts

@@ -19,7 +19,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import layout
+from ..build_state import layout
 from .errors import DeviceError
 
 DEVICES_FILE = "devices.toml"
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         return _cpu_runtime(args, parser)
     if args.command == "clean" and not args.folder:
         parser.error("clean needs the phone: its devices.toml name or its serial")
-    from ..config import ConfigError, load_chips
+    from ..configuration.config import ConfigError, load_chips
     try:
         chips = load_chips(Path(args.chips)).chips
         if args.command == "clean":

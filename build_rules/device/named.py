@@ -28,7 +28,7 @@ def _cached(path: str, mtime_ns: int, chips: tuple) -> Devices:
 
 def device_file() -> Devices:
     """devices.toml beside chips.toml: the phones it names well and its mistakes, one line each."""
-    from ..project import project
+    from ..doit_run.project import project
     path = Path(DEVICES_FILE)
     mtime = path.stat().st_mtime_ns if path.is_file() else 0
     return _cached(str(path), mtime, tuple(project().chips.chips))

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from ..errors import BuildError
-from ..files import atomic_write_json
+from ..plumbing.files import atomic_write_json
 from .devices import REMOTE_ROOT
 from .errors import DeviceError
 from .session import REMOTE_RUNTIME, net_run, open_phone, push_runtime_and
@@ -60,7 +60,7 @@ def battery(phone) -> dict:
 def say(name: str, text: str) -> None:
     """A line on the console as it happens (doit keeps an action's own prints until it ends): through the build's
     console, as a stage's progress lines go (progress.py)."""
-    from .. import progress
+    from ..plumbing import progress
     if progress.console is not None:
         progress.console(f"   {name}: {text}\n")
     else:
@@ -91,7 +91,7 @@ def loop(phone, command: str, seconds: float, every: float, path: str = "NPU", n
 
 def _sample(phone, pid: int, seconds: float, every: float, path: str, name: str, later: float) -> tuple[dict, bool]:
     """(the loop's numbers, whether it still runs); the CPU share from /proc/<pid>/stat, the battery around it."""
-    from ..progress import format_seconds, interval
+    from ..plumbing.progress import format_seconds, interval
     started = time.monotonic()
     hz = int(phone.shell("getconf CLK_TCK").strip() or 100)
     before = battery(phone)
@@ -154,9 +154,9 @@ def _last_error(phone, log: str) -> str:
 def power(params: dict) -> dict:
     import tempfile
 
-    from ..progress import format_seconds
+    from ..plumbing.progress import format_seconds
     from . import cpu_baseline, cpu_runtime, perf_config, runtime
-    from ..samples import load_evaluation
+    from ..measuring.samples import load_evaluation
     from .on_phone import remote_binary, remote_inputs
     from .target import parts as read_parts, write_inputs
     result_path = Path(params["outputs"]["result"])

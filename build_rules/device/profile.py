@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from ..errors import BuildError
-from ..files import atomic_write_json
+from ..plumbing.files import atomic_write_json
 from . import thermal
 from .errors import DeviceError
 from .realtime import read_evaluation, realtime
@@ -186,7 +186,7 @@ def _last_seconds(result_path: Path) -> str:
         return ""
     if not last.get("seconds"):
         return ""
-    from ..progress import format_seconds
+    from ..plumbing.progress import format_seconds
     runs = {t.get("runs") for t in (last.get("graphs") or {}).values()}
     return f"; the last profile here took {format_seconds(last['seconds'])} ({'/'.join(map(str, runs))} runs)"
 
@@ -205,7 +205,7 @@ class _Clock:
                     else "") + last)
 
     def say(self, text: str) -> None:
-        from .. import progress
+        from ..plumbing import progress
         line = f"   {self.params['name']}: {text}\n"
         (progress.console or (lambda t: print(t, end="", flush=True)))(line)
 
@@ -215,7 +215,7 @@ class _Clock:
             _sleep(self.cooldown)
 
     def done(self, what: str) -> None:
-        from ..progress import format_seconds
+        from ..plumbing.progress import format_seconds
         self.steps += 1
         elapsed = time.monotonic() - self.started
         left = elapsed / self.steps * (self.total - self.steps)
@@ -240,7 +240,7 @@ def summed(parts: dict) -> dict:
 
 
 def profile(params: dict) -> dict:
-    from ..samples import load_evaluation
+    from ..measuring.samples import load_evaluation
     from . import cpu_baseline, cpu_runtime, perf_config, runtime
     from .on_phone import run_graph
     from .target import native_io, parts as read_parts

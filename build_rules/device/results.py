@@ -30,7 +30,7 @@ def mark_stale(path: str | Path, result: dict, error: str) -> None:
     runtime or phone build: `stale` says when and why; the next good run replaces the file."""
     import time
 
-    from ..files import atomic_write_json
+    from ..plumbing.files import atomic_write_json
     lines = [line.strip() for line in error.splitlines() if line.strip()] or ["no message"]
     said = next((line for line in lines if "ERROR" in line or line.startswith("<E>")), lines[0])  # the tool's own
     atomic_write_json(path, {**result, "stale": {"since": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -54,7 +54,7 @@ def parts(where: str, target: dict) -> list[Part]:
 
 
 def _ort_part(part: dict) -> Part:
-    from ..dist_contract import contract_from_ctx
+    from ..bundles.dist_contract import contract_from_ctx
     contract = contract_from_ctx(part["contract"])
 
     def tensors(entries):
@@ -101,7 +101,7 @@ def write_inputs(where: str, part: Part, samples: list[dict], folder: Path, remo
     `<qnn name>:=<remote path>` lines, one per sample. Returns remote path -> local file."""
     import numpy as np
 
-    from ..dist_contract import quantize
+    from ..bundles.dist_contract import quantize
     folder.mkdir(parents=True, exist_ok=True)
     files, lines = {}, []
     for i, sample in enumerate(samples):
@@ -132,7 +132,7 @@ def read_outputs(where: str, part: Part, folder: Path, count: int, shapes: dict 
     dequantized to float32."""
     import numpy as np
 
-    from ..dist_contract import NUMPY_DTYPES, dequantize
+    from ..bundles.dist_contract import NUMPY_DTYPES, dequantize
     from ..stages.qairt_check import _to_onnx_layout
     outputs = []
     for i in range(count):

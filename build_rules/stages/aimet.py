@@ -13,7 +13,7 @@ activation encodings from the calibration samples, and the export:
 - <graph>.aimet.onnx: the float model those encodings belong to (cle and adaround change the weights), which the
   qairt converters then convert instead of the simplified model;
 - <graph>.aimet.json: the config used, what each technique cost, aimet-onnx's version (the manifest lists it), and
-  for a step graph the encoding each state pair shares (build_rules/state_encodings.py, as onnxruntime's quantize).
+  for a step graph the encoding each state pair shares (build_rules/quantization/state_encodings.py, as onnxruntime's quantize).
 The HTP configs fuse Conv+PRelu, Conv+Relu, ... into supergroups, which leaves the Conv output unquantized:
 onnxruntime's QNN EP then puts that node on the CPU and the compile fails. The config is copied with its
 supergroups emptied, so every op output gets its own encoding (the emulator then matched the CPU QDQ model).
@@ -25,13 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import progress
+from ..plumbing import progress
 from ..errors import BuildError
-from ..aimet_techniques import BY_NAME
-from ..dtypes import TYPES
-from ..files import atomic_write_json
-from ..quant_spec import QuantSpec
-from ..samples import read_input_list
+from ..quantization.aimet_techniques import BY_NAME
+from ..quantization.dtypes import TYPES
+from ..plumbing.files import atomic_write_json
+from ..quantization.quant_spec import QuantSpec
+from ..measuring.samples import read_input_list
 
 # AIMET's type per model.toml type (dtypes.py). Its activation quantizers are asymmetric: exported unsigned
 # (force_activation_as="unsigned").
@@ -136,7 +136,7 @@ def quantize(params: dict) -> dict:
                                    path=str(Path(tmp) / "sim"))
         _apply_overrides(sim, params, model)
         if spec.weights == "int4":  # weights the HTP takes at no int4 stay 8 bit, as the quantize stage keeps them
-            from ..block_quant import INT4_FALLBACK, int4_refused
+            from ..quantization.block_quant import INT4_FALLBACK, int4_refused
             kept = {n: why for n, why in int4_refused(model, spec.per_channel).items()
                     if n not in spec.weight_overrides}
             if kept:
@@ -153,14 +153,14 @@ def quantize(params: dict) -> dict:
             steps["done"] += 1
         _timed(report, "compute_encodings", lambda: sim.compute_encodings(samples))
         if params.get("tied"):  # a step graph: each state output takes the encoding of the input it feeds
-            from ..state_encodings import tie_aimet
+            from ..quantization.state_encodings import tie_aimet
             report["tied"] = tie_aimet(sim, [tuple(pair) for pair in params["tied"]], params["name"])
         steps["done"] += 1
         qdq = sim.to_onnx_qdq(prequantize_constants=True, export_int32_bias=True)
         Path(params["outputs"]["onnx"]).parent.mkdir(parents=True, exist_ok=True)
         onnx.save(qdq, params["outputs"]["onnx"])
         if spec.block_size:  # AIMET writes Gemms, which onnxruntime-qnn does not fuse into LPBQ: MatMul + Add
-            from ..block_quant import matmul_for_blocked_gemms
+            from ..quantization.block_quant import matmul_for_blocked_gemms
             report["lpbq"]["as_matmul"] = matmul_for_blocked_gemms(Path(params["outputs"]["onnx"]))
         # the same load check as onnxruntime's QDQ models get: a model the CPU EP refuses fails here, named, and
         # not minutes later in the compile with no node to blame

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import progress
+from ..plumbing import progress
 from ..errors import BuildError
-from ..layout import raw_name
-from ..samples import check_sample, load_hooks
+from ..build_state.layout import raw_name
+from ..measuring.samples import check_sample, load_hooks
 
 
 def run(params: dict) -> dict:

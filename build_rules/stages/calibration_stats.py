@@ -9,7 +9,7 @@ the activation type (the QDQ models are byte-identical to calibrating inside qua
 from __future__ import annotations
 
 from ..errors import BuildError
-from ..samples import read_input_list
+from ..measuring.samples import read_input_list
 
 
 def run(params: dict) -> dict:

@@ -2,7 +2,7 @@
 
 Metrics (cosine, SQNR, max abs per output, plus the model's score hook) go to <graph>.check.json;
 a metric below the graph's gate fails the build with the metric, value and threshold. A failed check's report is
-kept in the measurement memo <graph>.measure.json (build_rules/results.py), which the report, the summary and tune
+kept in the measurement memo <graph>.measure.json (build_rules/build_state/results.py), which the report, the summary and tune
 read: check.json is a target, and the runner removes a failed task's targets.
 
 Each variant is measured in full on one reference chip; another chip's check (params["reference"]) first runs its
@@ -21,10 +21,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import gates, layout, repeats, results
+from ..build_state import layout, results
+from ..emulator import repeats
+from ..measuring import gates
 from ..errors import BuildError
-from ..files import atomic_write_json
-from ..samples import compare, load_evaluation, load_hooks, load_labels, score, worst
+from ..plumbing.files import atomic_write_json
+from ..measuring.samples import compare, load_evaluation, load_hooks, load_labels, score, worst
 
 # The version of this stage's measurement memo (results.py): a new one re-measures, a task key's version
 # (stage_table.py) does not have to.
@@ -75,8 +77,8 @@ def measurement_key(ctx_model: str | list, evaluation: str, hooks: str, data_dir
     """Everything a measurement depends on: the binary, the evaluation set, the hooks, the emulator's version."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from ..hashing import file_digest
-    if isinstance(ctx_model, list):  # a split graph: its parts' binaries, in order (build_rules/chain.py)
+    from ..build_state.hashing import file_digest
+    if isinstance(ctx_model, list):  # a split graph: its parts' binaries, in order (build_rules/emulator/chain.py)
         key = {"version": MEASUREMENT_VERSION, "ctx_model": [file_digest(p) for p in ctx_model],
                "binary": [file_digest(str(p).replace("_ctx.onnx", ".bin")) for p in ctx_model]}
     else:
@@ -95,7 +97,7 @@ def measurement_key(ctx_model: str | list, evaluation: str, hooks: str, data_dir
 
 def hooks_digest(hooks: str) -> list[str]:
     """Digests of the hooks file and the Python files beside it (hooks import helpers by path)."""
-    from ..hashing import file_digest
+    from ..build_state.hashing import file_digest
     return [file_digest(f) for f in sorted({Path(hooks), *Path(hooks).parent.glob("*.py")})]
 
 
@@ -127,7 +129,7 @@ def measurement(ctx_model: str | list, evaluation: str, hooks: str, graph: str, 
     With `gate_list`, the runs stop as soon as the samples so far decide that a gate fails (early_verdicts.py):
     the metrics are then those of the k samples run, with "partial": {"samples": k, "of": N, "ranges", "failed"}.
     concats: the outputs to measure slice by slice too (concat_entries())."""
-    from ..files import exclusive_lock
+    from ..plumbing.files import exclusive_lock
     key = measurement_key(ctx_model, evaluation, hooks, data_dir)
     with exclusive_lock(layout.lock_file(memo)):
         metrics = remembered(memo, key, gate_list, concats)
@@ -148,8 +150,8 @@ def measure_until_decided(ctx_model, hooks: str, graph: str, data_dir, inputs: l
                           labels, gate_list, concats: list[dict] | None = None) -> dict:
     """measure() over every sample, or the comparison metrics of the first k when they decide that a gate fails
     (no score hook then: its task metrics are opaque, and a partial set may not suit it)."""
-    from .. import emulator_runs
-    from ..early_verdicts import run_until_decided
+    from ..emulator import emulator_runs
+    from ..measuring.early_verdicts import run_until_decided
     outputs, early = run_until_decided(emulator_runs.iter_outputs(ctx_model, inputs), reference, gate_list)
     found = repeats_found(ctx_model, outputs)
     if found.get("repeats") is False and any(not o.others for o in outputs):
@@ -180,7 +182,7 @@ def repeats_found(ctx_model, outputs: list) -> dict:
     """Whether the binary repeated itself, as repeats.shown() gives it for these outputs; where no sample ran twice
     (all from the memo), what the binary's record says: {"repeats": True, "samples": n} or, with none checked,
     {"repeats": None} (BUILD_RULES_REPEAT_SAMPLES=0)."""
-    from .. import emulator_runs
+    from ..emulator import emulator_runs
     found = repeats.shown(outputs)
     if found is not None:
         return found
@@ -279,7 +281,7 @@ def prove_equal(params: dict, run=None) -> dict:
 
 def _proof_key(ctx: str | list, reference_ctx: str | list, evaluation: str, samples: int) -> list:
     """What a proof is made from: this binary's digest(s), and the reference's outputs' (_proof_made_from)."""
-    from ..hashing import file_digest
+    from ..build_state.hashing import file_digest
     binary = [file_digest(str(p).replace("_ctx.onnx", ".bin")) for p in ctx] if isinstance(ctx, list) \
         else file_digest(str(ctx).replace("_ctx.onnx", ".bin"))
     return [binary, _proof_made_from(reference_ctx, evaluation, samples)]
@@ -303,7 +305,7 @@ def _compare_outputs(proof: dict, ctx, inputs: list[dict], reference: dict, eval
     print(f"proof: this binary against {reference['chip']}'s on {len(inputs)} evaluation sample(s)", flush=True)
     emulated = run is run_binary  # (qairt's qnn-net-run runner keeps no record of repeating)
     if emulated:
-        from .. import emulator_runs
+        from ..emulator import emulator_runs
         unstable = emulator_runs.repeat_record(reference["ctx_model"])["unstable"]
         if unstable is not None:  # equal bytes prove nothing against a binary that gives other bytes each run
             print(f"proof: {reference['chip']}'s binary does not repeat itself (output {unstable['output']!r} differed "
@@ -340,7 +342,7 @@ def reference_outputs(reference: dict, evaluation: str, inputs: list[dict], run=
 
     import numpy as np
 
-    from ..files import atomic_write_bytes, exclusive_lock
+    from ..plumbing.files import atomic_write_bytes, exclusive_lock
     ctx = reference["ctx_model"]
     made_from = _proof_made_from(ctx, evaluation, len(inputs))
     path = layout.proof_file(reference["check"])
@@ -367,7 +369,7 @@ def reference_outputs(reference: dict, evaluation: str, inputs: list[dict], run=
 
 def _proof_made_from(ctx: str | list, evaluation: str, samples: int) -> str:
     """What the reference's outputs on the proof samples are made from: its binaries, the evaluation set, the count."""
-    from ..hashing import file_digest, text_digest
+    from ..build_state.hashing import file_digest, text_digest
     files = ctx if isinstance(ctx, list) else [ctx]
     return text_digest(json.dumps([[file_digest(p) for p in files],
                                    [file_digest(str(p).replace("_ctx.onnx", ".bin")) for p in files],
@@ -397,8 +399,8 @@ def reference_metrics(params: dict, measure_now=None) -> tuple[dict, dict]:
 
 
 def run_binary(ctx_model: str | list, inputs: list[dict]) -> list[dict]:
-    """A context binary's outputs on the HTP emulator; a split graph's parts in order (build_rules/chain.py)."""
-    from .. import emulator_runs
+    """A context binary's outputs on the HTP emulator; a split graph's parts in order (build_rules/emulator/chain.py)."""
+    from ..emulator import emulator_runs
     return emulator_runs.run_outputs(ctx_model, inputs)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import BuildError
-from ..files import atomic_write_json
+from ..plumbing.files import atomic_write_json
 
 
 def rejection(model_path: str, error, names: dict | None = None) -> str:
@@ -32,7 +32,7 @@ def _int4_fix(model, nodes: list[str], names: dict) -> str:
     weight at 8 bit, when the refused nodes read int4 weights (a weight the HTP takes at no int4 that quantize does not know of yet, or one a
     weight override asked int4 for); '' otherwise."""
     import onnx
-    from ..block_quant import INT4_FALLBACK
+    from ..quantization.block_quant import INT4_FALLBACK
     initializers = {i.name: i for i in model.graph.initializer}
     dequantized = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
     int4 = []
@@ -100,7 +100,7 @@ def run(params: dict) -> dict:
 def _float_scale_blocks(path: str) -> bool:
     """Whether the QDQ model has blocked Conv weights (float block scales): the EP needs its block option for them."""
     import onnx
-    from ..block_quant import float_scale_blocks
+    from ..quantization.block_quant import float_scale_blocks
     return float_scale_blocks(onnx.load(path, load_external_data=False))
 
 
@@ -108,7 +108,7 @@ def _lpbq_check(params: dict, encodings: dict | None) -> dict | None:
     """A QDQ model with block-quantized weights must compile to as many LPBQ weights on the HTP: fewer means the EP
     fell back (per-channel, blockwise in float, or the CPU) and the binary is not what the variant asks for."""
     import onnx
-    from ..block_quant import LPBQ_ENCODING, ENCODINGS, blocked_weights
+    from ..quantization.block_quant import LPBQ_ENCODING, ENCODINGS, blocked_weights
     expected = blocked_weights(onnx.load(params["onnx"], load_external_data=False))
     if not expected:
         return None

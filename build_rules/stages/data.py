@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import BuildError
-from ..files import atomic_write_json
-from ..hashing import file_digest
-from ..samples import load_hooks
+from ..plumbing.files import atomic_write_json
+from ..build_state.hashing import file_digest
+from ..measuring.samples import load_hooks
 
 
 def run(params: dict) -> dict:

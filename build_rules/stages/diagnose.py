@@ -30,9 +30,9 @@ from __future__ import annotations
 import math
 import time
 
-from .. import progress
+from ..plumbing import progress
 from ..errors import BuildError
-from ..files import atomic_write_json, atomic_write_text
+from ..plumbing.files import atomic_write_json, atomic_write_text
 from .support.diagnosis import CAP_DB, DROP_DB, FLOOR_DB, HTP_WORSE_DB, OWN_DROP_DB
 
 SAMPLES = 4  # evaluation samples, evenly spaced over the set: the emulator with every tensor exposed is slow
@@ -47,7 +47,7 @@ FUSED_ACTIVATIONS = {"Relu", "PRelu", "LeakyRelu", "Clip", "Relu6"}
 def run(params: dict) -> dict:
     import numpy as np
 
-    from ..samples import evenly_spaced, load_evaluation
+    from ..measuring.samples import evenly_spaced, load_evaluation
     from ..toolchains import ort_qnn
 
     started = time.perf_counter()
@@ -66,7 +66,7 @@ def run(params: dict) -> dict:
     model = graph.exposed_model(exposed)
 
     t = time.perf_counter()
-    from .. import emulator_runs
+    from ..emulator import emulator_runs
     try:  # across the emulator's workers, each compiling the model once
         emulated = emulator_runs.run_model_outputs(model.SerializeToString(), samples, soc_model=params["chip"]["soc_id"],
                                                    vtcm_mb=params["chip"]["vtcm_mb"], fp16=fp16)
@@ -342,7 +342,7 @@ def _quantized_tensors(model) -> list[Tensor]:
     """Every activation QuantizeLinear of a QDQ model (not the converts between 8 and 16 bit), in graph order."""
     import numpy as np
     from onnx import numpy_helper
-    from ..block_quant import weight_types
+    from ..quantization.block_quant import weight_types
     producers = {o: n for n in model.graph.node for o in n.output}
     initializers = {i.name: i for i in model.graph.initializer}
     outputs = {o.name for o in model.graph.output}
@@ -489,8 +489,8 @@ def check_measurement(params: dict, total: int) -> dict | None:
     import json
     from pathlib import Path
 
-    from .. import layout
-    from ..hashing import file_digest
+    from ..build_state import layout
+    from ..build_state.hashing import file_digest
     ctx = str(params["ctx_model"])
     try:
         saved = json.loads(Path(layout.memo_file(ctx.replace("_ctx.onnx", ".check.json"))).read_text())

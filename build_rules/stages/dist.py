@@ -12,7 +12,8 @@ import json
 import shutil
 from pathlib import Path
 
-from .. import dist, dist_parts
+from .. import dist
+from ..bundles import dist_parts
 from ..errors import BuildError
 
 

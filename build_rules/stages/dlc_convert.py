@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import BuildError
-from ..files import atomic_write_json
+from ..plumbing.files import atomic_write_json
 from ..toolchains.sdk_tool import check_converter_output, overrides_file, run_tool, short
 
 

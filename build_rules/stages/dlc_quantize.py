@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import BuildError
-from ..files import atomic_write_json
+from ..plumbing.files import atomic_write_json
 from .convert import qnn_input_list
 from ..toolchains.sdk_tool import run_tool, short, tail
 

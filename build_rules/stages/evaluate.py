@@ -9,7 +9,7 @@ in one call, in this process.
 The metrics are remembered with what they were measured from in evaluate.measure.json beside the report (not a
 target): a re-run of a failed evaluation from the same binaries, hooks and data (`doit --continue`, or a plain
 `doit` after a failure) judges the remembered numbers instead of running the emulator again, and a failure's
-report stays there for the summary (build_rules/results.py).
+report stays there for the summary (build_rules/build_state/results.py).
 
 Another chip than the reference (params["reference"]; docs/models.md, "Checks on several chips") whose graphs all
 proved equal to the reference chip's in their checks takes the reference's evaluation instead of running the
@@ -20,10 +20,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import gates, layout, progress, results
+from ..build_state import layout, results
+from ..measuring import gates
+from ..plumbing import progress
 from ..errors import BuildError
-from ..files import atomic_write_json
-from ..samples import load_hooks
+from ..plumbing.files import atomic_write_json
+from ..measuring.samples import load_hooks
 
 # The version of this stage's measurement memo (results.py): a new one re-measures, a task key's version
 # (stage_table.py) does not have to.
@@ -42,7 +44,7 @@ def measurement_key(params: dict) -> dict:
     the Python files beside them, the model's data, the runtime's version."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from ..hashing import file_digest
+    from ..build_state.hashing import file_digest
     from .check import hooks_digest
     files = {}
     for graph, paths in sorted(params["graphs"].items()):
@@ -197,7 +199,8 @@ def _evaluate_per_sample(params: dict, hooks) -> tuple[dict, dict, dict | None]:
     """Each sample scored on its own, on the emulator across workers (each opens the graphs' binaries once), the
     results combined in sample order. With a bound(results, total) hook, the samples stop once those scored decide
     that a gate fails (early_verdicts.results_until_decided): the metrics are then those of the first k."""
-    from .. import early_verdicts, emulator_runs
+    from ..emulator import emulator_runs
+    from ..measuring import early_verdicts
     samples = list(hooks.evaluation_samples())
     early = None
     if params["on"] == "emulator":
@@ -225,7 +228,7 @@ def _not_repeating(params: dict) -> str:
     repeats.py: found by its check or by these runs), else ""."""
     if params["on"] != "emulator":
         return ""
-    from .. import emulator_runs
+    from ..emulator import emulator_runs
     names = params["names"]
     for graph, ctx in params["graphs"].items():
         unstable = emulator_runs.repeat_record(ctx)["unstable"]
@@ -270,7 +273,7 @@ def _graph_runner(params: dict):
     """run_graph(graph, feed) over the float models (CPU) or the binaries (emulator, through its output memo; a
     split graph's parts in order); each graph opened at its first run."""
     if params["on"] == "emulator":
-        from ..emulator_runs import open_binary as opener
+        from ..emulator.emulator_runs import open_binary as opener
     else:
         opener = _cpu_runner
     runners: dict = {}
@@ -290,5 +293,5 @@ def _slot(params: dict):
     import contextlib
     if params["on"] != "emulator":
         return contextlib.nullcontext()
-    from ..emulator_runs import holding_slot
+    from ..emulator.emulator_runs import holding_slot
     return holding_slot()

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from ..errors import BuildError
-from ..samples import build_module, load_hooks
+from ..measuring.samples import build_module, load_hooks
 
 TORCHSCRIPT_OPSET = 17  # what the examples were verified with; dynamo's default comes from torch
 

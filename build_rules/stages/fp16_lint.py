@@ -30,9 +30,9 @@ MAX_REPORTED = 5  # findings of one kind listed by name; the rest are counted
 
 def run(params: dict) -> dict:
     """The float model on a few evaluation inputs: the findings as JSON, and as warnings for the build summary."""
-    from ..files import atomic_write_json
-    from ..samples import load_evaluation
-    from ..samples import evenly_spaced
+    from ..plumbing.files import atomic_write_json
+    from ..measuring.samples import load_evaluation
+    from ..measuring.samples import evenly_spaced
     inputs, _ = load_evaluation(params["evaluation"])
     samples = [inputs[i] for i in evenly_spaced(len(inputs), 8)]
     findings = lint(params["onnx"], samples)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..files import atomic_write_text
+from ..plumbing.files import atomic_write_text
 from ..toolchains import qairt
 
 

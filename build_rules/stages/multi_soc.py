@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..files import atomic_write_json
+from ..plumbing.files import atomic_write_json
 
 
 def run(params: dict) -> dict:

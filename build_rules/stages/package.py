@@ -11,8 +11,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from ..files import atomic_write_json
-from ..hashing import file_digest
+from ..plumbing.files import atomic_write_json
+from ..build_state.hashing import file_digest
 
 
 ORT_QNN_RUNTIME_NOTE = (

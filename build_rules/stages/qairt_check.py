@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from ..errors import BuildError
-from ..files import atomic_write_json
+from ..plumbing.files import atomic_write_json
 from ..toolchains.sdk_tool import run_tool, short, tail
 
 
@@ -49,7 +49,7 @@ def run(params: dict) -> dict:
         return {"status": "not run"}
 
     from .check import decide, measure, measurement_key, prove_equal, reference_metrics
-    from ..samples import load_evaluation, load_labels
+    from ..measuring.samples import load_evaluation, load_labels
 
     inputs, reference = load_evaluation(params["evaluation"])
     work = report_path.parent / f".{params['graph']}.net_run"  # inside the stage's staging folder

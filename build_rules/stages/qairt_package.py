@@ -17,8 +17,8 @@ import shutil
 from pathlib import Path
 
 from ..errors import BuildError
-from ..files import atomic_write_json, remove_quietly
-from ..hashing import file_digest
+from ..plumbing.files import atomic_write_json, remove_quietly
+from ..build_state.hashing import file_digest
 from .package import model_commit
 
 

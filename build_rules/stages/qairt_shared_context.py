@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from ..errors import BuildError
-from ..files import atomic_write_json, atomic_write_text
+from ..plumbing.files import atomic_write_json, atomic_write_text
 from ..toolchains.sdk_tool import run_tool, short, tail
 
 

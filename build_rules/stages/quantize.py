@@ -8,8 +8,8 @@ only the quantization. Without ranges (params["ranges"] absent) it calibrates fr
 from __future__ import annotations
 
 from ..errors import BuildError
-from ..quant_spec import QuantSpec
-from ..samples import read_input_list
+from ..quantization.quant_spec import QuantSpec
+from ..measuring.samples import read_input_list
 from .simplify import BIAS_OPS
 
 
@@ -54,7 +54,7 @@ def concat_report(params: dict, spec: QuantSpec) -> list[str]:
     the check splits a graph output by, and the fix; return the warnings for those whose narrow inputs are crushed."""
     import json
 
-    from ..files import atomic_write_text
+    from ..plumbing.files import atomic_write_text
     from .support import concat_slices
     found = concat_slices.find(params["outputs"]["onnx"], params.get("ranges"))
     atomic_write_text(params["outputs"]["report"], json.dumps({"concats": found}, indent=1) + "\n")
@@ -81,7 +81,7 @@ def write_qdq(spec: QuantSpec, float_onnx, output, samples: list, *, ranges=None
 
 def int4_note(name: str, kept: dict[str, str]) -> str:
     """The summary's note on weights kept at 8 bit in an int4 variant: which, and why (the variant is not all int4)."""
-    from ..block_quant import INT4_FALLBACK
+    from ..quantization.block_quant import INT4_FALLBACK
     reasons = {}
     for node, why in kept.items():
         reasons.setdefault(why, []).append(node)
@@ -93,7 +93,7 @@ def int4_note(name: str, kept: dict[str, str]) -> str:
 def lpbq(float_onnx, output, spec: QuantSpec, kept: dict[str, str] | None = None) -> dict:
     """Block-quantize the weights of the QDQ model just written (block_quant.apply_lpbq) and say which layers kept
     per-channel weights, and why. kept: weights the quantizer kept at 8 bit (not int4, so not blocked)."""
-    from .. import block_quant
+    from ..quantization import block_quant
     from ..toolchains import ort_qnn
     keep = {node: f"weight override to {wtype}" for node, wtype in spec.weight_overrides.items()
             if wtype not in block_quant.BLOCK_WEIGHTS}

@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import gates, results
+from ..build_state import results
+from ..measuring import gates
 from ..toolchains.qnn_graph import combine, describe as describe_float_ops, mostly_float
-from ..files import atomic_write_json, atomic_write_text
+from ..plumbing.files import atomic_write_json, atomic_write_text
 from .check import COMPARED, measurement_key, remembered, summarize
 
 
@@ -29,7 +30,7 @@ def _cell_metrics(cell: dict, hooks: str, data_dir) -> tuple[dict | None, str]:
     """(metrics, where they came from) for one cell: its check report or memo when made from this very binary, a
     check that proved this binary's outputs equal to another chip's ("equal to SM8750 on 3 samples"), else
     (None, "not measured"): the report shows what was measured and never runs the emulator itself."""
-    from ..hashing import file_digest
+    from ..build_state.hashing import file_digest
     key = measurement_key(cell["ctx_model"], cell["evaluation"], hooks, data_dir)
     check = results.last(cell["check"]) or {}  # its report, or a failed one's from the memo
     if check.get("inputs") == key and "equal_to" not in check:  # (a failed check's report is in its memo)
@@ -61,7 +62,7 @@ def weight_counts(qdq: str | None, memo: dict) -> dict[str, int] | None:
     if qdq not in memo:
         import onnx
 
-        from ..block_quant import weight_types
+        from ..quantization.block_quant import weight_types
         counts: dict[str, int] = {}
         for wtype in weight_types(onnx.load(qdq, load_external_data=False)).values():
             counts[wtype] = counts.get(wtype, 0) + 1

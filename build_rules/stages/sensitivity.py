@@ -33,8 +33,8 @@ import math
 import time
 from pathlib import Path
 
-from .. import progress
-from ..files import atomic_write_json, atomic_write_text
+from ..plumbing import progress
+from ..plumbing.files import atomic_write_json, atomic_write_text
 from .support.precision import Candidates, clean, delta_db
 
 RANKING_VERSION = 2  # what a stored ranking was made by: tune reuses one only when it matches
@@ -212,7 +212,7 @@ def costs(c: Candidates, tensors: list[str]) -> list[dict]:
 
 def ranking_key(c: Candidates, hooks: str) -> dict:
     """What a ranking depends on: the tune stage reuses a sensitivity result only when this matches."""
-    from ..hashing import file_digest
+    from ..build_state.hashing import file_digest
     from .check import hooks_digest
     return {"version": RANKING_VERSION, "variant": c.graph["variant"], "chip": c.chip, "samples": len(c.subset),
             **{k: file_digest(c.graph[k]) for k in ("onnx", "ranges", "evaluation")}, "hooks": hooks_digest(hooks)}
@@ -245,7 +245,7 @@ def _htp_profile(c: Candidates, tensors: list[str]) -> dict:
     """Each tensor's SQNR on the emulator (8-bit everywhere, every candidate exposed) against the float model."""
     import numpy as np
     from ..toolchains import ort_qnn
-    from ..samples import compare
+    from ..measuring.samples import compare
     try:
         exposed = c.quantize(set(), c.work / "profile.onnx", extra_outputs=tensors)
         emulated = c.run(exposed, c.subset)

@@ -10,10 +10,10 @@ from collections import Counter
 from pathlib import Path
 
 from ..errors import BuildError
-from ..files import atomic_write_json
-from ..lean_imports import onnxsim_simplify
-from ..native_stderr import captured
-from ..shape_break import shape_break
+from ..plumbing.files import atomic_write_json
+from ..plumbing.lean_imports import onnxsim_simplify
+from ..plumbing.native_stderr import captured
+from ..measuring.shape_break import shape_break
 
 
 # Element types a graph input or output may have on QNN HTP (int64 has its own message: export it as int32).
@@ -98,7 +98,7 @@ def run(params: dict) -> dict:
         raise BuildError(f"{source}: not a valid ONNX model: {one_line(e)}") from e
     after = ""
     if params.get("hooks"):  # an ONNX-only model: the user's patch first
-        from ..samples import load_hooks, transformed
+        from ..measuring.samples import load_hooks, transformed
         hooks = load_hooks(params["hooks"])
         if hasattr(hooks, "transform"):
             model, after = transformed(hooks, model, params["hooks"]), f" after {params['hooks']}: transform(model)"

@@ -1,5 +1,5 @@
 """Stage size: will a graph at one variant fit one context binary on each of the variant's chips? Checked before the
-variant is quantized or compiled, from the float graph: the estimate (build_rules/context_size.py: weights at the
+variant is quantized or compiled, from the float graph: the estimate (build_rules/measuring/context_size.py: weights at the
 variant's bit widths plus the overhead fitted to this repo's binaries) against the budget (`max_context_mb` of the
 graph, else of the chip, else the default). Over it, the build stops here naming graph, variant, chip, estimate and
 budget, and the fixes: lower-bit weights, or `split`. -> out/<model>/<variant>/<graph>.size.json.
@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .. import context_size
+from ..measuring import context_size
 from ..errors import BuildError
-from ..files import atomic_write_json
+from ..plumbing.files import atomic_write_json
 
 
 def run(params: dict) -> dict:

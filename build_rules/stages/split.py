@@ -26,9 +26,9 @@ import json
 import math
 from pathlib import Path
 
-from .. import context_size
+from ..measuring import context_size
 from ..errors import BuildError
-from ..files import atomic_write_json
+from ..plumbing.files import atomic_write_json
 
 PIN_HINT = "pin this plan: copy `pin` into [graphs.{graph}] of model.toml"
 

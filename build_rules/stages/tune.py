@@ -11,7 +11,7 @@ Writes <variant>.tuned.toml (a [variants.<name>] section, with the measured numb
 keep: `python -m build_rules.tuning apply ...`) and <variant>.tuned.json.
 
 It also reads what the build measured for the variant on every chip (each check's last result, a failed one from its
-memo: build_rules/results.py) into its log, and warns when a graph meets its target on the tuning chip while its
+memo: build_rules/build_state/results.py) into its log, and warns when a graph meets its target on the tuning chip while its
 check failed on another chip: a search on the tuning chip then finds nothing to fix. (Only the log and the warning:
 the outputs depend on the task's inputs alone.)
 """
@@ -23,8 +23,8 @@ import time
 
 from pathlib import Path
 
-from .. import layout, results
-from ..files import atomic_write_json, atomic_write_text
+from ..build_state import layout, results
+from ..plumbing.files import atomic_write_json, atomic_write_text
 from .support.mixed_precision import search
 from .support.precision import describe, values
 from .support import cpu_search, tune_confirm, tune_ladder

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import gates
+from ..measuring import gates
 from ..errors import BuildError
-from ..files import atomic_write_json
-from ..config import COMPARISON_METRICS
-from ..samples import (build_module, check_sample, compare, label_arrays, load_hooks, save_arrays, score,
+from ..plumbing.files import atomic_write_json
+from ..configuration.config import COMPARISON_METRICS
+from ..measuring.samples import (build_module, check_sample, compare, label_arrays, load_hooks, save_arrays, score,
                        split_labels, transformed, worst)
 
 

@@ -21,12 +21,14 @@ import importlib
 import os
 import sys
 
-from .. import collector, interrupt, stage_table
-from ..config import ConfigError
+from .. import stage_table
+from ..doit_run import collector
+from ..plumbing import interrupt
+from ..configuration.config import ConfigError
 from ..device import named
-from ..hashing import ContentChecker, use_key_digests, use_stat_cache
-from ..project import project
-from ..state import DOIT_DB, KEY_DIGESTS, STAT_CACHE, STATE_DIR
+from ..build_state.hashing import ContentChecker, use_key_digests, use_stat_cache
+from ..doit_run.project import project
+from ..build_state.state import DOIT_DB, KEY_DIGESTS, STAT_CACHE, STATE_DIR
 from ..runner import remove_stale_staging
 
 
@@ -81,11 +83,11 @@ def _warn_about_devices() -> None:
 
 
 def doit_config() -> dict:
-    from ..summary import SummaryReporter
+    from .summary import SummaryReporter
     try:
         models = project().models
         if os.environ.get("BUILD_RULES_REMOTE_CACHE", "").strip():  # remote_cache.ENV (its module is not light)
-            from .. import remote_cache
+            from ..build_state import remote_cache
             remote_cache.settings()  # a malformed remote cache setting stops the build before any task runs
         if named.device_file().found:  # the phone tasks' settings, read while their tasks are made
             from ..device.settings import check_settings

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from doit.exceptions import TaskFailed
 
-from .. import layout
-from ..config import Model, Variant
+from ..build_state import layout
+from ..configuration.config import Model, Variant
 from ..errors import AIMET_INSTALL
-from ..project import calibration_files, input_specs, model_graphs, project, stage_task
-from ..tool_versions import tool_version
+from ..doit_run.project import calibration_files, input_specs, model_graphs, project, stage_task
+from ..plumbing.tool_versions import tool_version
 from . import split as split_tasks
 
 DIST = "aimet-onnx"

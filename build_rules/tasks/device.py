@@ -17,10 +17,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .. import layout
-from ..config import gate_dicts
+from ..build_state import layout
+from ..configuration.config import gate_dicts
 from ..device.settings import POWER_SECONDS_ENV, power_seconds, profile_runs
-from ..project import chip_params, hook_files, model_data, project, rel, variant_builds
+from ..doit_run.project import chip_params, hook_files, model_data, project, rel, variant_builds
 
 def devices() -> dict:
     """The phones devices.toml names well; a phone with a mistake gets no tasks (its line: device_file().problems)."""

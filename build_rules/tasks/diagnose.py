@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 
-from .. import layout
-from ..project import chip_params, compile_input, project, ranges_file, rel, stage_task, variant_builds
+from ..build_state import layout
+from ..doit_run.project import chip_params, compile_input, project, ranges_file, rel, stage_task, variant_builds
 
 SAMPLES_ENV = "BUILD_RULES_DIAGNOSE_SAMPLES"  # evaluation samples diagnose runs (default 4; the key has it)
 

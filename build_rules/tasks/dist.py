@@ -9,8 +9,8 @@ light, like tasks.py.
 """
 from __future__ import annotations
 
-from .. import layout
-from ..project import chip_params, compile_input, project, rel, stage_task, variant_builds
+from ..build_state import layout
+from ..doit_run.project import chip_params, compile_input, project, rel, stage_task, variant_builds
 from ..runner import run_stage
 from . import device as device_tasks, split as split_tasks
 

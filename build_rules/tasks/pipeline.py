@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 
-from .. import gates, layout
-from ..config import COMPARISON_METRICS, Model, gate_dicts
-from ..project import (chip_params, calibration_files, checkpoint_files, model_data,
+from ..build_state import layout
+from ..measuring import gates
+from ..configuration.config import COMPARISON_METRICS, Model, gate_dicts
+from ..doit_run.project import (chip_params, calibration_files, checkpoint_files, model_data,
                        hook_files, input_specs, model_graphs, project, quantized_variants, ranges_file, reference_chip,
                        rel, source_onnx, stage_task, task_key, variant_builds)
 from ..runner import run_stage
-from ..tool_versions import tool_version
+from ..plumbing.tool_versions import tool_version
 from . import aimet as aimet_tasks, split as split_tasks
 
 
@@ -247,7 +248,7 @@ def _check_tasks():
                 task = stage_task("check", f"{model.name}/{graph.name}/{variant.name}@{chip.name}", params,
                                   [*binaries, evaluation, *hook_files(model), *data_dep], [report],
                                   layout.chip_file(model.name, variant.name, chip.name, f"{graph.name}.check.log"))
-                # the time left (build_rules/plan.py): the memo that keeps its numbers, and what it is timed like
+                # the time left (build_rules/doit_run/plan.py): the memo that keeps its numbers, and what it is timed like
                 task["meta"] = {"memo": layout.memo_file(report), "gates": params["gates"]}
                 if "reference" in params:
                     task["meta"].update(estimate_as="check (equality proof)", proof=layout.proof_memo(report))

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import layout, stage_table
-from ..config import ConfigError, gate_dicts
-from ..project import (calibration_files, checkpoint_files, chip_params, in_process_stage, model_data, project,
+from .. import stage_table
+from ..build_state import layout
+from ..configuration.config import ConfigError, gate_dicts
+from ..doit_run.project import (calibration_files, checkpoint_files, chip_params, in_process_stage, model_data, project,
                        reference_chip, rel, variant_builds)
-from ..hashing import TaskKey
+from ..build_state.hashing import TaskKey
 from ..runner import run_stage
 from ..toolchains import qairt
-from ..tool_versions import tool_version
+from ..plumbing.tool_versions import tool_version
 from . import aimet as aimet_tasks
 
 def flow() -> str:
@@ -257,7 +258,7 @@ def check():
                            layout.chip_file(m, v, c, f"{g}.check.log"))
         if "reference" in params:
             task["task_dep"] = [f"check:{m}/{g}/{v}@{params['reference']['chip']}"]
-            task["meta"] = {"estimate_as": "check (equality proof)"}  # the time left: build_rules/plan.py
+            task["meta"] = {"estimate_as": "check (equality proof)"}  # the time left: build_rules/doit_run/plan.py
         yield task
 
 

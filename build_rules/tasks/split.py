@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 
-from .. import context_size, layout
-from ..config import Graph, Model
-from ..project import in_process_stage, project, quantized_variants, stage_task, task_key, variant_builds
+from ..build_state import layout
+from ..measuring import context_size
+from ..configuration.config import Graph, Model
+from ..doit_run.project import in_process_stage, project, quantized_variants, stage_task, task_key, variant_builds
 
 
 def parts(model: Model, graph: Graph) -> int | None:

@@ -4,11 +4,11 @@ task_report / task_sensitivity / task_tune creators call these. Loaded with the 
 """
 from __future__ import annotations
 
-from .. import layout
-from ..config import Chip, Graph, Model, Tuning, Variant, gate_dicts
-from ..hashing import OptionalFiles
-from ..plan import SetupsCurrent
-from ..project import (chip_params, compile_input, model_data, hook_files, model_graphs, preferred_reference,
+from ..build_state import layout
+from ..configuration.config import Chip, Graph, Model, Tuning, Variant, gate_dicts
+from ..build_state.hashing import OptionalFiles
+from ..doit_run.plan import SetupsCurrent
+from ..doit_run.project import (chip_params, compile_input, model_data, hook_files, model_graphs, preferred_reference,
                        project, ranges_file, rel, stage_task, variant_builds)
 from . import aimet as aimet_tasks, device as device_tasks, split as split_tasks
 

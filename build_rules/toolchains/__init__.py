@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..config import ConfigError
+from ..configuration.config import ConfigError
 
 ENV = "BUILD_RULES_TOOLCHAIN"
 NAMES = ("ort-qnn", "qairt")

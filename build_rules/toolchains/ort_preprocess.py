@@ -12,7 +12,7 @@ def _preprocessed(float_model: Path, tmp: Path):
     """(model after qnn_preprocess_model with its metadata back, (activation names, initializer names) before)."""
     import onnx
 
-    from ..lean_imports import onnxruntime_tools_without_torch
+    from ..plumbing.lean_imports import onnxruntime_tools_without_torch
     onnxruntime_tools_without_torch()
     from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
 

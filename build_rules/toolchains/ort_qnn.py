@@ -7,7 +7,7 @@ What it does:
   context binary `<graph>.bin` plus an EPContext model `<graph>_ctx.onnx` that points at it.
 - `read_binary_target()` reads back which chip and VTCM size a binary was built for.
 - `open_context_binary()` opens a compiled model on the x86 HTP emulator that ships in the wheel (stages run it
-  through build_rules/emulator_runs.py: workers, the machine-wide limit, the output memo).
+  through build_rules/emulator/emulator_runs.py: workers, the machine-wide limit, the output memo).
 
 This module is imported when build files are loaded, and only `identity()` runs then. So onnxruntime, onnx and
 numpy are imported inside the functions that need them, never at module level.
@@ -146,7 +146,7 @@ def identity(cache_dir: Path | None = None) -> dict:
     Raises ModuleNotFoundError when onnxruntime-qnn is not installed.
     """
     pkg_dir = _package_dir()
-    from ..tool_versions import tool_version  # METADATA's header only: importlib.metadata.version() reads it all
+    from ..plumbing.tool_versions import tool_version  # METADATA's header only: importlib.metadata.version() reads it all
     package_version = tool_version(_DIST)
     if package_version is None:
         raise _not_installed(f"found {pkg_dir} but no installed distribution metadata")
@@ -271,7 +271,7 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
     `output` appears only when it is complete. Returns node -> why for each weight kept at 8 bit under int4 weights
     because the HTP refuses it at int4 (block_quant.int4_refused; a weight override of the node wins).
     """
-    from ..dtypes import TYPES  # here, not at the top: this file also runs as the compile child's script
+    from ..quantization.dtypes import TYPES  # here, not at the top: this file also runs as the compile child's script
     activation_types = {t.name: t.ort for t in TYPES if t.activation}
     act_name = _choice("activation type", activations, activation_types)
     wgt_name = _choice("weight type", weights, {t.name: t.ort for t in TYPES if t.weight})
@@ -321,7 +321,7 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
         init_overrides = {t: [{"quant_type": getattr(QuantType, q)}] for t, q in override_names.items()}
         init_overrides.update({c: [{"quant_type": getattr(QuantType, q)}] for c, q in
                                _constants_like_their_node(model, override_names, initializers, act_name).items()})
-        from ..block_quant import INT4_FALLBACK, int4_refused, weight_override_entries  # per-layer weight bits
+        from ..quantization.block_quant import INT4_FALLBACK, int4_refused, weight_override_entries  # per-layer weight bits
         # Weights the HTP takes at no int4 stay 8 bit, unless the user's own weight override names the node
         kept = {} if weights != "int4" else {node: why for node, why in int4_refused(model, per_channel).items()
                                               if node not in (weight_overrides or {})}
@@ -340,7 +340,7 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
             if ranges is None:  # the union of two ranges needs them before quantize_static calibrates
                 ranges = Path(tmp) / "tied-ranges.json"
                 calibration_ranges(float_model, ranges, calibration, method=method)
-            from ..state_encodings import ort_ranges
+            from ..quantization.state_encodings import ort_ranges
             for tensor, entry in ort_ranges(model, tied, Path(ranges), override_names, act_name,
                                             activations_known).items():
                 init_overrides[tensor] = [{**entry, "quant_type": getattr(QuantType, entry["quant_type"])}]
@@ -429,7 +429,7 @@ def calibration_ranges(float_model: Path, output: Path, calibration: list[dict[s
                                        use_external_data_format=config.use_external_data_format,
                                        providers=config.calibration_providers)
         reader = CalibrationReader(calibration)
-        from .. import progress
+        from ..plumbing import progress
         progress.watch(lambda: reader._next, "calibration samples", len(calibration))
         calibrator.collect_data(reader)
         tensors = calibrator.compute_data()
@@ -468,7 +468,7 @@ class CalibrationReader:
 def _qnn_config(model_path: str, reader, method_name: str, **kwargs):
     from onnxruntime.quantization import CalibrationMethod
 
-    from ..lean_imports import onnxruntime_tools_without_torch  # here: the compile child loads this file on its own
+    from ..plumbing.lean_imports import onnxruntime_tools_without_torch  # here: the compile child loads this file on its own
     onnxruntime_tools_without_torch()
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
     return get_qnn_qdq_config(model_path, reader, calibrate_method=getattr(CalibrationMethod, method_name), **kwargs)
@@ -501,7 +501,7 @@ def emulator_session(model: bytes | Path, *, soc_model: int, vtcm_mb: int = 8, f
     if not fp16:  # blocked int4 weights compile to LPBQ only with the EP's block option, as compile sets it
         import onnx
 
-        from ..block_quant import float_scale_blocks
+        from ..quantization.block_quant import float_scale_blocks
         block_quant = float_scale_blocks(onnx.load_from_string(data))
     so = _qnn_session_options(ort, {"backend_type": "htp", **compile_options(soc_model, vtcm_mb, fp16, block_quant)})
     session = ort.InferenceSession(data, sess_options=so)
@@ -594,7 +594,7 @@ def compile_context_binary(model: Path, out_dir: Path, graph: str, *, soc_model:
         from .qnn_graph import float_ops as graph_float_ops, read_dump  # not `from . import`: an import circle
         dump = None if fp16 else read_dump(work / "qnn_graph")
         float_ops = None if fp16 else graph_float_ops(source, dump)
-        from ..block_quant import compiled_weights  # which weights the HTP runs as LPBQ (block_quant.py)
+        from ..quantization.block_quant import compiled_weights  # which weights the HTP runs as LPBQ (block_quant.py)
         weights = compiled_weights(dump)
         if target["soc_type"].startswith("UNKNOWN"):
             raise RuntimeError(f"compiling {model} gave a {target['soc_type']} binary: soc_model {soc_model} "

@@ -23,8 +23,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import QAIRT_FLOWS, ConfigError
-from ..dtypes import TYPES
+from ..configuration.config import QAIRT_FLOWS, ConfigError
+from ..quantization.dtypes import TYPES
 from ..errors import BuildError, did_you_mean
 from .qnn_probe import probe_build_id
 
@@ -261,8 +261,8 @@ def release_name(ident: dict) -> str:
 
 
 def _cached_build(lib: Path, key: dict, cache_dir: Path) -> dict:
-    from ..files import atomic_write_json
-    from ..hashing import text_digest
+    from ..plumbing.files import atomic_write_json
+    from ..build_state.hashing import text_digest
 
     cache_file = cache_dir / f"{NAME}-identity-{text_digest(json.dumps(key, sort_keys=True))[:20]}.json"
     try:
@@ -274,7 +274,7 @@ def _cached_build(lib: Path, key: dict, cache_dir: Path) -> dict:
     try:
         build = {"build_id": probe_build_id(lib)["build_id"]}
     except (RuntimeError, OSError, ValueError, KeyError) as e:
-        from ..hashing import file_digest
+        from ..build_state.hashing import file_digest
         build = {"build_id": None, "htp_library_xxh3": file_digest(lib),
                  "build_id_note": f"{lib.name} gave no build id ({_last_line(str(e)).replace(str(lib), lib.name)}); "
                                   "the library is identified by its digest instead"}

@@ -83,7 +83,7 @@ def overrides_file(params: dict) -> str | None:
     path = params["outputs"].get("overrides")
     if not path:
         return None
-    from ..files import atomic_write_json
+    from ..plumbing.files import atomic_write_json
     from ..toolchains import qairt
     atomic_write_json(path, qairt.overrides_json(qairt.tensor_overrides(params["onnx"], params["variant"],
                                                                         params["name"])))

@@ -11,7 +11,7 @@ WEIGHT_BITS = {"int8": 8, "int4": 4}  # AIMET quantizes weights symmetrically: s
 def set_weight_precisions(sim, model, spec) -> dict:
     """Apply to a QuantizationSimModel before its encodings are computed. model: the float onnx.ModelProto the sim
     was made from. Returns {"block_size", "blocked", "per_channel": {node: why}} (the aimet report keeps it)."""
-    from ... import block_quant
+    from ...quantization import block_quant
     initializers = {i.name for i in model.graph.initializer}
     weights = {n.name: block_quant.node_weight(n, initializers) for n in model.graph.node}
     overrides = dict(spec.weight_overrides)  # quant_spec.QuantSpec

@@ -244,7 +244,7 @@ def slice_metrics(reference: list[dict], actual: list[dict], entries: list[dict]
     input's slice against the float model's, over all samples, beside that input's range and steps."""
     import numpy as np
 
-    from ...samples import compare
+    from ...measuring.samples import compare
     found = {}
     for e in sliced(entries):
         name, cut = e["output"], e["slices"]

@@ -97,7 +97,7 @@ class SwitchModel:
         import numpy as np
 
         from ..check import summarize
-        from ...samples import compare
+        from ...measuring.samples import compare
 
         c = self.c
         indices = list(c.subset if indices is None else indices)
@@ -127,7 +127,7 @@ def costs(switched: SwitchModel, tensors: list[str], target=None) -> dict[str, d
     cpu_gain_target: how much of that metric this tensor alone at 16 bit wins. An output's SQNR can hide what a task
     metric sees: YOLOv8n's class scores share one output with boxes 320x their range, and the score Sigmoid ranked
     182nd of 242 by SQNR while it alone at 16 bit (with the output) lifts det_f1 from 0.69 to 0.97."""
-    from ... import progress
+    from ...plumbing import progress
     from .precision import delta_db
     c = switched.c
     out = {}
@@ -157,7 +157,7 @@ def costs(switched: SwitchModel, tensors: list[str], target=None) -> dict[str, d
 def _missed_task_gate(target, base: dict):
     """The first gate of `target` on a task metric (not cosine / SQNR / max abs / frame cosine) that the all-8-bit
     CPU model misses, or None."""
-    from ... import gates
+    from ...measuring import gates
     comparison = ("cosine", "sqnr", "max_abs", "frame_cosine")
     for gate in gates.as_list(target):
         if gate["metric"] in comparison or gate["metric"] not in base:
@@ -172,7 +172,7 @@ def _missed_task_gate(target, base: dict):
 
 def _gained(gate: dict, alone: dict, base: dict) -> float:
     """How far `alone` moved the gate's metric the right way from `base` (0: not measured)."""
-    from ... import gates
+    from ...measuring import gates
     metric = gate["metric"]
     if metric not in alone:
         return 0.0

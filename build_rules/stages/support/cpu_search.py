@@ -12,7 +12,7 @@ misses a proposal the CPU passed, that point widens the margin and the search ru
 """
 from __future__ import annotations
 
-from ... import gates
+from ...measuring import gates
 
 
 class Judge:
@@ -146,7 +146,7 @@ def qdq_summary(c, model, indices: list[int]) -> dict:
     import onnxruntime as ort
 
     from ..check import summarize
-    from ...samples import compare
+    from ...measuring.samples import compare
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(model if isinstance(model, bytes) else str(model), sess_options=options,

@@ -22,8 +22,8 @@ RUNS = 4  # runs of one sample in one session: on YOLOv8n w8a16 two runs differ 
 def locate(graph, tensors: list, feed: dict, chip: dict, fp16: bool, runs: int = RUNS) -> dict:
     """{"runs", "exposed", "varying", "repeats", "sources": [{"tensor", "node", "op_type", "bits", "spread"}] in
     graph order, "outputs": {final output: spread}}: the model with `tensors` exposed run `runs` times on `feed`."""
-    from ... import emulator_runs
-    from ...repeats import difference
+    from ...emulator import emulator_runs
+    from ...emulator.repeats import difference
     from ...toolchains import ort_qnn
     model = graph.exposed_model(tensors)
     with emulator_runs.holding_slot():
@@ -67,9 +67,9 @@ def repeatable(model: bytes, samples: list[dict], reference: list[dict], chip: d
     """{"repeats", "spread": {output: largest difference}, "cosine": worst output's cosine of the first run against
     `reference` (the float model's outputs)} of a float or QDQ model compiled in-process, each sample run `runs`
     times in one session; {"not_built": QNN's error} when it does not compile."""
-    from ... import emulator_runs
-    from ...repeats import difference
-    from ...samples import compare
+    from ...emulator import emulator_runs
+    from ...emulator.repeats import difference
+    from ...measuring.samples import compare
     from ...toolchains import ort_qnn
     with emulator_runs.holding_slot():
         try:
@@ -127,7 +127,7 @@ def examine(params: dict, graph, tensors: list, samples: list[dict], reference: 
     graph order, "fixes": each candidate tried (candidates()) with repeatable()'s numbers, up to the first that repeats
     itself}. params: diagnose's (chip, variant, onnx, ranges, tied, ctx_model). reference: the float model's final
     outputs on `samples`."""
-    from ... import emulator_runs, repeats
+    from ...emulator import emulator_runs, repeats
     found = repeats.shown(plain)
     unstable = emulator_runs.repeat_record(params["ctx_model"])["unstable"]
     if (found is None or found["repeats"] is not False) and unstable is None:
@@ -161,7 +161,7 @@ def _requantized(params: dict, nodes: dict | None, **changes) -> bytes:
     import tempfile
     from pathlib import Path
 
-    from ...quant_spec import QuantSpec
+    from ...quantization.quant_spec import QuantSpec
     from ..quantize import write_qdq
     spec = QuantSpec.from_settings(params["variant"]).replace(quantizer="ort", techniques=(), technique_params={})
     spec = spec.replace(activations="uint8") if nodes is None else \
@@ -187,7 +187,7 @@ def fix_lines(params: dict, fix: dict) -> str:
 
 def words(params: dict, examined: dict) -> list[str]:
     """Diagnose's lines on a binary that does not repeat itself: the spread, where it starts, the fix measured."""
-    from ...repeats import describe
+    from ...emulator.repeats import describe
     found = examined["found"]
     spread = describe(found) if found.get("samples") else (
         f"its record says output {found['first']['output']!r} differed by up to {found['first']['spread']:.4g}")
@@ -218,7 +218,7 @@ def compiles(params: dict, **changes) -> dict:
     suggests it: {"compiles": bool, "error": QNN's first line}. (16-bit weights do not compile for a Conv on any chip
     with onnxruntime-qnn 2.7.0: "Node '...Conv_token_9' OpType:Conv ... was not selected by that EP"; diagnose once
     suggested them.)"""
-    from ... import emulator_runs
+    from ...emulator import emulator_runs
     from ...toolchains import ort_qnn
     model = _requantized(params, {}, **changes)
     with emulator_runs.holding_slot():

@@ -25,8 +25,8 @@ Two methods ([tuning] search):
 """
 from __future__ import annotations
 
-from ... import gates
-from ...dtypes import BY_NAME
+from ...measuring import gates
+from ...quantization.dtypes import BY_NAME
 from ...errors import BuildError
 from .precision import Candidates, clean, describe, meets, values
 from .precision import search as search_full
@@ -57,7 +57,7 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
         raise ValueError(f"unknown search {method!r}; expected one of {', '.join(SEARCHES)}")
     c = candidates or Candidates(graph, chip, samples, hooks, data_dir)
     c.not_built_is_a_miss = True  # a trial the HTP does not build cannot ship: the search goes on past it
-    from ... import progress
+    from ...plumbing import progress
     progress.watch(lambda: c.evaluations, f"emulator measurements for {name}")  # a search: no total known ahead
     progress.stop("cpu ranking")  # the previous graph's CPU ranking and search: this graph's lines from here
     progress.stop("cpu")

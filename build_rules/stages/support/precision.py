@@ -14,12 +14,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from ...quant_spec import QuantSpec
-from ... import gates
+from ...quantization.quant_spec import QuantSpec
+from ...measuring import gates
 from ..check import measure, summarize, worst_of_runs
-from ...repeats import CANDIDATE_SAMPLES, shown
-from ...repeats import describe as describe_repeats
-from ...samples import compare, evenly_spaced, load_evaluation, load_labels
+from ...emulator.repeats import CANDIDATE_SAMPLES, shown
+from ...emulator.repeats import describe as describe_repeats
+from ...measuring.samples import compare, evenly_spaced, load_evaluation, load_labels
 
 SIXTEEN = "uint16"
 
@@ -123,7 +123,7 @@ class Candidates:
         """Activation tensors the quantizer calibrates, except graph inputs (the binary's input format stays;
         a state input goes with its output, closed() below) and tensors the variant already pins."""
         from ...toolchains import ort_qnn
-        from ...state_encodings import retyped_with, tied_tensors
+        from ...quantization.state_encodings import retyped_with, tied_tensors
         model = ort_qnn.preprocessed_model(self.graph["onnx"])
         ranges = json.loads(Path(self.graph["ranges"]).read_text())
         calibrated = set((ranges.get("data") or ranges.get("tensors") or {}).keys()) if isinstance(ranges, dict) else set()
@@ -192,7 +192,7 @@ class Candidates:
     def iter_run(self, model: Path, indices: list[int], repeat_samples: int | None = None):
         """(position, repeats.Outputs) of each sample in `indices`, in order; closing it stops the rest (an early
         miss). repeat_samples: how many of the candidate's samples run twice (repeats.py; default: a whole binary's)."""
-        from ...emulator_runs import iter_model_outputs
+        from ...emulator.emulator_runs import iter_model_outputs
         kept = list(self.reference[0])  # the graph's outputs (a QDQ model may have more)
         runs = iter_model_outputs(model, [self.inputs[i] for i in indices], soc_model=self.chip["soc_id"],
                                   vtcm_mb=self.chip["vtcm_mb"], repeat_samples=repeat_samples)
@@ -222,7 +222,7 @@ class Candidates:
         indices = list(range(len(self.inputs))) if full else self.subset
         if key in self._memo and "not_built" in self._memo[key]:
             return self._not_built(self._memo[key])
-        from ...emulator_runs import EmulatorCompileError
+        from ...emulator.emulator_runs import EmulatorCompileError
         model = self.quantize(sixteen, self.work / "candidate.onnx")
         reference = [self.reference[i] for i in indices]
         # every sample of the full set can decide; a trial on the subset checks its first few (repeats.py)
@@ -324,7 +324,7 @@ def measured_until_missed(runs, reference: list[dict], target) -> tuple[list[dic
     """(the outputs run; the partial summary of a decided miss, or None when every sample ran). `runs` yields
     (position, outputs) in order and is closed at the first sample after which `target` is missed whatever the
     other samples give (early_verdicts.py): a rung or probe that misses stops there, one that meets runs them all."""
-    from ...early_verdicts import run_until_decided
+    from ...measuring.early_verdicts import run_until_decided
     outputs, early = run_until_decided(runs, reference, target)
     if early is None:
         return outputs, None

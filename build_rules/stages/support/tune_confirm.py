@@ -19,9 +19,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from ... import layout
+from ...build_state import layout
 from ...errors import BuildError
-from ...quant_spec import QuantSpec
+from ...quantization.quant_spec import QuantSpec
 from .precision import clean, describe, meets, values
 
 
@@ -30,8 +30,8 @@ def build_and_measure(params: dict, section: str) -> dict[str, dict]:
     built for the tuning chip as the build builds it; only graphs with a target. Raises BuildError when one misses."""
     from .. import check
     from ..quantize import write_qdq
-    from ...block_quant import float_scale_blocks
-    from ...samples import load_evaluation, load_labels
+    from ...quantization.block_quant import float_scale_blocks
+    from ...measuring.samples import load_evaluation, load_labels
     from ...toolchains import ort_qnn
     import onnx
     chip = params["chip"]
@@ -62,7 +62,7 @@ def build_and_measure(params: dict, section: str) -> dict[str, dict]:
             summary = check.summarize(metrics)
             summary["_float_score"] = metrics.get("float_score", {})
             if (metrics.get("repeats") or {}).get("repeats") is False:
-                from ...repeats import describe as describe_repeats
+                from ...emulator.repeats import describe as describe_repeats
                 summary["unstable"] = describe_repeats(metrics["repeats"])
             found[name] = {"summary": clean(summary), "meets": meets(graph["target"], summary),
                            "samples": len(inputs), "bytes": Path(compiled["binary"]).stat().st_size,
@@ -106,7 +106,7 @@ def _target(params: dict, name: str):
 def _load_variant(params: dict, section: str, work: Path):
     """The proposed variant as the build loads it: model.toml with the section appended (what `python -m
     build_rules.tuning apply` writes), in a copy of the model folder whose other files are links."""
-    from ...config import load_chips, load_model
+    from ...configuration.config import load_chips, load_model
     source = Path(params["model_toml"]).parent
     folder = work / "models" / source.name
     folder.mkdir(parents=True)
@@ -121,7 +121,7 @@ def _load_variant(params: dict, section: str, work: Path):
 
 def _calibration(graph: dict, spec: QuantSpec) -> list[dict]:
     """The calibration samples, when the proposal calibrates otherwise than the ranges already computed."""
-    from ...samples import read_input_list
+    from ...measuring.samples import read_input_list
     calibration = graph["calibration"]
     return read_input_list(calibration["input_list"], calibration["inputs"], spec.calibration_samples)
 

@@ -21,13 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from ... import gates
-from ...aimet_techniques import PARAMS as TECHNIQUE_PARAMS
-from ...dtypes import TYPES
-from ...files import atomic_write_json, atomic_write_text
-from ...quant_spec import QuantSpec
+from ...measuring import gates
+from ...quantization.aimet_techniques import PARAMS as TECHNIQUE_PARAMS
+from ...quantization.dtypes import TYPES
+from ...plumbing.files import atomic_write_json, atomic_write_text
+from ...quantization.quant_spec import QuantSpec
 from . import cpu_search, weight_bits
-from ...repeats import CANDIDATE_SAMPLES
+from ...emulator.repeats import CANDIDATE_SAMPLES
 from .precision import Candidates, clean, measured_until_missed, meets, unstable_marked, values
 
 # The weight type an AIMET rung uses for a variant's weights (dtypes.py: AIMET's HTP configs take signed <= 8 bit).

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import time
 
-from ...block_quant import BLOCKED_OPS, lpbq_params, why_unblockable
-from ...quant_spec import QuantSpec
+from ...quantization.block_quant import BLOCKED_OPS, lpbq_params, why_unblockable
+from ...quantization.quant_spec import QuantSpec
 
 WEIGHT_OPS = (*BLOCKED_OPS, "Conv")  # the layers whose weights the rung makes int4
 
@@ -57,7 +57,7 @@ def rank(float_onnx: str, inputs: list[dict], reference: list[dict], block: int,
     import onnxruntime as ort
     from onnx import numpy_helper
 
-    from ...samples import compare
+    from ...measuring.samples import compare
     from ...toolchains import ort_qnn
     model = ort_qnn.preprocessed_model(float_onnx)
     inits = {i.name: i for i in model.graph.initializer}
