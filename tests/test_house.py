@@ -1,4 +1,5 @@
-"""The house's shape (issue 28): one stage table that every worker and generator is in, and no import circles."""
+"""The house's shape (issue 28): one stage table that every worker and generator is in, no import circles, and the
+package's rooms in layers, each importing only the rooms below it (issue 46)."""
 from __future__ import annotations
 
 import ast
@@ -227,11 +228,180 @@ def test_no_lower_layer_imports_the_stages_or_the_task_generators():
     them (dist code, the runner, hashing ...), so a worker can be read without the rest of the house."""
     # device/ holds the actions of the phone tasks (workers that run inside doit): they judge with the check stage
     upper = ("build_rules.stages", "build_rules.tasks", "build_rules.device")
-    lower = [m for m in import_graph() if not m.startswith(upper) and m not in ("build_rules.tasks.summary",
-                                                                                 "build_rules.stage_main")]
+    lower = [m for m in import_graph() if not m.startswith(upper) and m != "build_rules.stage_main"]
     graph = import_graph()
     reach = {m: sorted(t for t in graph[m] if t.startswith(upper)) for m in lower}
     assert {m: t for m, t in reach.items() if t} == {}
+
+
+# --- the rooms' layering (issue 46) -----------------------------------------------------------------------------
+# A unit is a sub-package of build_rules (a room, or stages/, device/, tasks/, toolchains/) or a module at its root.
+# The layers, lowest first: a unit imports only units on layers below its own (not one beside it on its layer). The
+# README's map shows the same order; each room's __init__.py says what it may import.
+LAYERS = (
+    ("errors",),
+    ("plumbing",),
+    ("quantization",),
+    ("configuration",),
+    ("stage_table",),
+    ("build_state",),
+    ("measuring",),
+    ("cache", "build_log", "journal"),  # the root's commands and doit's backend on the build state
+    ("toolchains", "runner"),
+    ("emulator",),
+    ("bundles",),
+    ("dist",),  # `python -m build_rules.dist`, and the bundle code the dist stage and `run` call
+    ("doit_run",),
+    ("stages", "device"),
+    ("tasks",),
+    ("__main__", "init_repo", "run_binary", "stage_main", "tuning"),  # entry points: nothing imports them
+)
+
+# Imports against the layers that the house had before it had rooms, by file and imported module, and why. A new one
+# fails; one that is gone fails too, so that it leaves this list.
+KNOWN_EXCEPTIONS = {
+    ("build_rules/stages/dist.py", "build_rules.device.results"): "the bundle's index.json says what the phones "
+                                                                   "measured with its binaries (issue 29)",
+    ("build_rules/stages/report.py", "build_rules.device.results"): "the report's table of the phones' device checks "
+                                                                     "(issue 29)",
+    ("build_rules/device/device_check.py", "build_rules.stages.check"): "a phone's check judges as the check stage "
+                                                                         "does (hooks_digest, its measurements)",
+    ("build_rules/device/target.py", "build_rules.stages.qairt_check"): "the qairt check's layout conversion of a "
+                                                                         "phone's outputs",
+    ("build_rules/stages/support/diagnosis.py", "build_rules.tasks.diagnose"): "diagnose's sample count setting "
+                                                                                "(SAMPLES_ENV), named by its task",
+}
+
+
+def excepted(path: str, imported: str, known) -> bool:
+    """Whether a known exception covers this import: its module, or the package it is imported from (`from ..device
+    import results` imports build_rules.device too)."""
+    return (path, imported) in known or any(p == path and m.startswith(imported + ".") for p, m in known)
+
+
+def unit_of(module: str) -> str | None:
+    """The room (sub-package) or root module a module of build_rules belongs to; None for the package itself."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def import_edges() -> list[tuple[str, int, str, str]]:
+    """Every import of one build_rules module by another (also inside functions), as (file, line, importer, imported
+    module), the imported module resolved as import_graph() resolves it."""
+    modules = package_modules()
+
+    def resolve(name):
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges = set()
+    for module, path, line, imported, names in package_imports(modules):
+        for target in [imported] + [f"{imported}.{n}" for n in names]:
+            found = resolve(target) if target.split(".")[0] == "build_rules" else None
+            if found and found != module and found != "build_rules":
+                edges.add((str(path.relative_to(ROOT)), line, module, found))
+    return sorted(edges)
+
+
+def layering_problems(edges, layers=LAYERS, known=KNOWN_EXCEPTIONS) -> list[str]:
+    """One line per import from a unit to a unit on its own layer or above (the file, the import, the rule), and per
+    unit that no layer names."""
+    layer = {unit: i for i, units in enumerate(layers) for unit in units}
+    problems = []
+    for path, line, importer, imported in edges:
+        a, b = unit_of(importer), unit_of(imported)
+        if a == b or excepted(path, imported, known):
+            continue
+        for unit in (a, b):
+            if unit not in layer:
+                problems.append(f"{path}:{line}: {unit} is on no layer: give it one in tests/test_house.py LAYERS "
+                                "(and the README's map)")
+        if a not in layer or b not in layer or layer[b] < layer[a]:
+            continue
+        where = "on the same layer" if layer[a] == layer[b] else "on a layer above"
+        problems.append(f"{path}:{line}: {a} imports {imported}, which is {where} ({b}: layer {layer[b]}, "
+                        f"{a}: layer {layer[a]}); a room imports only the rooms below it: "
+                        f"{', '.join(u for units in layers[:layer[a]] for u in units)}")
+    return sorted(set(problems))
+
+
+def room_circles(edges, known=KNOWN_EXCEPTIONS) -> list[str]:
+    """One line per circle among the units (rooms and root modules), each edge with an import that makes it."""
+    graph, why = {}, {}
+    for path, line, importer, imported in edges:
+        a, b = unit_of(importer), unit_of(imported)
+        graph.setdefault(a, set())
+        graph.setdefault(b, set())
+        if a != b and not excepted(path, imported, known):
+            graph[a].add(b)
+            why.setdefault((a, b), f"{path}:{line} imports {imported}")
+    found = []
+    for circle in cycles(graph):
+        inside = set(circle)
+        steps = [f"{a} -> {b} ({why[a, b]})" for a in circle for b in sorted(graph[a] & inside)]
+        found.append(f"circle between {', '.join(circle)}: " + "; ".join(steps))
+    return found
+
+
+def test_every_room_and_root_module_is_on_one_layer():
+    units = {unit_of(m) for m in package_modules()} - {None}
+    listed = [unit for units_ in LAYERS for unit in units_]
+    assert sorted(set(listed)) == sorted(listed), "a unit on two layers"
+    assert sorted(units - set(listed)) == [], "rooms or root modules on no layer of LAYERS"
+    assert sorted(set(listed) - units) == [], "LAYERS names rooms or root modules that are gone"
+
+
+def test_no_room_imports_its_own_layer_or_one_above():
+    assert layering_problems(import_edges()) == []
+
+
+def test_no_circle_between_rooms():
+    assert room_circles(import_edges()) == []
+
+
+def test_each_known_exception_to_the_layers_is_still_there():
+    imports = {(path, imported) for path, _, _, imported in import_edges()}
+    assert sorted(set(KNOWN_EXCEPTIONS) - imports) == [], "gone: leave KNOWN_EXCEPTIONS"
+
+
+def test_the_layering_check_names_the_file_the_import_and_the_rule():
+    layers = (("errors",), ("plumbing",), ("emulator", "measuring"), ("tasks",))
+    edges = [
+        ("build_rules/plumbing/files.py", 3, "build_rules.plumbing.files", "build_rules.errors"),  # down: fine
+        ("build_rules/plumbing/files.py", 7, "build_rules.plumbing.files", "build_rules.emulator.slots"),  # up
+        ("build_rules/emulator/runs.py", 9, "build_rules.emulator.runs", "build_rules.measuring.gates"),  # beside
+        ("build_rules/measuring/gates.py", 4, "build_rules.measuring.gates", "build_rules.emulator.runs"),
+        ("build_rules/tasks/x.py", 2, "build_rules.tasks.x", "build_rules.newroom.y"),
+    ]
+    assert layering_problems(edges, layers, {}) == [
+        "build_rules/emulator/runs.py:9: emulator imports build_rules.measuring.gates, which is on the same layer "
+        "(measuring: layer 2, emulator: layer 2); a room imports only the rooms below it: errors, plumbing",
+        "build_rules/measuring/gates.py:4: measuring imports build_rules.emulator.runs, which is on the same layer "
+        "(emulator: layer 2, measuring: layer 2); a room imports only the rooms below it: errors, plumbing",
+        "build_rules/plumbing/files.py:7: plumbing imports build_rules.emulator.slots, which is on a layer above "
+        "(emulator: layer 2, plumbing: layer 1); a room imports only the rooms below it: errors",
+        "build_rules/tasks/x.py:2: newroom is on no layer: give it one in tests/test_house.py LAYERS (and the "
+        "README's map)"]
+    known = {("build_rules/measuring/gates.py", "build_rules.emulator.runs"): "a reason"}
+    assert len(layering_problems(edges, layers, known)) == 3
+    assert room_circles(edges, {}) == [
+        "circle between emulator, measuring: emulator -> measuring (build_rules/emulator/runs.py:9 imports "
+        "build_rules.measuring.gates); measuring -> emulator (build_rules/measuring/gates.py:4 imports "
+        "build_rules.emulator.runs)"]
+    assert room_circles(edges, known) == []
+
+
+def test_each_room_holds_a_docstring_that_says_what_it_may_import():
+    """A room's __init__.py is its door sign: what it holds and what it may import, and nothing else (no re-exports:
+    a module is imported from its room)."""
+    old = ("stages", "tasks", "toolchains", "device")  # the packages from before the rooms, with code of their own
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        if init.parent.name in old:
+            continue
+        body = ast.parse(init.read_text()).body
+        assert len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant), init
+        assert "May import:" in body[0].value.value, f"{init.relative_to(ROOT)}: say what the room may import"
 
 
 def test_docs_stage_table_is_made_from_the_stage_table():
