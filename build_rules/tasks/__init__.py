@@ -10,6 +10,7 @@ A stage's task generator is named in its row, per toolchain; the modules here, i
   tuning.py     report, sensitivity, tune
   diagnose.py   diagnose
   dist.py       multi_soc, shared_context, dist
+Besides them, summary.py: doit's console output (the reporter doit_config names; it reads split.py's units).
 The code a task runs is its worker, build_rules/stages/<module>.py, also named in the row.
 
 This module imports no generator module at load: a creator imports its own when doit calls it. Loading must stay
