@@ -194,7 +194,7 @@ def _keep(memo, record, feed: dict, sample) -> None:
     """A sample that ran twice goes in the binary's record, and in the memo only when it repeated itself; one that ran
     once goes in the memo unless the binary is known not to repeat itself."""
     if sample.others:
-        if record.note(sample):
+        if record.note(sample) and record.unstable() is None:  # (a binary known not to repeat: never memoized)
             memo.put(feed, dict(sample))
     elif record.unstable() is None:
         memo.put(feed, dict(sample))
