@@ -91,11 +91,24 @@ def _through_memo(memo, record, run_missing, inputs: list[dict], what: str,
     with progress.counting(what, len(inputs)) as counter:
         counter.done = len(remembered)
         runs = run_missing([{**inputs[i], TWICE: k < need} for k, i in enumerate(missing)], counter)
+        checked = []  # samples that ran twice and repeated: memoized at the end, if no sample of the job differed
         try:
             for index in range(len(inputs)):
-                yield index, remembered.pop(index) if index in remembered else next(runs)[1]
+                if index in remembered:
+                    yield index, remembered.pop(index)
+                    continue
+                outputs = next(runs)[1]
+                if getattr(outputs, "others", None):
+                    checked.append((inputs[index], outputs))
+                yield index, outputs
         finally:
             runs.close()
+            # (a worker memoizes no sample that ran twice: sample 0 could repeat and be kept before sample 1 showed
+            # that the binary does not repeat itself, one draw in the memo after all)
+            if record.unstable() is None:
+                for feed, outputs in checked:
+                    if not outputs.spread() or max(outputs.spread().values()) == 0:
+                        memo.put(feed, dict(outputs))
 
 
 def run_outputs(ctx_model, inputs: list[dict], what: str = "samples") -> list[dict]:
@@ -194,8 +207,7 @@ def _keep(memo, record, feed: dict, sample) -> None:
     """A sample that ran twice goes in the binary's record, and in the memo only when it repeated itself; one that ran
     once goes in the memo unless the binary is known not to repeat itself."""
     if sample.others:
-        if record.note(sample) and record.unstable() is None:  # (a binary known not to repeat: never memoized)
-            memo.put(feed, dict(sample))
+        record.note(sample)  # memoized by _through_memo once the job showed no difference
     elif record.unstable() is None:
         memo.put(feed, dict(sample))
 
