@@ -349,7 +349,9 @@ def test_uploads_send_no_checksum_headers_and_a_412_race_counts_as_already_there
     faults.requests.clear()
     remote = fresh_remote()
     remote.store("k1", ["a.bin"], {"x": 1}, "a.log", "compile")
-    assert faults.count("PUT") == 3
+    # each object and the manifest PUT, by path: botocore may send one again after a dropped connection (seen once in
+    # a fresh-clone run: 4 PUTs of 3 paths), which is the client's retry, not ours
+    assert {p for m, p, _ in faults.requests if m == "PUT"} == {p for p, _ in puts} and len(puts) == 3
     assert "warning" not in capfd.readouterr().err
     stats = remote.stats.read()
     assert stats["uploads"] == 1 and stats["objects_uploaded"] == 2 and stats["objects_present"] == 2  # both runs
