@@ -107,7 +107,7 @@ def _through_memo(memo, record, run_missing, inputs: list[dict], what: str,
             # that the binary does not repeat itself, one draw in the memo after all)
             if record.unstable() is None:
                 for feed, outputs in checked:
-                    if not outputs.spread() or max(outputs.spread().values()) == 0:
+                    if max(outputs.spread().values(), default=0.0) == 0:
                         memo.put(feed, dict(outputs))
 
 
