@@ -302,12 +302,12 @@ def test_sensitivity_ranks_every_candidate_tensor_and_bisect_finds_the_exhaustiv
 
 
 @pytest.mark.slow
-def test_bisect_tune_needs_no_more_16_bit_tensors_than_the_exhaustive_one_even_with_a_blind_ranking(tinynet_repo):
+def test_bisect_tune_ends_at_a_mix_the_emulator_passes_even_where_the_cpu_is_blind(tinynet_repo):
     """tune's search (mixed_precision.search, callable on its own) on the tiny encoder at w8a8 with a target between
     all-8-bit (cosine 0.99979 on the tuning chip) and all-16-bit (0.99988): the bisect search with the CPU ranking,
     and with a ranking blind to what matters (reversed graph order: the first convolution's output, the one tensor
-    nothing else keeps at 16 bit, comes last), meets the target on the emulator with no more 16-bit tensors than the
-    exhaustive search, with fewer emulator runs."""
+    nothing else keeps at 16 bit, comes last), ends at a mix that meets the target on the emulator, with fewer
+    emulator runs than the exhaustive search."""
     from build_rules.stages.support import mixed_precision
     toml = tinynet_repo / "models/tinynet/model.toml"
     toml.write_text(toml.read_text() + '\n[variants.w8a8]\ninherits = "w8a16"\nactivations = "uint8"\n')
@@ -320,18 +320,22 @@ def test_bisect_tune_needs_no_more_16_bit_tensors_than_the_exhaustive_one_even_w
                                        log=lines.append, **settings)
     for result in (exhaustive, fast, blind):
         assert result["base"]["cosine"] < 0.99985 <= result["tuned"]["cosine"], result
-        assert 0 < len(result["sixteen_bit"]) <= len(exhaustive["sixteen_bit"]), result
+        assert 0 < len(result["sixteen_bit"]) < result["candidates"], result
     assert fast["ranking"] == "the CPU QDQ model (gain and cost per tensor)" and fast["cpu_evaluations"] > 0
     log = "\n".join(lines)
     assert blind["ranking"] == "given" and "even the top 1 miss (CPU): the search starts from all 6" in log
-    # at most as many: the CPU is blind here, so after one confirmation the emulator searched, as it used to (where
-    # the CPU sees what the emulator does, it saves most of them: MTCNN's R-Net below)
-    assert fast["evaluations"] <= exhaustive["evaluations"] and blind["evaluations"] <= exhaustive["evaluations"]
+    assert fast["evaluations"] < exhaustive["evaluations"] and blind["evaluations"] < exhaustive["evaluations"]
     # the CPU searches, the emulator judges (issue 45): here the CPU's proposal {relu_1, features} met the target on
     # the CPU model and missed on the emulator (the HTP gains nothing from them); the margin that miss sets fails
-    # even all 16 bit on the CPU, so the emulator searched and found the exhaustive search's set
+    # even all 16 bit on the CPU, so the emulator brought back the group the CPU had dropped first (what cost most
+    # there), which met, and then put what it could of that set back at 8 bit. Each tensor left is needed (alone
+    # at 8 bit, the set misses): {conv2d_1, relu_1, features}, a local minimum beside the exhaustive search's
+    # {conv2d_1, view} (view was in a group never brought back). The guarantee is the emulator's pass, not the
+    # fewest tensors: on Whisper's encoder the emulator's own search from scratch ran for hours (docs/tuning.md).
     assert re.search(r"the emulator misses the CPU's proposal of \d+ tensors \(cosine = 0\.9998.*by more than the CPU "
-                     r"can tell apart \(margin cosine -[0-9.e-]+\): the emulator searches", log), log
+                     r"can tell apart \(margin cosine -[0-9.e-]+\): the emulator brings back groups the CPU put at "
+                     r"8 bit", log), log
+    assert "  the first 1 of 2 groups back at 16 bit (5 tensors) (emulator): meets the target" in log, log
     assert [p["point"] for p in fast["cpu_vs_emulator"][:3]] == ["the variant at 8 bit", "all at 16 bit", "proposal 1"]
     assert all(abs(p["cosine"]["cpu"] - p["cosine"]["emulator"]) < 1e-4 for p in fast["cpu_vs_emulator"])
 
@@ -682,3 +686,30 @@ def test_when_the_emulator_searches_the_sets_the_cpu_rules_out_are_not_measured(
                          "  top 2 of the ranking at 16 bit (emulator): ruled out on the CPU (cosine = 0.99 at best)",
                          "  top 4 of the ranking at 16 bit (emulator): misses the target"]
     assert 1 not in measured and 2 not in measured and 3 not in measured  # never asked of the emulator
+
+
+def test_after_a_missed_proposal_groups_come_back_most_costly_first_in_about_log2_measurements():
+    """Issue 45: when the emulator misses the CPU's proposal and the CPU cannot steer, the groups the CPU put at 8 bit
+    come back, those whose drop cost the most on the CPU first, halving on how many: 16 groups take 4 measurements,
+    not the emulator's own search from the top of the ranking (Whisper's encoder: hours)."""
+    from build_rules.stages.support.mixed_precision import _additions, _bring_back
+
+    class Cpu:  # cosine 1 - 0.001 per group at 8 bit, except g3 which costs 0.01 (drop costs are what ranks them)
+        def measure(self, sixteen):
+            return {"cosine": 1.0 - sum(0.01 if f"g{i}" not in sixteen and i == 3 else
+                                        0.001 if f"g{i}" not in sixteen else 0 for i in range(16))}
+
+    order = [f"g{i}" for i in range(16)] + ["kept"]
+    dropped = [[f"g{i}"] for i in range(16)]
+    additions = _additions(Cpu(), {"metric": "cosine", "min": 0.99}, {"kept"}, dropped, order)
+    assert additions[0] == ["g3"] and additions[1:] == [[f"g{i}"] for i in range(16) if i != 3]
+    measured, lines = [], []
+
+    def holds(sixteen):  # the emulator: meets once g3 and g0..g4 are back
+        measured.append(len(sixteen))
+        return {"g0", "g1", "g2", "g3", "g4"} <= sixteen
+
+    kept, left = _bring_back(holds, {"kept"}, additions, lines.append, where=" (emulator)")
+    assert kept == {"kept", "g3", "g0", "g1", "g2", "g4"} and left == [[f"g{i}"] for i in range(5, 16)]
+    assert len(measured) == 4
+    assert lines[0] == "  the first 8 of 16 groups back at 16 bit (9 tensors) (emulator): meets the target"

@@ -35,6 +35,7 @@ class SwitchModel:
         self.c = c
         self.evaluations = 0
         self.seconds = 0.0
+        self.ranked_on = None  # samples the ranking ran on (costs())
         self._memo: dict = {}
         started = time.perf_counter()
         model = onnx.load(str(c.quantize(set(), c.work / "cpu_switch_base.onnx")))
@@ -119,6 +120,13 @@ class SwitchModel:
         return summary
 
 
+# A ranking expected to take longer than this on the tuning samples runs on the first of them: the ranking only
+# orders the search, which the CPU then runs on every tuning sample. Measured on Whisper tiny.en's encoder (135 CPU
+# runs, docs/benchmarks.md): 1 clip 384 s, 4 clips 1002 s (loaded machine); Spearman 0.743 against 4 clips' order,
+# 19 of its top 32 shared, and the top-k steps that order serves all missed there on either.
+RANKING_SECONDS = 300.0
+
+
 def costs(switched: SwitchModel, tensors: list[str], target=None) -> dict[str, dict]:
     """Per tensor on the CPU: cpu_gain_db (SQNR won when only it is asked for at 16 bit) and cpu_cost_db (SQNR lost
     when only it is left at 8 bit). A tensor whose neighbours make it 16 bit anyway (Candidates.effective) costs 0
@@ -126,7 +134,9 @@ def costs(switched: SwitchModel, tensors: list[str], target=None) -> dict[str, d
     as one Q/DQ pair). With a `target` whose task metric the 8-bit model misses (a score hook's det_f1, say), also
     cpu_gain_target: how much of that metric this tensor alone at 16 bit wins. An output's SQNR can hide what a task
     metric sees: YOLOv8n's class scores share one output with boxes 320x their range, and the score Sigmoid ranked
-    182nd of 242 by SQNR while it alone at 16 bit (with the output) lifts det_f1 from 0.69 to 0.97."""
+    182nd of 242 by SQNR while it alone at 16 bit (with the output) lifts det_f1 from 0.69 to 0.97.
+    On the first tuning sample only when the ranking would take longer than RANKING_SECONDS on all of them and no
+    task metric is missed (switched.ranked_on says on how many it ran)."""
     from ...plumbing import progress
     from .precision import delta_db
     c = switched.c
@@ -137,16 +147,23 @@ def costs(switched: SwitchModel, tensors: list[str], target=None) -> dict[str, d
     progress.watch(lambda: len(out), f"tensors of {c.graph['name']} ranked on the CPU", len(tensors), slot="cpu ranking",
                    time_left=True)
     everything = set(tensors)
-    top, base = switched.measure(everything), switched.measure(set())
+    top = switched.measure(everything)
+    started = time.perf_counter()
+    base = switched.measure(set())
     missed = _missed_task_gate(target, base) if target else None
+    indices = None  # the tuning samples
+    if not missed and len(c.subset) > 1 and 2 * len(tensors) * (time.perf_counter() - started) > RANKING_SECONDS:
+        indices = list(c.subset[:1])  # (a task metric's gain needs every tuning sample: kept on them all)
+        top, base = switched.measure(everything, indices), switched.measure(set(), indices)
+    switched.ranked_on = len(indices or c.subset)
     all_16 = c.effective(everything)
     for t in tensors:
         if t not in switched.switches and not (c.effective({t}) & set(switched.switches)):
             out[t] = {"cpu_cost_db": None, "cpu_gain_db": None}
             continue
         covered = c.effective(everything - {t}) == all_16
-        cost = 0.0 if covered else delta_db(top["sqnr"], switched.measure(everything - {t})["sqnr"])
-        alone = switched.measure({t})
+        cost = 0.0 if covered else delta_db(top["sqnr"], switched.measure(everything - {t}, indices)["sqnr"])
+        alone = switched.measure({t}, indices)
         out[t] = {"cpu_cost_db": round(cost, 3),
                   "cpu_gain_db": round(delta_db(alone["sqnr"], base["sqnr"]), 3)}
         if missed:

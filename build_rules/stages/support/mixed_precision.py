@@ -18,7 +18,14 @@ Two methods ([tuning] search):
      the ranking is blind to (an HTP-only divergence) is a group the emulator refuses to drop: it is found in about
      2 log2(n) runs per region, wherever it is; when the search completes, every tensor left is needed (dropping it
      alone misses the target);
-  4. the result on the full evaluation set; while it misses, the groups dropped last come back, then the rest of
+  Steps 2-3 run on the CPU switch model (cpu_search.py: seconds a measurement), judged with the margin the points
+  measured on both set; the emulator confirms the proposal on the full evaluation set;
+  4. when the emulator misses it: the groups the CPU put at 8 bit come back, those whose drop cost the most on the
+     CPU first, halving on how many (_additions, _bring_back): on the CPU while its wider margin still lets all 16
+     bit meet (up to CONFIRMATIONS proposals), else on the emulator, which then tries a few sets of those at 8 bit
+     again (REFINE). Measured on Whisper's encoder: the CPU's 30-tensor proposal (0.99601 predicted) gave 0.99154
+     on the emulator, after which the emulator's own search from the top of the ranking ran for hours;
+  5. the result on the full evaluation set; while it misses, the groups dropped last come back, then the rest of
      the ranking.
 - "exhaustive": the search before "bisect": one emulator run per tensor for the ranking (unless the sensitivity
   task's is current), then one tensor at a time back to 8 bit, least costly first (2n runs). For comparisons.
@@ -34,6 +41,10 @@ from .precision import search as search_full
 SEARCHES = ("bisect", "exhaustive")
 CONFIRMATIONS = 3  # emulator checks of the CPU's proposal (each miss widens the margin) before the emulator searches
 CPU_MEASUREMENTS_PER_TENSOR = 4  # the CPU search's budget: group halving needs about 2 per tensor kept
+# Emulator measurements that try to put tensors back at 8 bit after the emulator brought groups back from a CPU
+# proposal it missed: that set meets already; each try of a transformer's is minutes (Whisper's encoder: ~40 s a miss
+# stopped at its first clip, ~2.5 min a set that meets on all 4), so only a few.
+REFINE, REFINE_SECONDS = 4, 300.0  # at least REFINE, or as many as take REFINE_SECONDS at the pace so far
 
 
 def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_dir=None,
@@ -93,7 +104,7 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
         final = c.measure(kept, full=True, target=target)
     else:
         # 2-3 on the CPU switch model, judged with the margin its differences from the emulator set (cpu_search.py);
-        # the emulator confirms the result on every sample, and a miss there widens the margin and searches again
+        # the emulator confirms the result on every sample, and a miss there widens the margin and brings groups back
         from . import cpu_ranking, cpu_search
         cpu = cpu or cpu_ranking.SwitchModel(c)
         progress.watch(lambda: cpu.evaluations, f"CPU measurements for {name}", slot="cpu")
@@ -106,42 +117,73 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
         cpu_budget = cpu.evaluations + CPU_MEASUREMENTS_PER_TENSOR * len(order)
         spent = c.evaluations + budget  # the emulator's, if it has to search itself
         final = None
+        kept, dropped, left = _bisect(judge.meets, order, c.candidates, lambda: cpu.evaluations >= cpu_budget,
+                                      log, top_meets=meets(target, top), where=" (CPU)",
+                                      shown=lambda s: values(target, judge.predicted(cpu.measure(s))) + " predicted")
+        if kept is None:
+            raise BuildError(f"{where}: {name}: no mix of 8 and 16 bit met {describe(target)} on {chip['name']}: "
+                             f"all {len(order)} candidates at 16 bit miss ({values(target, top)}), and the CPU "
+                             f"judges the top 1 to {left[0]} of the ranking to miss too; relax the target, or "
+                             "change weights / per_channel / calibration of the variant")
+        if left:  # the proposal's comment says so: a larger budget may put more at 8 bit
+            result["budget_spent"] = {"cpu_measurements": cpu_budget, "groups": len(left), "largest": max(left)}
+
+        def emulator_meets(sixteen) -> bool:
+            return meets(target, c.measure(sixteen, full=True, target=target))
+
+        def cpu_rules_out(sixteen) -> str | None:  # a miss even with the most favourable difference seen
+            best = judge.optimistic(cpu.measure(sixteen))
+            return None if meets(target, best) else f"ruled out on the CPU ({values(target, best)} at best)"
+
         for round_ in range(1, CONFIRMATIONS + 1):
-            kept, dropped, left = _bisect(judge.meets, order, c.candidates, lambda: cpu.evaluations >= cpu_budget,
-                                          log, top_meets=meets(target, top), where=" (CPU)",
-                                          shown=lambda s: values(target, judge.predicted(cpu.measure(s))) +
-                                          " predicted")
-            if kept is None:
-                raise BuildError(f"{where}: {name}: no mix of 8 and 16 bit met {describe(target)} on {chip['name']}: "
-                                 f"all {len(order)} candidates at 16 bit miss ({values(target, top)}), and the CPU "
-                                 f"judges the top 1 to {left[0]} of the ranking to miss too; relax the target, or "
-                                 "change weights / per_channel / calibration of the variant")
-            if left:  # the proposal's comment says so: a larger budget may put more at 8 bit
-                result["budget_spent"] = {"cpu_measurements": cpu_budget, "groups": len(left), "largest": max(left)}
             final = c.measure(kept, full=True, target=target)
             judge.learn(f"proposal {round_}", kept, final, everything)
             if meets(target, final) or not kept:
                 break
             margin = ", ".join(f"{m} {d:+.5g}" for m, d in judge.margin().items())
-            if not judge.meets(set(order)):  # the margin now fails even all 16 bit: the CPU cannot steer here
-                log(f"  the emulator misses the CPU's proposal of {len(kept)} tensors ({values(target, final)} on all "
-                    f"samples) by more than the CPU can tell apart (margin {margin}): the emulator searches")
-                # a set the CPU judges to miss even with the most favourable difference seen is not measured: it
-                # still rules steps out where it cannot steer (Whisper's encoder: its top 1 to 32 at 16 bit)
-                kept, dropped, left = _bisect(
-                    lambda s: meets(target, c.measure(s, full=full, target=target)), order, c.candidates,
-                    lambda: c.evaluations >= spent, log, top_meets=meets(target, top), where=" (emulator)",
-                    shown=lambda s: values(target, c.measure(s, full=full)) + f" on {_samples(c, full)} samples",
-                    ruled_out=lambda s: None if meets(target, best := judge.optimistic(cpu.measure(s))) else
-                    f"ruled out on the CPU ({values(target, best)} at best)")
+            missed = (f"  the emulator misses the CPU's proposal of {len(kept)} tensors ({values(target, final)} on "
+                      "all samples)")
+            if not meets(target, top):  # no upper end to bring groups back towards: the emulator searches
+                log(f"{missed}: the emulator searches")
+                kept, dropped, left = _bisect(emulator_meets, order, c.candidates, lambda: c.evaluations >= spent,
+                                              log, top_meets=False, where=" (emulator)", ruled_out=cpu_rules_out,
+                                              shown=lambda s: values(target, c.measure(s, full=True)))
                 if kept is None:
                     kept, dropped = set(order), []
-                if left:
-                    result["budget_spent"] = {"max_measurements": budget, "groups": len(left), "largest": max(left)}
                 final = c.measure(kept, full=True, target=target)
                 break
-            log(f"  the emulator misses the CPU's proposal of {len(kept)} tensors ({values(target, final)} on all "
-                f"samples): margin now {margin}" + ("; searching again" if round_ < CONFIRMATIONS else ""))
+            additions = _additions(cpu, target, kept, dropped, order)
+            if round_ < CONFIRMATIONS and judge.meets(set(order)):
+                # the margin that miss set still lets all 16 bit meet on the CPU: the CPU brings back, from the
+                # groups it put at 8 bit, the fewest it now judges to meet with, and the emulator judges again
+                log(f"{missed}: margin now {margin}; the CPU brings back groups it put at 8 bit")
+                kept, dropped = _bring_back(judge.meets, kept, additions, log, where=" (CPU)")
+                continue
+            # the CPU cannot steer here (the margin fails even all 16 bit, or it ran out of rounds): the emulator
+            # brings groups back from the CPU's proposal, halving (about log2 of the groups, a miss stops early),
+            # then tries a few sets of those at 8 bit again (REFINE): the CPU's proposal is where to start, not
+            # what to keep (a tensor it kept the HTP may not need)
+            log(f"{missed} by more than the CPU can tell apart (margin {margin}): the emulator brings back groups "
+                "the CPU put at 8 bit")
+            start = set(kept)
+            kept, dropped = _bring_back(emulator_meets, kept, additions, log, where=" (emulator)",
+                                        ruled_out=cpu_rules_out)
+            brought = [t for g in additions for t in g if t in kept and t not in start]
+            refine = [*brought[::-1], *[t for t in order if t in start]]  # the group that tipped it first
+            pace = c.seconds / max(c.evaluations, 1)  # (a tiny graph's measurements take a second: more of them)
+            until = c.evaluations + min(max(REFINE, int(REFINE_SECONDS / max(pace, 1e-3))),
+                                        max(0, spent - c.evaluations))
+            if len(refine) > 1 and c.evaluations < until:
+                log(f"  {len(kept)} tensors at 16 bit meet on the emulator; up to {until - c.evaluations} more "
+                    "measurements try fewer")
+                fewer, gone, _ = _bisect(emulator_meets, refine, c.candidates, lambda: c.evaluations >= until, log,
+                                         where=" (emulator)", ruled_out=cpu_rules_out,
+                                         shown=lambda s: values(target, c.measure(s, full=True)))
+                if kept - fewer:
+                    dropped.append([t for t in refine if t not in fewer])
+                kept = fewer
+            final = c.measure(kept, full=True, target=target)
+            break
     # While the full set misses (the exhaustive search ran on the tuning samples; the CPU's margin ran out of
     # rounds), the groups dropped last come back on the emulator (the closest to the result), then the rest of the
     # ranking in doubling chunks.
@@ -205,7 +247,9 @@ def _order(c: Candidates, hooks: str, sensitivity: str | None, method: str, log,
     from . import cpu_ranking
     cpu = cpu_ranking.SwitchModel(c)
     rows = cpu_ranking.costs(cpu, c.candidates, target)
-    log(f"{c.graph['name']}: CPU ranking: {cpu.evaluations} CPU QDQ runs in {cpu.seconds + cpu.build_seconds:.1f} s")
+    on = (f" on the first of the {len(c.subset)} tuning samples (on all of them it would take over "
+          f"{cpu_ranking.RANKING_SECONDS:.0f} s; the search runs on all)" if cpu.ranked_on < len(c.subset) else "")
+    log(f"{c.graph['name']}: CPU ranking: {cpu.evaluations} CPU QDQ runs in {cpu.seconds + cpu.build_seconds:.1f} s{on}")
     return cpu_ranking.order(c.candidates, rows), "the CPU QDQ model (gain and cost per tensor)", cpu
 
 
@@ -254,7 +298,7 @@ def _bisect(holds, order: list[str], graph_order: list[str], spent, log, top_mee
     n = len(order)
     # 2. forward along the ranking while the sets are small (16-bit activations are slow on the emulator)
     miss, hit, k = 0, None, 1
-    while k <= (max(1, n // 4) if top_meets else n - 1):
+    while k <= (max(1, n // 4) if top_meets else n - 1) and not (top_meets and spent()):
         ok, why = judged(set(order[:k])) if order[:k] else (False, "")
         log(f"  top {k} of the ranking at 16 bit{where}: {why or outcome(ok) + ' the target'}")
         if ok:
@@ -295,6 +339,45 @@ def _bisect(holds, order: list[str], graph_order: list[str], spent, log, top_mee
         log(f"  budget spent{where}: {len(queue)} group(s) of up to {max(map(len, queue))} tensors stay 16 bit "
             "unsplit")
     return kept, dropped, [len(group) for group in queue]
+
+
+def _additions(cpu, target, kept: set, dropped: list[list[str]], order: list[str]) -> list[list[str]]:
+    """The groups the CPU search put at 8 bit, to bring back to 16 bit in this order: those whose drop cost the most
+    on the CPU first (the HTP's own loss grows with the CPU's: Whisper's encoder, 1 - cosine 1.25x the CPU's at all
+    16 bit, 2.3x at a 30-tensor mix), then the rest of the ranking (never in the set the groups left) in doubling
+    chunks. Each drop's cost is measured again from the sets the search measured (memoized: no new CPU run)."""
+    gate = gates.as_list(target)[0]
+    better = gates.higher_is_better(gate)
+
+    def value(sixteen) -> float:
+        v = cpu.measure(sixteen).get(gate["metric"], 0.0)
+        return v if better is not False else -v
+
+    current, cost = set(kept).union(*map(set, dropped)), []
+    for group in dropped:
+        cost.append(value(current) - value(current - set(group)))
+        current -= set(group)
+    ranked = [g for _, _, g in sorted(zip(cost, range(len(dropped)), dropped), key=lambda x: (-x[0], x[1]))]
+    rest = [t for t in order if t not in kept and not any(t in g for g in dropped)]
+    return ranked + [rest[2 ** i - 1:2 ** (i + 1) - 1] for i in range(len(rest).bit_length())]
+
+
+def _bring_back(holds, kept: set, additions: list[list[str]], log, where: str = "", ruled_out=None):
+    """(kept with the fewest first groups of `additions` back at 16 bit with which `holds` (found by halving: about
+    log2 of the groups; kept with all of them, every candidate, is known to meet), the groups left at 8 bit)."""
+    def union(k: int) -> set:
+        return set(kept).union(*map(set, additions[:k]))
+
+    miss, hit = 0, len(additions)
+    while hit - miss > 1:
+        mid = (miss + hit) // 2
+        trial = union(mid)
+        why = ruled_out(trial) if ruled_out else None
+        ok = False if why else holds(trial)
+        log(f"  the first {mid} of {len(additions)} groups back at 16 bit ({len(trial)} tensors){where}: "
+            + (why or ("meets" if ok else "misses") + " the target"))
+        miss, hit = (miss, mid) if ok else (mid, hit)
+    return union(hit), additions[hit:]
 
 
 def _names(group: list[str]) -> str:
