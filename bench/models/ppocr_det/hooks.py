@@ -1,5 +1,6 @@
 """Crops of scikit-image's scanned page, text sign and astronaut photo, normalised as PP-OCR's detector expects
-(ImageNet mean/std, NCHW, 160 x 320)."""
+(ImageNet mean/std, NCHW, 160 x 320); score(): text_iou, the text pixels of the probability map (DBNet's
+threshold 0.3, as rapidocr binarizes it) against the float model's, intersection over union over the set."""
 H, W = 160, 320
 
 
@@ -29,3 +30,14 @@ def calibration_inputs(graph, count):
 
 def evaluation_inputs(graph):
     return _crops(8, 1)
+
+
+THRESHOLD = 0.3  # rapidocr's DBPostProcess thresh: a pixel above it is text
+
+
+def score(graph, inputs, outputs, *, float_outputs, labels=None):
+    import numpy as np
+    ours = np.stack([next(iter(o.values())) > THRESHOLD for o in outputs])
+    theirs = np.stack([next(iter(o.values())) > THRESHOLD for o in float_outputs])
+    union = np.logical_or(ours, theirs).sum()
+    return {"text_iou": float(np.logical_and(ours, theirs).sum() / union) if union else 1.0}
