@@ -80,8 +80,10 @@ STAGES: tuple[Stage, ...] = (
           # 4: LayerNorm scales stay uint8 under signed weights; 5: LPBQ blocks 1x1 Conv2d weights, and a table a
           # Gather reads stays per tensor whatever a MatMul's weight override asks (both change QDQ models); 6: under
           # int4 weights, the convolutions the HTP takes at no int4 stay int8 (block_quant.int4_refused); 7: writes
-          # <graph>.quantize.json and warns about Concats whose narrow inputs the shared scale crushes (concat_slices)
-          {"ort-qnn": _w("quantize", 7, ("onnxruntime", "onnx", "numpy"), relocatable=True),
+          # <graph>.quantize.json and warns about Concats whose narrow inputs the shared scale crushes (concat_slices);
+          # 8: an element-wise op's constant takes the type its op runs at, one copy per type when ops of both types
+          # read it (elementwise_constants: a mixed variant's Muls ran in float)
+          {"ort-qnn": _w("quantize", 8, ("onnxruntime", "onnx", "numpy"), relocatable=True),
            "qairt/dlc": _q("quantize", "dlc_quantize", 1, ("numpy",))}),
     Stage("aimet", "5 aimet: QDQ model + encodings JSON per variant with quantizer = \"aimet\" (AIMET's "
           "techniques, HTP config)", {"any": "aimet:aimet_tasks"},

@@ -316,11 +316,13 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
         if extra_outputs:
             _expose(model, [t for t in extra_outputs if t in activations_known])
 
+        from ..quantization import elementwise_constants as constants  # an element-wise op's constant: its type
+        constants.split_shared(model, override_names, initializers, act_name)
         qnn_input = Path(tmp) / "input.onnx"
         onnx.save(model, str(qnn_input))
         init_overrides = {t: [{"quant_type": getattr(QuantType, q)}] for t, q in override_names.items()}
         init_overrides.update({c: [{"quant_type": getattr(QuantType, q)}] for c, q in
-                               _constants_like_their_node(model, override_names, initializers, act_name).items()})
+                               constants.like_their_node(model, override_names, initializers, act_name).items()})
         from ..quantization.block_quant import INT4_FALLBACK, int4_refused, weight_override_entries  # per-layer weight bits
         # Weights the HTP takes at no int4 stay 8 bit, unless the user's own weight override names the node
         kept = {} if weights != "int4" else {node: why for node, why in int4_refused(model, per_channel).items()
@@ -375,29 +377,6 @@ def quantize(float_model: Path, output: Path, calibration: list[dict[str, "np.nd
             _unlink(Path(tmp_out))
             raise
     return kept
-
-
-# Element-wise ops whose inputs the HTP takes in one type: a constant input must be quantized as the op's activations.
-_ELEMENTWISE = ("Add", "Sub", "Mul", "Div")
-
-
-def _constants_like_their_node(model, override_names: dict[str, str], initializers: set, act_name: str) -> dict:
-    """Constant inputs of element-wise ops that run at another activation type than the variant's (an override):
-    constant -> that type. A W8A16 variant quantizes an Add's or Mul's constant input at 16 bit; a W8A8 variant with
-    the op's tensors overridden to 16 bit left it at 8 bit, and QNN then runs the op in float (measured: Whisper
-    tiny.en's encoder with every activation at 16 bit over W8A8 kept its positional Add and 4 attention-scale Muls,
-    6.1 % of its weights, in float; with the constants at 16 bit none)."""
-    found = {}
-    for node in model.graph.node:
-        if node.op_type not in _ELEMENTWISE:
-            continue
-        types = {override_names[t] for t in (*node.input, *node.output) if t in override_names}
-        if len(types) != 1 or act_name in types:
-            continue
-        for name in node.input:
-            if name in initializers and name not in override_names:
-                found[name] = next(iter(types))
-    return found
 
 
 def calibration_ranges(float_model: Path, output: Path, calibration: list[dict[str, "np.ndarray"]], *,
