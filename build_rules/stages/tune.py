@@ -139,6 +139,8 @@ def toml_section(tuned: dict, params: dict) -> str:
             b = r["budget_spent"]
             spent = (f"the CPU search stopped at its budget of {b['cpu_measurements']} measurements"
                      if "cpu_measurements" in b else
+                     f"the emulator's {b['tries']} tries at fewer tensors (after it brought groups back) stopped"
+                     if "tries" in b else
                      f"the emulator's search stopped at [tuning] max_measurements = {b['max_measurements']}")
             lines.append(f"#     {spent} with {b['groups']} group(s) of up to {b['largest']} tensors left at 16 bit "
                          "untried: more of them may go to 8 bit")

@@ -150,6 +150,8 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
                                               shown=lambda s: values(target, c.measure(s, full=True)))
                 if kept is None:
                     kept, dropped = set(order), []
+                if left:
+                    result["budget_spent"] = {"max_measurements": budget, "groups": len(left), "largest": max(left)}
                 final = c.measure(kept, full=True, target=target)
                 break
             additions = _additions(cpu, target, kept, dropped, order)
@@ -173,12 +175,15 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
             pace = c.seconds / max(c.evaluations, 1)  # (a tiny graph's measurements take a second: more of them)
             until = c.evaluations + min(max(REFINE, int(REFINE_SECONDS / max(pace, 1e-3))),
                                         max(0, spent - c.evaluations))
+            start_count = c.evaluations
             if len(refine) > 1 and c.evaluations < until:
                 log(f"  {len(kept)} tensors at 16 bit meet on the emulator; up to {until - c.evaluations} more "
                     "measurements try fewer")
-                fewer, gone, _ = _bisect(emulator_meets, refine, c.candidates, lambda: c.evaluations >= until, log,
-                                         where=" (emulator)", ruled_out=cpu_rules_out,
-                                         shown=lambda s: values(target, c.measure(s, full=True)))
+                fewer, gone, left = _bisect(emulator_meets, refine, c.candidates, lambda: c.evaluations >= until,
+                                            log, where=" (emulator)", ruled_out=cpu_rules_out,
+                                            shown=lambda s: values(target, c.measure(s, full=True)))
+                if left:  # the proposal's comment says so
+                    result["budget_spent"] = {"tries": until - start_count, "groups": len(left), "largest": max(left)}
                 if kept - fewer:
                     dropped.append([t for t in refine if t not in fewer])
                 kept = fewer
