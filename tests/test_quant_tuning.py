@@ -359,6 +359,7 @@ def test_tuning_a_16_bit_variant_that_misses_goes_on_and_fails_when_no_mix_meets
                         r"to 4 of the ranking to miss too; relax the target, or change weights / per_channel / calibration of the variant",
                         str(failed.value)), str(failed.value)
     assert lines[0].startswith("encoder: all 6 candidates at 16 bit: cosine = 0.999"), lines
+    assert sum(line.startswith("encoder: all 6 candidates at 16 bit: ") for line in lines) == 1, lines  # said once
     assert [line for line in lines if line.startswith("  top ")] == [
         f"  top {k} of the ranking at 16 bit (CPU): misses the target" for k in (1, 2, 4)]
     # on the emulator: all 16 bit and the 8-bit start, the ends the CPU's margin comes from (they agree: +0); the

@@ -75,7 +75,8 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
     # A variant with 16-bit activations is (nearly) all candidates at 16 bit: when tune gets here it has usually
     # missed as built, so that measurement goes first and a miss ends the search before any 8-bit run (measured on
     # Whisper w4a16: the 8-bit start alone ran for over 25 min before it could say nothing helps).
-    if BY_NAME[graph["variant"].get("activations", "uint8")].bits == 16:
+    sixteen_bit_variant = BY_NAME[graph["variant"].get("activations", "uint8")].bits == 16
+    if sixteen_bit_variant:
         _all_16bit(c, target, c.candidates, name, chip, where, log, first=True)
     base = c.measure(set(), full=True, target=target)  # a miss may stop early: the start is only compared
     result = {"target": target, "search": method, "candidates": len(c.candidates), "base": clean(base),
@@ -95,7 +96,7 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
     if first:  # a Concat whose narrow input its scale crushes (quantize's warning): its fix is tried first
         order = first + [t for t in order if t not in first]
         log(f"{name}: first in the ranking, the fix of the quantize stage's Concat warning: {', '.join(first)}")
-    top = _all_16bit(c, target, order, name, chip, where, log)
+    top = _all_16bit(c, target, order, name, chip, where, log, said=sixteen_bit_variant)
     result["all_16bit"] = clean(top)
     full = search_full(c, target)
     judge = None
@@ -221,14 +222,15 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
 
 
 def _all_16bit(c: Candidates, target, order: list[str], name: str, chip: dict, where: str, log,
-               first: bool = False) -> dict:
+               first: bool = False, said: bool = False) -> dict:
     """Every candidate at 16 bit on the full set (remembered: measured once however often asked). A miss does not
     end the search: a few tensors at 16 bit can meet where all of them do not (YOLOv8n: all 16 bit det_f1 0.857,
     the score Sigmoid and the output at 16 bit 0.971; a 16-bit binary that does not repeat itself is a miss), so the
     search goes on along the ranking and fails only when no mix it tries meets (_bisect). first: measured before the
-    8-bit start (a 16-bit variant: its usual miss, the first thing to know)."""
+    8-bit start (a 16-bit variant: its usual miss, the first thing to know); said: its numbers were logged then."""
     top = c.measure(set(order), full=True, target=target)
-    log(f"{name}: all {len(order)} candidates at 16 bit: {values(target, top)}")
+    if not said:
+        log(f"{name}: all {len(order)} candidates at 16 bit: {values(target, top)}")
     if "not_built" in top:  # the upper end of every search: nothing below it can be judged against it
         raise BuildError(f"{where}: {top['not_built']}; so no mix of 8 and 16 bit is searched. A variant with 16-bit "
                          "activations throughout (activations = \"uint16\", its graph inputs too) may build where "
