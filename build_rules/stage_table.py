@@ -82,7 +82,8 @@ STAGES: tuple[Stage, ...] = (
           # int4 weights, the convolutions the HTP takes at no int4 stay int8 (block_quant.int4_refused); 7: writes
           # <graph>.quantize.json and warns about Concats whose narrow inputs the shared scale crushes (concat_slices);
           # 8: an element-wise op's constant takes the type its op runs at, one copy per type when ops of both types
-          # read it (elementwise_constants: a mixed variant's Muls ran in float)
+          # read it (elementwise_constants: a mixed variant's Muls ran in float). Sensitivity, tune and diagnose
+          # quantize in-process with the same code: bump them with it
           {"ort-qnn": _w("quantize", 8, ("onnxruntime", "onnx", "numpy"), relocatable=True),
            "qairt/dlc": _q("quantize", "dlc_quantize", 1, ("numpy",))}),
     Stage("aimet", "5 aimet: QDQ model + encodings JSON per variant with quantizer = \"aimet\" (AIMET's "
@@ -143,7 +144,8 @@ STAGES: tuple[Stage, ...] = (
           # 3: candidates keep the variant's weight overrides and LPBQ blocks
           # 4: a step graph's state pairs quantized with one encoding, as the build does (state_encodings.py)
           # 5: whether its ends (all 8 / all 16 bit) repeat themselves, marked "unstable" when not
-          {"any": _w("sensitivity", 5, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),
+          # 6: candidates quantized as quantize 8 does (element-wise constants)
+          {"any": _w("sensitivity", 6, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),
     Stage("tune", "11 tune: fewest 16-bit tensors meeting each graph's target -> "
           "out/<model>/tuning/<variant>.tuned.toml", {"any": "tuning:tune_tasks"},
           # 4: the ladder judges the variant as built, then per-layer weight bits; candidates keep the variant's weights
@@ -155,13 +157,16 @@ STAGES: tuple[Stage, ...] = (
           # (and 8:) the comments give each measurement's target metrics first and the gates it missed ("misses"); a chosen
           # per-layer rung says how many weights its section keeps at int8 before listing the probes
           # 9: the search runs on the CPU, judged with margins from points measured on both; rungs screened on the CPU
-          {"any": _w("tune", 10, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
+          # 11: after the emulator misses the CPU's proposal, groups come back (halving) and a few tries at fewer;
+          # a screen rules out with the largest difference seen of either sign; candidates quantized as quantize 8
+          {"any": _w("tune", 11, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
     Stage("diagnose", "7c diagnose: where a binary loses accuracy, tensor by tensor (emulator vs CPU QDQ vs float) "
           "-> <graph>.diagnose.md", {"any": "diagnose:diagnose_tasks"},
           # 2: a drop at a layer reading int4 weights proposes the weight_overrides line; the weight type per row;
           # 3: a concatenated tensor slice by slice, a crushed slice named with its overrides (concat_slices.py);
-          # a binary that does not repeat itself: where it starts, precisions tried ("instability")
-          {"any": _w("diagnose", 3, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),
+          # a binary that does not repeat itself: where it starts, precisions tried ("instability"); 4: quantized as
+          # quantize 8 does (element-wise constants)
+          {"any": _w("diagnose", 4, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),
     Stage("multi_soc", "12 multi_soc: [dist] multi_soc = true: one Flexible Context Binary per graph for all the "
           "variant's chips", {"any": "dist:multi_soc_tasks"},
           {"any": _w("multi_soc", 1, ("onnxruntime", "onnx"), sdk=True)}),

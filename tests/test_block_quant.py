@@ -282,7 +282,7 @@ def test_tune_keeps_the_fewest_weights_at_int8_when_lpbq_misses(built, tmp_path,
     ort = rungs["w4a16_lpbq_ort"]["graphs"]["block"]
     assert "subset" not in ort and 0.99 < ort["cpu"]["cosine"] < 0.997, ort
     assert ort["ruled_out"] == (f"cosine = {ort['cpu']['cosine']:.5g} on the CPU ({ort['cpu']['samples']} samples) "
-                                "with the most favourable CPU-to-emulator difference seen added: a miss beyond the "
+                                "with the largest CPU-to-emulator difference seen added in its favour: a miss beyond the "
                                 "margin")
     for name in [n for n in expected if "lpbq" in n and "aimet" in n]:
         cosine = rungs[name]["graphs"]["block"]["subset"]["cosine"]

@@ -655,8 +655,10 @@ def test_a_second_tune_after_a_target_edit_the_first_decided_runs_no_emulator_se
     assert opened.count("model") > 0 and opened.count("binary") > 0, opened  # candidates, then the proposal built
     tuned = (tinynet_repo / "out/tinynet/tuning/w8a8.tuned.toml").read_text()
     proposal = tuned[tuned.index("[variants."):]
-    # a target the first tune's measurements already decide: the proposal met 0.99985, and so does it 0.99984
-    toml.write_text(toml.read_text().replace("min = 0.99985", "min = 0.99984"))
+    # a target the first tune's measurements already decide: the head met 0.98 at 8 bit (0.9929), and so does it
+    # 0.97. (Not the encoder's 0.99985 -> 0.99984: a lower target lets sets through that the CPU ruled out before,
+    # and the search measures them: new points, as it should.)
+    toml.write_text(toml.read_text().replace("min = 0.98", "min = 0.97"))
     log.write_text("")
     second = run_doit(tinynet_repo, "tune:tinynet/w8a8")
     assert second.ran == {"tune:tinynet/w8a8"}, second.output  # the target is part of the task: it runs again

@@ -132,7 +132,7 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
         def emulator_meets(sixteen) -> bool:
             return meets(target, c.measure(sixteen, full=True, target=target))
 
-        def cpu_rules_out(sixteen) -> str | None:  # a miss even with the most favourable difference seen
+        def cpu_rules_out(sixteen) -> str | None:  # a miss even with the largest difference seen in its favour
             best = judge.optimistic(cpu.measure(sixteen))
             return None if meets(target, best) else f"ruled out on the CPU ({values(target, best)} at best)"
 

@@ -160,7 +160,7 @@ class Ladder:
 
     def ruled_out(self, rung: dict, graph: dict) -> str | None:
         """Why the CPU rules this rung out for `graph` before SeqMSE or the emulator (cpu_search.py), or None: an
-        onnxruntime rung whose CPU QDQ model misses even with the most favourable CPU-to-emulator difference seen; an
+        onnxruntime rung whose CPU QDQ model misses even with the largest CPU-to-emulator difference seen in its favour; an
         AIMET rung whose onnxruntime counterpart misses by more than SeqMSE recovers."""
         name, judge = graph["name"], self.judges.get(graph["name"])
         if judge is None or name not in self.candidates:
@@ -179,8 +179,8 @@ class Ladder:
             self.screened = {**bound, "samples": len(samples)}
             if not meets(graph["target"], bound):
                 return (f"even with its weights in float (what no weight technique, SeqMSE or AdaRound, can beat) "
-                        f"{values(graph['target'], bound)} on the CPU ({len(samples)} samples), the most favourable CPU-to-emulator difference "
-                        "seen added")
+                        f"{values(graph['target'], bound)} on the CPU ({len(samples)} samples), the largest CPU-to-emulator difference "
+                        "seen added in its favour")
             counterpart = judge.optimistic(cpu_search.qdq_summary(c, path, samples))
             self.screened = {**counterpart, "samples": len(samples)}
             return cpu_search.beyond_recovery(graph["target"], counterpart)
@@ -192,8 +192,8 @@ class Ladder:
         self.screened = {**summary, "samples": len(samples)}
         if meets(graph["target"], summary):
             return None
-        return (f"{values(graph['target'], summary)} on the CPU ({len(samples)} samples) with the most favourable CPU-to-emulator difference "
-                "seen added: a miss beyond the margin")
+        return (f"{values(graph['target'], summary)} on the CPU ({len(samples)} samples) with the largest CPU-to-emulator difference "
+                "seen added in its favour: a miss beyond the margin")
 
     def build_graph(self, rung: dict, graph: dict) -> dict:
         """Quantize + compile one graph for a rung: {"path", "bytes"} or {"error"}; once per rung name and graph (the
