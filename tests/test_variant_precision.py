@@ -100,17 +100,28 @@ def test_a_16_bit_element_wise_op_in_an_8_bit_variant_takes_its_constant_at_16_b
     16 bit over W8A8: its positional Add and 4 attention-scale Muls, 6.1 % of its weights). The constant now takes
     the op's type, as in a W8A16 variant, and nothing runs in float (issue 45)."""
     import numpy as np
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    types, float_ops = _mixed_model(tmp_path, rng, [
+        numpy_helper.from_array((rng.standard_normal((16, 16)) * 0.3).astype(np.float32), "w"),
+        numpy_helper.from_array(np.array(0.125, np.float32), "scale"),
+        numpy_helper.from_array((rng.standard_normal((1, 16)) * 0.1).astype(np.float32), "positions")], [
+        helper.make_node("MatMul", ["x", "w"], ["mm"], name="matmul"),
+        helper.make_node("Mul", ["mm", "scale"], ["scaled"], name="mul"),
+        helper.make_node("Add", ["scaled", "positions"], ["y"], name="add")],
+        {"mm": "uint16", "scaled": "uint16", "y": "uint16"})
+    assert types["scale_quantized"] == types["positions_quantized"] == TensorProto.UINT16
+    assert float_ops["count"] == 0, float_ops
+
+
+def _mixed_model(tmp_path, rng, weights, nodes, overrides):
+    """(initializer -> ONNX data type, float_ops) of a 1x16 -> 1x16 graph of `nodes` quantized at W8A8 with
+    `overrides` at 16 bit and compiled for SM8750."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
 
     from build_rules.toolchains import ort_qnn
-    rng = np.random.default_rng(0)
-    weights = [numpy_helper.from_array((rng.standard_normal((16, 16)) * 0.3).astype(np.float32), "w"),
-               numpy_helper.from_array(np.array(0.125, np.float32), "scale"),
-               numpy_helper.from_array((rng.standard_normal((1, 16)) * 0.1).astype(np.float32), "positions")]
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"], name="matmul"),
-             helper.make_node("Mul", ["mm", "scale"], ["scaled"], name="mul"),
-             helper.make_node("Add", ["scaled", "positions"], ["y"], name="add")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], weights)
     float_model = tmp_path / "model.onnx"
@@ -118,12 +129,10 @@ def test_a_16_bit_element_wise_op_in_an_8_bit_variant_takes_its_constant_at_16_b
     calibration = [{"x": rng.standard_normal((1, 16)).astype(np.float32)} for _ in range(8)]
     qdq = tmp_path / "mixed.qdq.onnx"
     ort_qnn.quantize(float_model, qdq, calibration, activations="uint8", weights="uint8", per_channel=False,
-                     overrides={"mm": "uint16", "scaled": "uint16", "y": "uint16"})
-    model = onnx.load(str(qdq))
-    types = {i.name: i.data_type for i in model.graph.initializer}
-    assert types["scale_quantized"] == types["positions_quantized"] == TensorProto.UINT16
+                     overrides=overrides)
+    types = {i.name: i.data_type for i in onnx.load(str(qdq)).graph.initializer}
     compiled = ort_qnn.compile_context_binary(qdq, tmp_path / "SM8750", "g", soc_model=69, vtcm_mb=8, fp16=False)
-    assert compiled["float_ops"]["count"] == 0, compiled["float_ops"]
+    return types, compiled["float_ops"]
 
 
 def test_a_constant_shared_by_element_wise_ops_of_both_types_is_split_and_nothing_runs_in_float(tmp_path):
@@ -131,26 +140,15 @@ def test_a_constant_shared_by_element_wise_ops_of_both_types_is_split_and_nothin
     tensors at 16 bit over W8A8: 7 Muls in float): one initializer has one type, so each type gets its own copy and
     every Mul runs on the HTP."""
     import numpy as np
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
-
-    from build_rules.toolchains import ort_qnn
     rng = np.random.default_rng(1)
-    weights = [numpy_helper.from_array((rng.standard_normal((16, 16)) * 0.3).astype(np.float32), "w"),
-               numpy_helper.from_array((rng.uniform(0.5, 1.0, (1, 16))).astype(np.float32), "mask")]
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"], name="matmul"),
-             helper.make_node("Mul", ["mm", "mask"], ["wide"], name="mul_16"),
-             helper.make_node("Mul", ["x", "mask"], ["narrow"], name="mul_8"),
-             helper.make_node("Add", ["wide", "narrow"], ["y"], name="add")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], weights)
-    float_model = tmp_path / "model.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(float_model))
-    calibration = [{"x": rng.standard_normal((1, 16)).astype(np.float32)} for _ in range(8)]
-    qdq = tmp_path / "mixed.qdq.onnx"
-    ort_qnn.quantize(float_model, qdq, calibration, activations="uint8", weights="uint8", per_channel=False,
-                     overrides={"mm": "uint16", "wide": "uint16"})
-    types = {i.name: i.data_type for i in onnx.load(str(qdq)).graph.initializer}
+    types, float_ops = _mixed_model(tmp_path, rng, [
+        numpy_helper.from_array((rng.standard_normal((16, 16)) * 0.3).astype(np.float32), "w"),
+        numpy_helper.from_array((rng.uniform(0.5, 1.0, (1, 16))).astype(np.float32), "mask")], [
+        helper.make_node("MatMul", ["x", "w"], ["mm"], name="matmul"),
+        helper.make_node("Mul", ["mm", "mask"], ["wide"], name="mul_16"),
+        helper.make_node("Mul", ["x", "mask"], ["narrow"], name="mul_8"),
+        helper.make_node("Add", ["wide", "narrow"], ["y"], name="add")],
+        {"mm": "uint16", "wide": "uint16"})
     assert types["mask_quantized"] == TensorProto.UINT8 and types["mask_QUInt16_quantized"] == TensorProto.UINT16
-    compiled = ort_qnn.compile_context_binary(qdq, tmp_path / "SM8750", "g", soc_model=69, vtcm_mb=8, fp16=False)
-    assert compiled["float_ops"]["count"] == 0, compiled["float_ops"]
+    assert float_ops["count"] == 0, float_ops

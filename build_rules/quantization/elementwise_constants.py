@@ -20,19 +20,23 @@ def _node_type(node, override_names: dict[str, str], act_name: str) -> str | Non
     return act_name if not types else next(iter(types)) if len(types) == 1 else None
 
 
+def _constant_readers(model, override_names: dict[str, str], initializers: set, act_name: str):
+    """(node, the type it runs at, a constant input it reads) of each element-wise node with one type."""
+    for node in model.graph.node:
+        kind = _node_type(node, override_names, act_name) if node.op_type in ELEMENTWISE else None
+        for name in node.input if kind else ():
+            if name in initializers and name not in override_names:
+                yield node, kind, name
+
+
 def split_shared(model, override_names: dict[str, str], initializers: set, act_name: str) -> list[str]:
     """Gives each activation type its own copy of a constant that element-wise nodes of different types read (a copy
     for a type other than the variant's is named `<constant>_<onnxruntime type>`, e.g. `mask_QUInt16`); returns the
     new names. Changes `model` and `initializers` in place."""
     from onnx import TensorProto
     readers: dict[str, dict[str, list]] = {}
-    for node in model.graph.node:
-        if node.op_type not in ELEMENTWISE:
-            continue
-        kind = _node_type(node, override_names, act_name)
-        for name in node.input:
-            if kind and name in initializers and name not in override_names:
-                readers.setdefault(name, {}).setdefault(kind, []).append(node)
+    for node, kind, name in list(_constant_readers(model, override_names, initializers, act_name)):
+        readers.setdefault(name, {}).setdefault(kind, []).append(node)
     by_name = {i.name: i for i in model.graph.initializer}
     added = []
     for name, kinds in readers.items():
@@ -55,14 +59,5 @@ def split_shared(model, override_names: dict[str, str], initializers: set, act_n
 def like_their_node(model, override_names: dict[str, str], initializers: set, act_name: str) -> dict[str, str]:
     """constant -> the type its element-wise readers run at, where that is not the variant's (after split_shared:
     one type per constant)."""
-    found = {}
-    for node in model.graph.node:
-        if node.op_type not in ELEMENTWISE:
-            continue
-        kind = _node_type(node, override_names, act_name)
-        if kind is None or kind == act_name:
-            continue
-        for name in node.input:
-            if name in initializers and name not in override_names:
-                found[name] = kind
-    return found
+    return {name: kind for _, kind, name in _constant_readers(model, override_names, initializers, act_name)
+            if kind != act_name}

@@ -39,7 +39,7 @@ from .precision import Candidates, clean, describe, meets, values
 from .precision import search as search_full
 
 SEARCHES = ("bisect", "exhaustive")
-CONFIRMATIONS = 3  # emulator checks of the CPU's proposal (each miss widens the margin) before the emulator searches
+CONFIRMATIONS = 3  # emulator checks of the CPU's proposals (each miss widens the margin) before the emulator brings back
 CPU_MEASUREMENTS_PER_TENSOR = 4  # the CPU search's budget: group halving needs about 2 per tensor kept
 # Emulator measurements that try to put tensors back at 8 bit after the emulator brought groups back from a CPU
 # proposal it missed: that set meets already; each try of a transformer's is minutes (Whisper's encoder: ~40 s a miss
