@@ -101,7 +101,7 @@ def cpu_wer(repo: Path, variant: str) -> tuple[dict, float]:
     cwd = os.getcwd()
     os.chdir(repo)
     try:
-        metrics, _ = evaluate._evaluate({"hooks": "models/whisper_tiny_en/export.py", "on": "cpu",
+        metrics, _, _ = evaluate.measure({"hooks": "models/whisper_tiny_en/export.py", "on": "cpu",
                                          "data_dir": "out/whisper_tiny_en/data",
                                          "graphs": {g: f"out/whisper_tiny_en/{variant}/{g}.qdq.onnx"
                                                     for g in ("encoder", "decoder")}})

@@ -36,7 +36,7 @@ def wer(repo: Path, mixes: list[str]) -> None:
     for mix in mixes:
         enc, dec = mix.split("+")
         started = time.perf_counter()
-        metrics, _ = evaluate._evaluate({"hooks": "models/whisper_tiny_en/export.py", "on": "cpu",
+        metrics, _, _ = evaluate.measure({"hooks": "models/whisper_tiny_en/export.py", "on": "cpu",
                                          "data_dir": f"{MODEL}/data",
                                          "graphs": {"encoder": _graph(repo, enc, "encoder"),
                                                     "decoder": _graph(repo, dec, "decoder")}})

@@ -303,7 +303,7 @@ FILE_SECONDS = {
     "test_concat_slices.py": 47, "test_transformer_blocks.py": 42, "test_errors.py": 37, "test_results.py": 36,
     "test_gates.py": 33, "test_emulator_runs.py": 33, "test_early_verdicts.py": 29, "test_fuzzed_inputs.py": 23,
     "test_ort_qnn_toolchain.py": 14, "test_house.py": 12, "test_report_figure.py": 5, "test_load_paths.py": 0,
-    "test_quant_spec.py": 0, "test_verdict_numbers.py": 160, "test_tune_as_built.py": 120,
+    "test_quant_spec.py": 0, "test_verdict_numbers.py": 160, "test_tune_as_built.py": 120, "test_tune_model_gate.py": 80,
 }
 
 

@@ -86,7 +86,7 @@ def run(params: dict) -> dict:
         metrics, graph_runs = inherited["metrics"], inherited["graph_runs"]
         key = None  # not this chip's own measurement: its memo never takes these numbers for one (results.py)
     else:
-        metrics, graph_runs, partial = _evaluate(params)
+        metrics, graph_runs, partial = measure(params)
         atomic_write_json(memo, {"key": key, "metrics": metrics, "graph_runs": graph_runs,
                                  **({"partial": partial} if partial else {})})
     report = {"on": params["on"], "metrics": metrics, "gates": params.get("gates", [])}
@@ -165,7 +165,7 @@ def _float_metrics(params: dict) -> dict | None:
     return json.loads(Path(params["float_report"]).read_text())["metrics"]
 
 
-def _evaluate(params: dict) -> tuple[dict, dict, dict | None]:
+def measure(params: dict) -> tuple[dict, dict, dict | None]:
     """(metrics, graph runs, the early verdict or None) of the evaluate hooks over the graphs, on the CPU or the HTP
     emulator. Only a per-sample hook with a bound() can stop early (docs/model-toml.md, "Early verdicts")."""
     hooks = load_hooks(params["hooks"], params.get("data_dir"), params.get("checkpoints"))

@@ -27,35 +27,87 @@ from ..build_state import layout, results
 from ..plumbing.files import atomic_write_json, atomic_write_text
 from .support.mixed_precision import search
 from .support.precision import describe, values
-from .support import cpu_search, tune_confirm, tune_ladder
+from ..errors import BuildError
+from .support import cpu_search, tune_confirm, tune_ladder, tune_model_gate
 
 
 def run(params: dict) -> dict:
     started = time.perf_counter()
     ladder = tune_ladder.search(params)  # whole variants across quantizers and bit widths, before 16-bit tensors
     if ladder["chosen"]:
-        return tune_ladder.write(params, ladder, started)
-    found, warnings = {}, []
+        try:
+            return tune_ladder.write(params, ladder, started)
+        except tune_model_gate.Missed as missed:  # the model's gate decides: the mixed search goes on
+            print(f"{params['name']}: the ladder's {missed}; the mixed-precision search runs", flush=True)
+    found, warnings, reuse = {}, [], {}
     for graph in params["graphs"]:  # the ladder's measurements of the variant are reused
         built = as_built(params["model"], params["variant"], graph["name"])
-        found[graph["name"]] = _tune_graph(graph, params, built, ladder["candidates"].get(graph["name"]))
+        reuse[graph["name"]] = {}  # its ranking, CPU model and measurements, for a search with a tighter target
+        found[graph["name"]] = _tune_graph(graph, params, built, ladder["candidates"].get(graph["name"]),
+                                           reuse[graph["name"]])
         warnings += _other_chips_fail(graph["name"], found[graph["name"]], built, params)
     tuned = {"model": params["model"], "variant": params["variant"], "name": params["new_name"],
-             "chip": params["chip"], "model_toml": params["model_toml"], "graphs": found,
-             **tune_ladder.summary(ladder, found, params)}
-    w16 = tuned.get("w8a16", {})
-    if "bytes" in w16 and tuned.get("mixed_bytes", 0) >= w16["bytes"]:  # a mix no cheaper than W8A16: propose it
-        tuned["w8a16_instead"] = True
-    text = toml_section(tuned, params)
-    if f"\n[variants.{_key(params['new_name'])}]" in text:  # the last step: the proposal built as the build builds it
-        tuned["as_built"] = tune_confirm.build_and_measure(params, text)
+             "chip": params["chip"], "model_toml": params["model_toml"], "graphs": found, "model_rounds": []}
+    for step in (*tune_model_gate.STEPS, None):  # the proposal built; while the model's gate misses, tighter targets
+        tuned.update(tune_ladder.summary(ladder, found, params))
+        w16 = tuned.get("w8a16", {})
+        # a mix no cheaper than W8A16: propose W8A16 itself
+        tuned["w8a16_instead"] = "bytes" in w16 and tuned.get("mixed_bytes", 0) >= w16["bytes"]
         text = toml_section(tuned, params)
+        if f"\n[variants.{_key(params['new_name'])}]" not in text:
+            break
+        built = tune_confirm.build_and_measure(params, text)  # built as the build builds it
+        tuned["as_built"], tuned["model_gate"] = built["graphs"], built["model"]
+        if built["model"] is None or built["model"]["passed"]:
+            break
+        targets = _tighter_targets(params, found, step)
+        if not targets:
+            raise BuildError(_model_gate_failure(params, tuned, step))
+        tuned["model_rounds"].append({"round": len(tuned["model_rounds"]) + 1,
+                                      "missed": tune_model_gate.describe(built["model"]),
+                                      "targets": {g: {"from": describe(found[g]["target"]), "to": describe(t)}
+                                                  for g, t in targets.items()}})
+        print(f"{params['name']}: the proposal meets every graph's target but misses the model's gate "
+              f"({tune_model_gate.describe(built['model'])}): searched again with "
+              + "; ".join(f"{g}'s target {describe(t)}" for g, t in targets.items()), flush=True)
+        for graph in params["graphs"]:
+            if graph["name"] in targets:
+                found[graph["name"]] = _tune_graph({**graph, "target": targets[graph["name"]]}, params, {},
+                                                   None, reuse[graph["name"]])
+    text = toml_section(tuned, params)  # with what the last build gave
     tuned["seconds"] = round(time.perf_counter() - started, 1)
     atomic_write_text(params["outputs"]["toml"], text)
     atomic_write_json(params["outputs"]["json"], {k: v for k, v in tuned.items() if k != "ladder_comments"})
     for warning in warnings:
         print(f"warning: {warning}", flush=True)
     return {g: len(r["sixteen_bit"]) for g, r in found.items()} | ({"warnings": warnings} if warnings else {})
+
+
+def _tighter_targets(params: dict, found: dict, step: float | None) -> dict:
+    """graph -> its stricter target for the next round (tune_model_gate.tighten), for each graph tune mixed (some
+    tensors at 8 bit); {} after the last round or when no target can move."""
+    if step is None:
+        return {}
+    targets = {}
+    for graph in params["graphs"]:
+        r = found[graph["name"]]
+        if r.get("target") and r.get("sixteen_bit") is not None and "all_16bit" in r:
+            tighter = tune_model_gate.tighten(r["target"], r["tuned"], r["all_16bit"], step)
+            if tighter is not None:
+                targets[graph["name"]] = tighter
+    return targets
+
+
+def _model_gate_failure(params: dict, tuned: dict, step) -> str:
+    rounds = len(tuned["model_rounds"])
+    done = f"after {rounds} round{'s' * (rounds != 1)} of tighter graph targets" if rounds else "at the graphs' targets"
+    why = done + (", the last at what all candidates at 16 bit give" if step is None else
+                  ", and no graph's target can be tightened further (each graph is at its all-16-bit value or was "
+                  "not mixed, or its target is relative to float)")
+    return (f"{params['name']}: the proposal {params['new_name']}, built as the build builds it, meets every graph's "
+            f"target but misses the model's gate ([evaluate] in {params['model_toml']}): "
+            f"{tune_model_gate.describe(tuned['model_gate'])}, {why}; nothing is written. The variant's weights "
+            "or calibration (or a relaxed [evaluate] gate) must change: each graph's numbers are in this log")
 
 
 def as_built(model: str, variant: str, graph: str) -> dict:
@@ -82,7 +134,7 @@ def _other_chips_fail(graph: str, result: dict, built: dict, params: dict) -> li
             f"for that chip, set chip = \"{failing[0]}\" under [tuning] in {params['model_toml']}"]
 
 
-def _tune_graph(graph: dict, params: dict, built: dict, candidates) -> dict:
+def _tune_graph(graph: dict, params: dict, built: dict, candidates, reuse: dict) -> dict:
     """What the build measured on every chip (the log), then the search (mixed_precision.search)."""
     for chip, r in built.items():  # what the build measured, before this search
         verdict = {True: "passed", False: "FAILED", None: "not run"}[r["passed"]]
@@ -91,7 +143,7 @@ def _tune_graph(graph: dict, params: dict, built: dict, candidates) -> dict:
     return search(graph, graph["target"], chip=params["chip"], samples=params["samples"], hooks=params["hooks"],
                   data_dir=params.get("data_dir"), sensitivity=graph.get("sensitivity"),
                   method=params["search"]["method"], budget=params["search"]["max_measurements"],
-                  variant=params["variant"], where=params["name"], log=_print, candidates=candidates)
+                  variant=params["variant"], where=params["name"], log=_print, candidates=candidates, reuse=reuse)
 
 
 def _print(line: str) -> None:
@@ -153,6 +205,7 @@ def toml_section(tuned: dict, params: dict) -> str:
         lines += [f"# No mix of 8 and 16 bit found is smaller than W8A16 here ({tuned['mixed_bytes'] / 1e3:.1f} KB "
                   f"against {tuned['w8a16']['bytes'] / 1e3:.1f} KB, measured above): the proposal is W8A16 itself"]
     lines += tune_confirm.comment_lines(tuned.get("as_built"), chip)
+    lines += tune_model_gate.comment_lines(tuned.get("model_gate"), tuned.get("model_rounds", []))
     lines += [f"# Keep it: python -m build_rules.tuning apply {params['final_outputs']['toml']}", ""]
     if tuned.get("w8a16_instead"):
         return "\n".join(lines + tune_ladder.w8a16_section(_key(name), base, params["graphs"]))

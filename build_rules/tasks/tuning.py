@@ -146,5 +146,10 @@ def tune_tasks():
                       "samples": model.tuning.samples if model.tuning else 32, "search": _search(model),
                       "try_variants": (model.tuning or Tuning()).try_variants,
                       "hooks": rel(model.hooks), "outputs": outputs, **data_params}
+            if model.evaluate and model.evaluate_gates:
+                # the model's own gate (e.g. WER) on the proposal's binaries: tune_model_gate.py
+                params["evaluate"] = {"gates": gate_dicts(model.evaluate_gates),
+                                      "float_report": layout.float_file(model.name, "model", ".evaluate.json")}
+                file_dep.append(params["evaluate"]["float_report"])
             yield stage_task("tune", f"{model.name}/{variant.name}", params, [*file_dep, *hook_files(model), *data_dep],
                               list(outputs.values()), layout.tuning_file(model.name, variant.name, ".tune.log"))

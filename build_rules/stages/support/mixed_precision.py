@@ -49,13 +49,16 @@ REFINE, REFINE_SECONDS = 4, 300.0  # at least REFINE, or as many as take REFINE_
 
 def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_dir=None,
            sensitivity: str | None = None, method: str = "bisect", budget: int = 48, order: list[str] | None = None,
-           variant: str = "the variant", where: str = "tune", log=print, candidates: Candidates | None = None) -> dict:
+           variant: str = "the variant", where: str = "tune", log=print, candidates: Candidates | None = None,
+           reuse: dict | None = None) -> dict:
     """graph: {"name", "onnx", "ranges", "evaluation", "variant": settings} (tuning_tasks._tuning_graph);
     target: a gate dict or a list of them, all to be met (gates.py judges them, through precision.meets), or None;
     candidates: the graph's Candidates when the caller has measured with them already (tune's ladder); budget: emulator measurements the
     bisect search may make between the all-16-bit check and the final check; order: a ranking to use instead of the
     sensitivity task's or the CPU's (candidates, most important first; others are appended in graph order);
-    where: the task, for errors.
+    where: the task, for errors; reuse: a dict this search fills with its Candidates, ranking, CPU model and the
+    points measured on both, and a later search of the same graph (a tighter target: tune_model_gate.py) starts from
+    them: only sets not measured yet are measured.
     Returns the result written to <variant>.tuned.json:
     sixteen_bit (the tensors to override, in ranking order), base / all_16bit / tuned summaries (the emulator, full
     evaluation set), and how much was measured (evaluations, emulator_seconds on the emulator; cpu_evaluations,
@@ -66,7 +69,9 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
         return {"target": None, "sixteen_bit": [], "note": "no target"}
     if method not in SEARCHES:
         raise ValueError(f"unknown search {method!r}; expected one of {', '.join(SEARCHES)}")
-    c = candidates or Candidates(graph, chip, samples, hooks, data_dir)
+    reuse = {} if reuse is None else reuse
+    c = reuse.get("candidates") or candidates or Candidates(graph, chip, samples, hooks, data_dir)
+    reuse["candidates"] = c
     c.not_built_is_a_miss = True  # a trial the HTP does not build cannot ship: the search goes on past it
     from ...plumbing import progress
     progress.watch(lambda: c.evaluations, f"emulator measurements for {name}")  # a search: no total known ahead
@@ -85,11 +90,14 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
     if meets(target, base):
         result.update(sixteen_bit=[], tuned=clean(base), note="the variant already meets the target")
         return _done(result, c)
-    if order is not None:
+    if "order" in reuse:
+        order, source, cpu = reuse["order"], reuse["source"], reuse["cpu"]
+    elif order is not None:
         order = [t for t in order if t in c.candidates]
         order, source, cpu = order + [t for t in c.candidates if t not in order], "given", None
     else:
         order, source, cpu = _order(c, hooks, sensitivity, method, log, target)
+    reuse.update(order=order, source=source, cpu=cpu)
     result["ranking"] = source
     log(f"{name}: ranking from {source}")
     first = _concat_fixes(graph, c)
@@ -107,12 +115,14 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
         # 2-3 on the CPU switch model, judged with the margin its differences from the emulator set (cpu_search.py);
         # the emulator confirms the result on every sample, and a miss there widens the margin and brings groups back
         from . import cpu_ranking, cpu_search
-        cpu = cpu or cpu_ranking.SwitchModel(c)
+        cpu = reuse["cpu"] = cpu or cpu_ranking.SwitchModel(c)
         progress.watch(lambda: cpu.evaluations, f"CPU measurements for {name}", slot="cpu")
         judge = cpu_search.Judge(cpu, target)
         everything = list(range(len(c.inputs)))
         judge.learn("the variant at 8 bit", set(), base, everything)
         judge.learn("all at 16 bit", set(order), top, everything)
+        for point, sixteen, measured in reuse.get("proposals", []):  # an earlier search's: their margins hold
+            judge.learn(point, sixteen, measured, everything)
         log(f"{name}: the CPU against the emulator: {judge.describe()}; a CPU number is judged with "
             + ", ".join(f"{m} {d:+.5g}" for m, d in judge.margin().items()))
         cpu_budget = cpu.evaluations + CPU_MEASUREMENTS_PER_TENSOR * len(order)
@@ -139,6 +149,7 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
         for round_ in range(1, CONFIRMATIONS + 1):
             final = c.measure(kept, full=True, target=target)
             judge.learn(f"proposal {round_}", kept, final, everything)
+            reuse.setdefault("proposals", []).append((f"an earlier proposal ({len(kept)} tensors)", set(kept), final))
             if meets(target, final) or not kept:
                 break
             margin = ", ".join(f"{m} {d:+.5g}" for m, d in judge.margin().items())

@@ -25,9 +25,12 @@ from ...quantization.quant_spec import QuantSpec
 from .precision import clean, describe, meets, values
 
 
-def build_and_measure(params: dict, section: str) -> dict[str, dict]:
-    """graph -> {"summary", "meets", "bytes"} of the proposal `section` (the [variants.<name>] text tune writes),
-    built for the tuning chip as the build builds it; only graphs with a target. Raises BuildError when one misses."""
+def build_and_measure(params: dict, section: str) -> dict:
+    """{"graphs": graph -> {"summary", "meets", "bytes"}, "model": the model's gate or None} of the proposal
+    `section` (the [variants.<name>] text tune writes), built for the tuning chip as the build builds it. Graphs: those
+    with a target. Raises BuildError when one misses. The model's [evaluate] gate (params["evaluate"], when the model
+    has one) is judged on every graph's binary once each graph meets its own (tune_model_gate.py); its miss is
+    returned, not raised: tune decides what follows."""
     from .. import check
     from ..quantize import write_qdq
     from ...quantization.block_quant import float_scale_blocks
@@ -35,16 +38,17 @@ def build_and_measure(params: dict, section: str) -> dict[str, dict]:
     from ...toolchains import ort_qnn
     import onnx
     chip = params["chip"]
-    found = {}
+    found, binaries, model = {}, {}, None
     with tempfile.TemporaryDirectory(prefix="tune-as-built-") as work:
         variant = _load_variant(params, section, Path(work))
         for graph in params["graphs"]:
-            if not graph.get("target"):
-                continue
+            if not graph.get("target") and not params.get("evaluate"):
+                continue  # (the model's gate runs every graph: then each is built)
             name = graph["name"]
             spec = QuantSpec.from_settings(variant.settings_for(name))
             qdq = Path(work, f"{name}.qdq.onnx")
-            print(f"as built: {name}: quantize, compile for {chip['name']}, run on all evaluation samples", flush=True)
+            print(f"as built: {name}: quantize, compile for {chip['name']}"
+                  + (", run on all evaluation samples" if graph.get("target") else ""), flush=True)
             if spec.is_aimet:
                 _aimet(params, graph, spec, qdq)
             else:
@@ -56,6 +60,9 @@ def build_and_measure(params: dict, section: str) -> dict[str, dict]:
             compiled = ort_qnn.compile_context_binary(
                 qdq, Path(work, chip["name"]), name, soc_model=chip["soc_id"], vtcm_mb=chip["vtcm_mb"], fp16=False,
                 block_quant=float_scale_blocks(onnx.load(str(qdq), load_external_data=False)))
+            binaries[name] = compiled["ctx_model"]
+            if not graph.get("target"):
+                continue
             inputs, reference = load_evaluation(graph["evaluation"])
             metrics = check.measure_until_decided(compiled["ctx_model"], params["hooks"], name, params.get("data_dir"),
                                                   inputs, reference, load_labels(graph["evaluation"]), None)
@@ -69,18 +76,23 @@ def build_and_measure(params: dict, section: str) -> dict[str, dict]:
                            "_summary": summary}
             print(f"as built: {name}: {values(graph['target'], summary)} on all {len(inputs)} samples: "
                   f"{'meets' if found[name]['meets'] else 'misses'} {describe(graph['target'])}", flush=True)
-    missed = [n for n, r in found.items() if not r["meets"]]
-    if missed:
-        raise BuildError(f"{params['name']}: the proposal {params['new_name']}, built as the build builds it "
-                         f"(quantize, compile for {chip['name']}, its context binary on the emulator, all samples), "
-                         "misses: " + "; ".join(
-                             f"{n}: {values(_target(params, n), found[n]['_summary'])} against "
-                             f"{describe(_target(params, n))}" for n in missed)
-                         + "; nothing is written: the search's numbers above are not what the build would give "
-                         "(report it with this log)")
-    for r in found.values():
-        r.pop("_summary")
-    return found
+        missed = [n for n, r in found.items() if not r["meets"]]
+        if missed:
+            raise BuildError(f"{params['name']}: the proposal {params['new_name']}, built as the build builds it "
+                             f"(quantize, compile for {chip['name']}, its context binary on the emulator, all "
+                             "samples), misses: " + "; ".join(
+                                 f"{n}: {values(_target(params, n), found[n]['_summary'])} against "
+                                 f"{describe(_target(params, n))}" for n in missed)
+                             + "; nothing is written: the search's numbers above are not what the build would give "
+                             "(report it with this log)")
+        for r in found.values():
+            r.pop("_summary")
+        if params.get("evaluate"):
+            from . import tune_model_gate
+            print("as built: the model's gate ([evaluate]) on these binaries", flush=True)
+            model = tune_model_gate.evaluate(params, binaries)
+            print(f"as built: the model: {tune_model_gate.describe(model)}", flush=True)
+    return {"graphs": found, "model": model}
 
 
 def comment_lines(found: dict, chip: dict) -> list[str]:

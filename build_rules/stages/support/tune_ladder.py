@@ -488,8 +488,14 @@ def write(params: dict, found: dict, started: float) -> dict:
     comments, section = toml_lines(found, params["new_name"], params["variant"], params["graphs"])
     if section:  # the last step: the proposal built as the build builds it (tune_confirm.py)
         from . import tune_confirm
-        tuned["as_built"] = tune_confirm.build_and_measure(params, "\n".join(section))
+        from . import tune_model_gate
+        built = tune_confirm.build_and_measure(params, "\n".join(section))
+        tuned["as_built"], tuned["model_gate"] = built["graphs"], built["model"]
+        if built["model"] is not None and not built["model"]["passed"]:
+            raise tune_model_gate.Missed(f"{rung['name']} meets every graph's target but not the model's gate: "
+                                         f"{tune_model_gate.describe(built['model'])}")
         comments += tune_confirm.comment_lines(tuned["as_built"], chip)
+        comments += tune_model_gate.comment_lines(built["model"], [])
     atomic_write_json(params["outputs"]["json"], tuned)
     text = [f"# Found by `doit tune:{params['model']}/{params['variant']}`: the first rung of the ladder (fewest weight bits",
             f"# first) that meets every graph's target on the HTP emulator ({chip['name']}, soc {chip['soc_id']}), full evaluation set: "
