@@ -119,8 +119,17 @@ def _worker_cwd(tmp_path_factory):
     test and xdist worker (a memo hit where a test counts emulator runs, or a record another test left)."""
     old = os.getcwd()
     os.chdir(tmp_path_factory.mktemp("session-cwd"))
+    # One build cache for the whole run (every xdist worker): many files build the same graphs (MTCNN's, the tiny
+    # net's) in repos of their own, and a stage whose inputs and parameters are the same is restored from it, as a
+    # team's shared cache does (cache.py). A test of the cache itself sets BUILD_RULES_CACHE (or removes it) itself.
+    cache = os.environ.get("BUILD_RULES_CACHE")
+    os.environ["BUILD_RULES_CACHE"] = str(run_folder(tmp_path_factory) / "build-cache")
     yield
     os.chdir(old)
+    if cache is None:
+        os.environ.pop("BUILD_RULES_CACHE", None)
+    else:
+        os.environ["BUILD_RULES_CACHE"] = cache
 
 
 @pytest.fixture(autouse=True)

@@ -189,10 +189,12 @@ def toml_section(tuned: dict, params: dict) -> str:
             lines.append(f"#     the CPU against the emulator: {cpu_search.points_text(r['target'], r['cpu_vs_emulator'])}")
         if r.get("budget_spent"):
             b = r["budget_spent"]
-            spent = (f"the CPU search stopped at its budget of {b['cpu_measurements']} measurements"
+            spent = (f"the CPU search stopped at its time budget ({b['cpu_seconds']:.0f} s, {b['cpu_measurements']} "
+                     "measurements)" if "cpu_seconds" in b else
+                     f"the CPU search stopped at its budget of {b['cpu_measurements']} measurements"
                      if "cpu_measurements" in b else
-                     f"the emulator's {b['tries']} tries at fewer tensors (after it brought groups back) stopped"
-                     if "tries" in b else
+                     f"the emulator's {b['tries']} tries at fewer tensors (after it brought groups back) stopped at "
+                     f"{b.get('seconds', 0):.0f} s" if "tries" in b else
                      f"the emulator's search stopped at [tuning] max_measurements = {b['max_measurements']}")
             lines.append(f"#     {spent} with {b['groups']} group(s) of up to {b['largest']} tensors left at 16 bit "
                          "untried: more of them may go to 8 bit")

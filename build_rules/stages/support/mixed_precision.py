@@ -23,8 +23,9 @@ Two methods ([tuning] search):
   4. when the emulator misses it: the groups the CPU put at 8 bit come back, those whose drop cost the most on the
      CPU first, halving on how many (_additions, _bring_back): on the CPU while its wider margin still lets all 16
      bit meet (up to CONFIRMATIONS proposals), else on the emulator, which then tries a few sets of those at 8 bit
-     again (REFINE). Measured on Whisper's encoder: the CPU's 30-tensor proposal (0.99601 predicted) gave 0.99154
-     on the emulator, after which the emulator's own search from the top of the ranking ran for hours;
+     again (for up to REFINE_SECONDS of emulator time). Measured on Whisper's encoder: the CPU's 30-tensor
+     proposal (0.99601 predicted) gave 0.99154 on the emulator, after which the emulator's own search from the top
+     of the ranking ran for hours;
   5. the result on the full evaluation set; while it misses, the groups dropped last come back, then the rest of
      the ranking.
 - "exhaustive": the search before "bisect": one emulator run per tensor for the ranking (unless the sensitivity
@@ -41,10 +42,14 @@ from .precision import search as search_full
 SEARCHES = ("bisect", "exhaustive")
 CONFIRMATIONS = 3  # emulator checks of the CPU's proposals (each miss widens the margin) before the emulator brings back
 CPU_MEASUREMENTS_PER_TENSOR = 4  # the CPU search's budget: group halving needs about 2 per tensor kept
-# Emulator measurements that try to put tensors back at 8 bit after the emulator brought groups back from a CPU
-# proposal it missed: that set meets already; each try of a transformer's is minutes (Whisper's encoder: ~40 s a miss
-# stopped at its first clip, ~2.5 min a set that meets on all 4), so only a few.
-REFINE, REFINE_SECONDS = 4, 300.0  # at least REFINE, or as many as take REFINE_SECONDS at the pace so far
+# ... and its time: Whisper's encoder spent 11 min in CPU measurements of 4 clips (~3 s each) whose proposal the
+# emulator then missed by 10x the CPU's error; the groups left unsplit stay 16 bit (the comment says so)
+CPU_SEARCH_SECONDS = 300.0
+# The emulator's tries to put tensors back at 8 bit after it brought groups back from a CPU proposal it missed (that
+# set meets already): as many as start within this much emulator time (a tiny graph's take a second each; Whisper's
+# encoder's ~40 s a miss stopped at its first clip, ~2.5 min a set that meets on all 4: run 7's 8 tries took 14.5 min
+# for 24 of 132 tensors at 8 bit, ~0.1 % of the binary). At least one.
+REFINE_SECONDS = 300.0
 
 
 def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_dir=None,
@@ -126,9 +131,11 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
         log(f"{name}: the CPU against the emulator: {judge.describe()}; a CPU number is judged with "
             + ", ".join(f"{m} {d:+.5g}" for m, d in judge.margin().items()))
         cpu_budget = cpu.evaluations + CPU_MEASUREMENTS_PER_TENSOR * len(order)
+        cpu_deadline = cpu.seconds + CPU_SEARCH_SECONDS
         spent = c.evaluations + budget  # the emulator's, if it has to search itself
         final = None
-        kept, dropped, left = _bisect(judge.meets, order, c.candidates, lambda: cpu.evaluations >= cpu_budget,
+        kept, dropped, left = _bisect(judge.meets, order, c.candidates,
+                                      lambda: cpu.evaluations >= cpu_budget or cpu.seconds >= cpu_deadline,
                                       log, top_meets=meets(target, top), where=" (CPU)",
                                       shown=lambda s: values(target, judge.predicted(cpu.measure(s))) + " predicted")
         if kept is None:
@@ -137,7 +144,8 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
                              f"judges the top 1 to {left[0]} of the ranking to miss too; relax the target, or "
                              "change weights / per_channel / calibration of the variant")
         if left:  # the proposal's comment says so: a larger budget may put more at 8 bit
-            result["budget_spent"] = {"cpu_measurements": cpu_budget, "groups": len(left), "largest": max(left)}
+            result["budget_spent"] = {"cpu_measurements": cpu.evaluations, "groups": len(left), "largest": max(left),
+                                      **({"cpu_seconds": CPU_SEARCH_SECONDS} if cpu.evaluations < cpu_budget else {})}
 
         def emulator_meets(sixteen) -> bool:
             return meets(target, c.measure(sixteen, full=True, target=target))
@@ -175,7 +183,7 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
                 continue
             # the CPU cannot steer here (the margin fails even all 16 bit, or it ran out of rounds): the emulator
             # brings groups back from the CPU's proposal, halving (about log2 of the groups, a miss stops early),
-            # then tries a few sets of those at 8 bit again (REFINE): the CPU's proposal is where to start, not
+            # then tries a few sets of those at 8 bit again (REFINE_SECONDS): the CPU's proposal is where to start, not
             # what to keep (a tensor it kept the HTP may not need)
             log(f"{missed} by more than the CPU can tell apart (margin {margin}): the emulator brings back groups "
                 "the CPU put at 8 bit")
@@ -184,18 +192,21 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
                                         ruled_out=cpu_rules_out)
             brought = [t for g in additions for t in g if t in kept and t not in start]
             refine = [*brought[::-1], *[t for t in order if t in start]]  # the group that tipped it first
-            pace = c.seconds / max(c.evaluations, 1)  # (a tiny graph's measurements take a second: more of them)
-            until = c.evaluations + min(max(REFINE, int(REFINE_SECONDS / max(pace, 1e-3))),
-                                        max(0, spent - c.evaluations))
-            start_count = c.evaluations
-            if len(refine) > 1 and c.evaluations < until:
-                log(f"  {len(kept)} tensors at 16 bit meet on the emulator; up to {until - c.evaluations} more "
-                    "measurements try fewer")
-                fewer, gone, left = _bisect(emulator_meets, refine, c.candidates, lambda: c.evaluations >= until,
+            start_count, deadline = c.evaluations, c.seconds + REFINE_SECONDS
+            until = c.evaluations + max(1, spent - c.evaluations)  # within [tuning] max_measurements
+
+            def refine_spent() -> bool:
+                return c.evaluations >= until or (c.evaluations > start_count and c.seconds >= deadline)
+
+            if len(refine) > 1:
+                log(f"  {len(kept)} tensors at 16 bit meet on the emulator; the emulator tries fewer for up to "
+                    f"{REFINE_SECONDS:.0f} s")
+                fewer, gone, left = _bisect(emulator_meets, refine, c.candidates, refine_spent,
                                             log, where=" (emulator)", ruled_out=cpu_rules_out,
                                             shown=lambda s: values(target, c.measure(s, full=True)))
                 if left:  # the proposal's comment says so
-                    result["budget_spent"] = {"tries": until - start_count, "groups": len(left), "largest": max(left)}
+                    result["budget_spent"] = {"tries": c.evaluations - start_count, "groups": len(left),
+                                              "largest": max(left), "seconds": REFINE_SECONDS}
                 if kept - fewer:
                     dropped.append([t for t in refine if t not in fewer])
                 kept = fewer
