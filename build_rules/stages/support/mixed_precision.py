@@ -130,12 +130,11 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
             judge.learn(point, sixteen, measured, everything)
         log(f"{name}: the CPU against the emulator: {judge.describe()}; a CPU number is judged with "
             + ", ".join(f"{m} {d:+.5g}" for m, d in judge.margin().items()))
-        cpu_budget = cpu.evaluations + CPU_MEASUREMENTS_PER_TENSOR * len(order)
-        cpu_deadline = cpu.seconds + CPU_SEARCH_SECONDS
+        cpu_budget = CPU_MEASUREMENTS_PER_TENSOR * len(order)
+        cpu_spent = _budget(cpu, cpu_budget, CPU_SEARCH_SECONDS)
         spent = c.evaluations + budget  # the emulator's, if it has to search itself
         final = None
-        kept, dropped, left = _bisect(judge.meets, order, c.candidates,
-                                      lambda: cpu.evaluations >= cpu_budget or cpu.seconds >= cpu_deadline,
+        kept, dropped, left = _bisect(judge.meets, order, c.candidates, cpu_spent,
                                       log, top_meets=meets(target, top), where=" (CPU)",
                                       shown=lambda s: values(target, judge.predicted(cpu.measure(s))) + " predicted")
         if kept is None:
@@ -144,8 +143,9 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
                              f"judges the top 1 to {left[0]} of the ranking to miss too; relax the target, or "
                              "change weights / per_channel / calibration of the variant")
         if left:  # the proposal's comment says so: a larger budget may put more at 8 bit
-            result["budget_spent"] = {"cpu_measurements": cpu.evaluations, "groups": len(left), "largest": max(left),
-                                      **({"cpu_seconds": CPU_SEARCH_SECONDS} if cpu.evaluations < cpu_budget else {})}
+            result["budget_spent"] = {"cpu_measurements": cpu_spent.measurements(), "groups": len(left),
+                                      "largest": max(left), **({"cpu_seconds": CPU_SEARCH_SECONDS}
+                                                               if cpu_spent.measurements() < cpu_budget else {})}
 
         def emulator_meets(sixteen) -> bool:
             return meets(target, c.measure(sixteen, full=True, target=target))
@@ -192,12 +192,8 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
                                         ruled_out=cpu_rules_out)
             brought = [t for g in additions for t in g if t in kept and t not in start]
             refine = [*brought[::-1], *[t for t in order if t in start]]  # the group that tipped it first
-            start_count, deadline = c.evaluations, c.seconds + REFINE_SECONDS
-            until = c.evaluations + max(1, spent - c.evaluations)  # within [tuning] max_measurements
-
-            def refine_spent() -> bool:
-                return c.evaluations >= until or (c.evaluations > start_count and c.seconds >= deadline)
-
+            # within [tuning] max_measurements, at least one try
+            refine_spent = _budget(c, max(1, spent - c.evaluations), REFINE_SECONDS, at_least=1)
             if len(refine) > 1:
                 log(f"  {len(kept)} tensors at 16 bit meet on the emulator; the emulator tries fewer for up to "
                     f"{REFINE_SECONDS:.0f} s")
@@ -205,7 +201,7 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
                                             log, where=" (emulator)", ruled_out=cpu_rules_out,
                                             shown=lambda s: values(target, c.measure(s, full=True)))
                 if left:  # the proposal's comment says so
-                    result["budget_spent"] = {"tries": c.evaluations - start_count, "groups": len(left),
+                    result["budget_spent"] = {"tries": refine_spent.measurements(), "groups": len(left),
                                               "largest": max(left), "seconds": REFINE_SECONDS}
                 if kept - fewer:
                     dropped.append([t for t in refine if t not in fewer])
@@ -368,6 +364,22 @@ def _bisect(holds, order: list[str], graph_order: list[str], spent, log, top_mee
         log(f"  budget spent{where}: {len(queue)} group(s) of up to {max(map(len, queue))} tensors stay 16 bit "
             "unsplit")
     return kept, dropped, [len(group) for group in queue]
+
+
+class _budget:
+    """spent() of a search measured by `meter` (its .evaluations and .seconds so far): true once it has made `most`
+    measurements from now, or spent `seconds` from now after at least `at_least` of them."""
+
+    def __init__(self, meter, most: int, seconds: float, at_least: int = 0):
+        self.meter, self.most, self.seconds, self.at_least = meter, most, seconds, at_least
+        self.start = (meter.evaluations, meter.seconds)
+
+    def measurements(self) -> int:
+        return self.meter.evaluations - self.start[0]
+
+    def __call__(self) -> bool:
+        made = self.measurements()
+        return made >= self.most or (made >= self.at_least and self.meter.seconds - self.start[1] >= self.seconds)
 
 
 def _additions(cpu, target, kept: set, dropped: list[list[str]], order: list[str]) -> list[list[str]]:
