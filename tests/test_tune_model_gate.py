@@ -1,6 +1,7 @@
 """The model's own gate in `doit tune` (issue 45): Whisper's proposal met both graphs' cosine targets as built and
-failed the model's WER gate. Here the tiny two-graph net with an [evaluate] hook whose metric (the encoder's features
-against the float model's, pooled cosine) asks more than the encoder's own target: tune builds the proposal, judges
+failed the model's WER gate. Here the tiny two-graph net with an [evaluate] hook (the per-sample form Whisper's has)
+whose metric (the encoder's features against the float model's, pooled cosine) asks more than the encoder's own
+target: tune builds the proposal, judges
 the model's gate on its binaries, tightens the encoder's target when it misses and searches again; a gate that even
 every candidate at 16 bit misses fails the task with the numbers and writes nothing."""
 from __future__ import annotations
@@ -17,15 +18,22 @@ from conftest import run_doit  # noqa: E402
 
 EVALUATE = '''
 
-def evaluate(run_graph):
-    """The encoder's features against the float model's over the evaluation images (pooled cosine)."""
+def evaluation_samples():
+    return list(range(4))
+
+
+def evaluate_sample(run_graph, index):
+    """The encoder's features and the float model's, for one evaluation image (run on the emulator's workers)."""
     import onnxruntime as ort
     session = ort.InferenceSession("out/tinynet/float/encoder.sim.onnx", providers=["CPUExecutionProvider"])
-    got, want = [], []
-    for feed in _samples("encoder", 4, seed=2):
-        got.append(run_graph("encoder", feed)["features"].ravel().astype(np.float64))
-        want.append(session.run(None, feed)[0].ravel().astype(np.float64))
-    got, want = np.concatenate(got), np.concatenate(want)
+    feed = _samples("encoder", 4, seed=2)[index]
+    return {"got": run_graph("encoder", feed)["features"].ravel().astype(np.float64),
+            "want": session.run(None, feed)[0].ravel().astype(np.float64)}
+
+
+def combine(results):
+    """Pooled cosine over the images."""
+    got, want = (np.concatenate([r[k] for r in results]) for k in ("got", "want"))
     return {"features_cosine": float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want)))}
 '''
 
