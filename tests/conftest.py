@@ -233,6 +233,9 @@ def _spy(tmp_path, monkeypatch, name: str, code: str, log_variable: str) -> Path
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(spy), str(ROOT), os.environ.get("PYTHONPATH"))
                                                      if p))
     monkeypatch.setenv(log_variable, str(log))
+    # what a spy counts is what the stages ran: each repo's own build cache (out/.cache), as before the run-wide one
+    # (a check another test's identical build left in that one would be restored, not run)
+    monkeypatch.delenv("BUILD_RULES_CACHE", raising=False)
     return log
 
 
