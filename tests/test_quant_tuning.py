@@ -642,7 +642,8 @@ def test_a_second_tune_after_a_target_edit_the_first_decided_runs_no_emulator_se
     """Issue 45 item 5: a tune after an edit that changes nothing a measurement depends on reuses what the first one
     measured. The emulator output memo keys each candidate by its quantized model's bytes and the compile options,
     and the context binaries by their bytes, so a second tune whose candidates and proposal are the same runs every
-    sample from the memo: no emulator session opens. (The spy counts sessions in every stage process.)"""
+    sample from the memo: no emulator session opens (the spy counts sessions in every stage process); the CPU
+    measurements are kept too, by switch model and samples."""
     from conftest import _spy
     toml = tinynet_repo / "models/tinynet/model.toml"
     toml.write_text(toml.read_text() + '\n[variants.w8a8]\ninherits = "w8a16"\nactivations = "uint8"\n\n'
@@ -665,6 +666,13 @@ def test_a_second_tune_after_a_target_edit_the_first_decided_runs_no_emulator_se
     assert log.read_text().splitlines() == [], second.output
     text = (tinynet_repo / "out/tinynet/tuning/w8a8.tuned.toml").read_text()
     assert text[text.index("[variants."):] == proposal
+    # nor is the CPU asked again: every CPU measurement of the first tune is kept (cpu_memo.py)
+    log_text = (tinynet_repo / "out/tinynet/tuning/w8a8.tune.log").read_text()
+    ranked = re.search(r"^encoder: CPU ranking: (\d+) CPU QDQ runs \((\d+) of them measured by an earlier tune\)",
+                       log_text, re.M)
+    assert ranked and ranked.group(1) == ranked.group(2), log_text
+    encoder = json.loads((tinynet_repo / "out/tinynet/tuning/w8a8.tuned.json").read_text())["graphs"]["encoder"]
+    assert encoder["cpu_remembered"] == encoder["cpu_evaluations"] > 0, encoder
 
 
 def test_when_the_emulator_searches_the_sets_the_cpu_rules_out_are_not_measured():

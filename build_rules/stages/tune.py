@@ -183,6 +183,7 @@ def toml_section(tuned: dict, params: dict) -> str:
         lines.append(line)
         if "evaluations" in r:
             cpu = f", {r['cpu_evaluations']} CPU QDQ runs" if r.get("cpu_evaluations") else ""
+            cpu += f" ({r['cpu_remembered']} of them from an earlier tune)" if r.get("cpu_remembered") else ""
             lines.append(f"#     search {r.get('search', 'exhaustive')}: {r['evaluations']} emulator measurements "
                          f"({r['emulator_seconds']:.0f} s){cpu}")
         if r.get("cpu_vs_emulator"):  # how well the CPU predicted the emulator at the points measured on both

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import time
 
+from . import cpu_memo
+
 SWITCH = "build_rules_16bit_switch_"  # prefix of the switch inputs (one scalar per candidate tensor)
 
 
@@ -86,9 +88,12 @@ class SwitchModel:
         ort = ort_qnn._ort()
         options = ort.SessionOptions()
         options.log_severity_level = 3
-        self.session = ort.InferenceSession(model.SerializeToString(), sess_options=options,
-                                            providers=["CPUExecutionProvider"])
+        serialized = model.SerializeToString()
+        self.session = ort.InferenceSession(serialized, sess_options=options, providers=["CPUExecutionProvider"])
         self.names = list(c.reference[0])
+        # measured by an earlier tune of the same switch model, samples, hooks and runtime: not run again
+        self.disk = cpu_memo.CpuMemo(cpu_memo.key(serialized, c.graph["evaluation"], c.hooks, c.data_dir))
+        self.remembered = 0  # measurements taken from it (they count as evaluations: the search takes one path)
         self.build_seconds = time.perf_counter() - started
 
     def measure(self, sixteen, indices=None) -> dict:
@@ -105,6 +110,12 @@ class SwitchModel:
         key = (frozenset(t for t in c.effective(sixteen) if t in self.switches), tuple(indices))
         if key in self._memo:
             return self._memo[key]
+        kept = self.disk.get(*key)
+        if kept is not None:
+            self.evaluations += 1
+            self.remembered += 1
+            self._memo[key] = kept
+            return kept
         started = time.perf_counter()
         switches = {s: np.array(t in key[0]) for t, s in self.switches.items()}
         outputs = [dict(zip(self.names, self.session.run(self.names, {**c.inputs[i], **switches}))) for i in indices]
@@ -117,6 +128,7 @@ class SwitchModel:
         self.evaluations += 1
         self.seconds += time.perf_counter() - started
         self._memo[key] = summary
+        self.disk.put(*key, summary)
         return summary
 
 

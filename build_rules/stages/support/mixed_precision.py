@@ -232,7 +232,8 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
     if judge is not None:  # how well the CPU predicted the emulator where both measured
         result["cpu_vs_emulator"] = judge.points
     if cpu is not None:
-        result.update(cpu_evaluations=cpu.evaluations, cpu_seconds=round(cpu.seconds + cpu.build_seconds, 1))
+        result.update(cpu_evaluations=cpu.evaluations, cpu_seconds=round(cpu.seconds + cpu.build_seconds, 1),
+                      cpu_remembered=cpu.remembered)
     paired = (f" and the {len(state)} state tensors they pair with" if state else "") + \
         (f" and graph input{'s' if len(inputs) > 1 else ''} {', '.join(inputs)}" if inputs else "")
     log(f"{name}: {len(sixteen)} of {len(order)} tensors{paired} at 16 bit: {values(target, final)}")
@@ -274,7 +275,9 @@ def _order(c: Candidates, hooks: str, sensitivity: str | None, method: str, log,
     rows = cpu_ranking.costs(cpu, c.candidates, target)
     on = (f" on the first of the {len(c.subset)} tuning samples (on all of them it would take over "
           f"{cpu_ranking.RANKING_SECONDS:.0f} s; the search runs on all)" if cpu.ranked_on < len(c.subset) else "")
-    log(f"{c.graph['name']}: CPU ranking: {cpu.evaluations} CPU QDQ runs in {cpu.seconds + cpu.build_seconds:.1f} s{on}")
+    kept = f" ({cpu.remembered} of them measured by an earlier tune)" if cpu.remembered else ""
+    log(f"{c.graph['name']}: CPU ranking: {cpu.evaluations} CPU QDQ runs{kept} in {cpu.seconds + cpu.build_seconds:.1f} "
+        f"s{on}")
     return cpu_ranking.order(c.candidates, rows), "the CPU QDQ model (gain and cost per tensor)", cpu
 
 
