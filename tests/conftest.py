@@ -121,7 +121,8 @@ def _worker_cwd(tmp_path_factory):
     os.chdir(tmp_path_factory.mktemp("session-cwd"))
     # One build cache for the whole run (every xdist worker): many files build the same graphs (MTCNN's, the tiny
     # net's) in repos of their own, and a stage whose inputs and parameters are the same is restored from it, as a
-    # team's shared cache does (cache.py). A test of the cache itself sets BUILD_RULES_CACHE (or removes it) itself.
+    # team's shared cache does (cache.py). A test of the cache itself sets BUILD_RULES_CACHE (or removes it) itself;
+    # a file whose tests time, kill or count stages says RUN_WIDE_CACHE = False (_test_cwd).
     cache = os.environ.get("BUILD_RULES_CACHE")
     os.environ["BUILD_RULES_CACHE"] = str(run_folder(tmp_path_factory) / "build-cache")
     yield
@@ -133,8 +134,11 @@ def _worker_cwd(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _test_cwd(_worker_cwd, tmp_path_factory, monkeypatch):
+def _test_cwd(_worker_cwd, tmp_path_factory, monkeypatch, request):
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+    if not getattr(request.module, "RUN_WIDE_CACHE", True):
+        # the file's tests time, kill or count stages, or read each repo's out/.cache: the cache as a user has it
+        monkeypatch.delenv("BUILD_RULES_CACHE", raising=False)
 
 
 def run_folder(tmp_path_factory) -> Path:
@@ -173,7 +177,13 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
 def _build_tinynet(folder: Path) -> None:
     repo = make_repo(folder, {"tinynet": TEST_MODELS / "tinynet"})
     write_tinynet_checkpoints(repo / "models" / "tinynet")
-    result = run_doit(repo)
+    # with its own out/.cache, as a user's repo has it: copies of it (tinynet_repo) restore from and count that one
+    cache = os.environ.pop("BUILD_RULES_CACHE", None)
+    try:
+        result = run_doit(repo)
+    finally:
+        if cache is not None:
+            os.environ["BUILD_RULES_CACHE"] = cache
     assert result.code == 0, result.output
 
 

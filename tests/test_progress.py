@@ -14,6 +14,10 @@ from conftest import ROOT, TEST_MODELS, make_repo, run_doit, write_tinynet_check
 
 MARK = re.compile(r"^\.  \[(\d+)/(\d+)\] (\S+)(?:  \((.+?) left(?:, (\d+) guessed from other tasks)?\))?$", re.M)
 
+# These tests kill, time or count stages and read each repo's out/.cache: no stage restored from the run-wide
+# build cache (conftest._test_cwd)
+RUN_WIDE_CACHE = False
+
 
 def markers(output: str) -> list[tuple[int, int, str, str]]:
     return [(int(k), int(n), name, left) for k, n, name, left, _ in MARK.findall(output)]

@@ -21,6 +21,10 @@ from conftest import TEST_MODELS, make_repo, run_doit, write_tinynet_checkpoints
 ALL_TASKS = 38  # tinynet: 2 graphs x (export, simplify, verify, calibrate, calibration_stats, quantize, fp16_lint)
 #                + 4 size (2 graphs x 2 variants) + 8 compile + 8 check + 4 package
 
+# These tests kill, time or count stages and read each repo's out/.cache: no stage restored from the run-wide
+# build cache (conftest._test_cwd)
+RUN_WIDE_CACHE = False
+
 
 def fresh_tinynet(tmp_path: Path) -> Path:
     repo = make_repo(tmp_path / "repo", {"tinynet": TEST_MODELS / "tinynet"})

@@ -14,6 +14,10 @@ from conftest import run_doit
 
 REFERENCE_HEAD_CHECKS = {f"check:tinynet/head/{v}@SM8750" for v in ("fp16", "w8a16")}
 
+# These tests kill, time or count stages and read each repo's out/.cache: no stage restored from the run-wide
+# build cache (conftest._test_cwd)
+RUN_WIDE_CACHE = False
+
 
 def fail_the_head_gate(repo) -> None:
     toml = repo / "models/tinynet/model.toml"
