@@ -39,6 +39,8 @@ def run(params: dict) -> dict:
             return tune_ladder.write(params, ladder, started)
         except tune_model_gate.Missed as missed:  # the model's gate decides: the mixed search goes on
             print(f"{params['name']}: the ladder's {missed}; the mixed-precision search runs", flush=True)
+            ladder["chosen"] = None  # (the comments list that rung as missing, with why)
+            ladder["notes"].append(f"the model's gate: {missed}")
     found, warnings, reuse = {}, [], {}
     for graph in params["graphs"]:  # the ladder's measurements of the variant are reused
         built = as_built(params["model"], params["variant"], graph["name"])
