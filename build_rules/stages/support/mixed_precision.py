@@ -134,9 +134,21 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
         cpu_spent = _budget(cpu, cpu_budget, CPU_SEARCH_SECONDS)
         spent = c.evaluations + budget  # the emulator's, if it has to search itself
         final = None
-        kept, dropped, left = _bisect(judge.meets, order, c.candidates, cpu_spent,
-                                      log, top_meets=meets(target, top), where=" (CPU)",
-                                      shown=lambda s: values(target, judge.predicted(cpu.measure(s))) + " predicted")
+        if "kept" in reuse and not judge.meets(set(order)):
+            # a tighter target (the model's gate missed: tune_model_gate.py) with a margin, learnt from earlier
+            # proposals, that fails even all 16 bit on the CPU: its search would keep every tensor (Whisper's run 9:
+            # both graphs went to all 16 bit). The last result, which the emulator measured, is the start instead,
+            # and the emulator brings groups back from it.
+            kept, dropped, left = set(reuse["kept"]), [list(g) for g in reuse["dropped"]], []
+            proposer = "the last result"
+            log(f"{name}: the CPU's margin fails even all {len(order)} at 16 bit: the search starts from the last "
+                f"result ({len(kept)} tensors at 16 bit)")
+        else:
+            proposer = "the CPU's proposal"
+            kept, dropped, left = _bisect(judge.meets, order, c.candidates, cpu_spent,
+                                          log, top_meets=meets(target, top), where=" (CPU)",
+                                          shown=lambda s: values(target, judge.predicted(cpu.measure(s))) +
+                                          " predicted")
         if kept is None:
             raise BuildError(f"{where}: {name}: no mix of 8 and 16 bit met {describe(target)} on {chip['name']}: "
                              f"all {len(order)} candidates at 16 bit miss ({values(target, top)}), and the CPU "
@@ -161,7 +173,7 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
             if meets(target, final) or not kept:
                 break
             margin = ", ".join(f"{m} {d:+.5g}" for m, d in judge.margin().items())
-            missed = (f"  the emulator misses the CPU's proposal of {len(kept)} tensors ({values(target, final)} on "
+            missed = (f"  the emulator misses {proposer} of {len(kept)} tensors ({values(target, final)} on "
                       "all samples)")
             if not meets(target, top):  # no upper end to bring groups back towards: the emulator searches
                 log(f"{missed}: the emulator searches")
@@ -223,6 +235,7 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
         raise BuildError(f"{where}: {name}: no mixed precision met {describe(target)} on the full set")
     # a step graph's state pairs the kept tensors touch are 16 bit too (precision.Candidates.closed): listed last
     # and the graph inputs the HTP needs at 16 bit beside them (precision.Candidates.inputs_at_16): listed apart
+    reuse.update(kept=set(kept), dropped=[list(g) for g in dropped])  # a tighter target's search may start here
     closed = c.closed(kept)
     inputs = [i for i in c.graph_inputs if i in closed]
     sixteen, state = [t for t in order if t in closed], sorted(closed - set(order) - set(inputs))
