@@ -756,3 +756,16 @@ def test_the_cpu_search_and_the_emulators_tries_at_fewer_stop_by_time_as_well_as
     assert count.measurements() == 4
     first = _budget(Meter(), 10, 0.0, at_least=1)  # the tries at fewer: at least one, whatever the time
     assert not first()
+
+
+def test_a_remembered_cpu_run_keeps_the_pace_it_ran_at(tmp_path):
+    """The CPU ranking runs on one sample when a run is slow (cpu_ranking.RANKING_SECONDS), judged by how long the
+    all-8-bit run took. Whisper's second tune took that run from the CPU memo in no time, ranked on all 4 clips and
+    measured 4x the first tune's ranking again. A remembered run now gives the seconds it took when it ran."""
+    from build_rules.stages.support.cpu_memo import CpuMemo
+    first = CpuMemo("k", tmp_path)
+    first.put(frozenset({"a", "b"}), (0, 1), {"cosine": 0.99, "sqnr": float("inf")}, 2.5)
+    (tmp_path / "k.jsonl").open("a").write('{"on": ["c"], "samp')  # a line a killed run left half written
+    again = CpuMemo("k", tmp_path)
+    assert again.get(frozenset({"b", "a"}), (0, 1)) == ({"cosine": 0.99, "sqnr": float("inf")}, 2.5)
+    assert again.get(frozenset({"a"}), (0, 1)) is None and again.get(frozenset({"a", "b"}), (0,)) is None

@@ -6,7 +6,8 @@ The emulator's measurements are kept by the emulator output memo (one binary, on
 measured already. Here each CPU measurement is one line of out/.build-state/cpu-measurements/<key>.jsonl, where the
 key digests what the numbers depend on: the switch model's bytes (the variant's QDQ model with its switches), the
 evaluation samples, the hooks and the data (score hooks), the runtime's version and MEMO_VERSION. A line is the set
-of tensors at 16 bit (the switches that were on), the samples and the summary. A torn last line (a killed run) is
+of tensors at 16 bit (the switches that were on), the samples, the summary and the seconds its run took (what
+decisions by pace read: cpu_ranking.costs ranks on one sample when runs are slow, and a remembered run is not). A torn last line (a killed run) is
 skipped; nothing else refers to the files (delete the folder to forget them).
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from ...build_state.state import CPU_MEASUREMENTS
 
-MEMO_VERSION = 1  # a change to how a CPU summary is computed (check.summarize, the switch rule) bumps it
+MEMO_VERSION = 2  # a change to how a CPU summary is computed (check.summarize, the switch rule) or kept bumps it
 
 
 def key(model_bytes: bytes, evaluation: str, hooks: str, data_dir=None) -> str:
@@ -46,16 +47,19 @@ class CpuMemo:
         for line in lines:
             try:
                 entry = json.loads(line)
-                self.entries[(frozenset(entry["on"]), tuple(entry["samples"]))] = entry["summary"]
+                self.entries[(frozenset(entry["on"]), tuple(entry["samples"]))] = (entry["summary"],
+                                                                                    entry.get("seconds", 0.0))
             except (ValueError, KeyError, TypeError):
                 continue  # a line a killed run left half written
 
     def get(self, on: frozenset, samples: tuple):
+        """(summary, the seconds its run took) or None."""
         return self.entries.get((on, samples))
 
-    def put(self, on: frozenset, samples: tuple, summary: dict) -> None:
-        self.entries[(on, samples)] = summary
-        line = json.dumps({"on": sorted(on), "samples": list(samples), "summary": summary}, default=_plain) + "\n"
+    def put(self, on: frozenset, samples: tuple, summary: dict, seconds: float) -> None:
+        self.entries[(on, samples)] = (summary, seconds)
+        line = json.dumps({"on": sorted(on), "samples": list(samples), "summary": summary,
+                           "seconds": round(seconds, 4)}, default=_plain) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:  # one write of one line: concurrent tunes of one graph interleave lines
             f.write(line)
