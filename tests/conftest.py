@@ -123,14 +123,10 @@ def _worker_cwd(tmp_path_factory):
     # net's) in repos of their own, and a stage whose inputs and parameters are the same is restored from it, as a
     # team's shared cache does (cache.py). A test of the cache itself sets BUILD_RULES_CACHE (or removes it) itself;
     # a file whose tests time, kill or count stages says RUN_WIDE_CACHE = False (_test_cwd).
-    cache = os.environ.get("BUILD_RULES_CACHE")
-    os.environ["BUILD_RULES_CACHE"] = str(run_folder(tmp_path_factory) / "build-cache")
-    yield
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BUILD_RULES_CACHE", str(run_folder(tmp_path_factory) / "build-cache"))
+        yield
     os.chdir(old)
-    if cache is None:
-        os.environ.pop("BUILD_RULES_CACHE", None)
-    else:
-        os.environ["BUILD_RULES_CACHE"] = cache
 
 
 @pytest.fixture(autouse=True)
@@ -178,12 +174,9 @@ def _build_tinynet(folder: Path) -> None:
     repo = make_repo(folder, {"tinynet": TEST_MODELS / "tinynet"})
     write_tinynet_checkpoints(repo / "models" / "tinynet")
     # with its own out/.cache, as a user's repo has it: copies of it (tinynet_repo) restore from and count that one
-    cache = os.environ.pop("BUILD_RULES_CACHE", None)
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("BUILD_RULES_CACHE", raising=False)
         result = run_doit(repo)
-    finally:
-        if cache is not None:
-            os.environ["BUILD_RULES_CACHE"] = cache
     assert result.code == 0, result.output
 
 

@@ -731,7 +731,7 @@ def test_the_cpu_search_and_the_emulators_tries_at_fewer_stop_by_time_as_well_as
     """Whisper's run 7: the CPU search spent 11 min (~3 s a measurement of 4 clips, within its 528-measurement budget)
     on a proposal the emulator missed, and the emulator's 8 tries at fewer tensors took 14.5 min. Each now stops at
     a time budget too: a search measured at 100 s a measurement stops after 3 with 300 s; a fast one at its count."""
-    from build_rules.stages.support.mixed_precision import _bisect, _budget
+    from build_rules.stages.support.mixed_precision import _Budget, _bisect
 
     class Meter:  # a search's measurements so far and the time they took
         evaluations, seconds = 5, 40.0  # made before this search: not counted against it
@@ -744,17 +744,17 @@ def test_the_cpu_search_and_the_emulators_tries_at_fewer_stop_by_time_as_well_as
         slow.seconds += 100.0
         return len(sixteen) >= 8
 
-    spent = _budget(slow, 50, 300.0)
+    spent = _Budget(slow, 50, 300.0)
     order = [f"t{i}" for i in range(16)]
     kept, dropped, left = _bisect(holds, order, order, spent, lambda line: None)
     assert asked == [1, 2, 4] and spent.measurements() == 3, asked  # 300 s: the search ends there
     assert kept == set(order) and left == [8, 8]  # every tensor stays 16 bit, the two halves left untried
     fast = Meter()
-    count = _budget(fast, 4, 300.0)
+    count = _Budget(fast, 4, 300.0)
     while not count():
         fast.evaluations, fast.seconds = fast.evaluations + 1, fast.seconds + 1.0
     assert count.measurements() == 4
-    first = _budget(Meter(), 10, 0.0, at_least=1)  # the tries at fewer: at least one, whatever the time
+    first = _Budget(Meter(), 10, 0.0, at_least=1)  # the tries at fewer: at least one, whatever the time
     assert not first()
 
 

@@ -95,12 +95,12 @@ def run(params: dict) -> dict:
         report["equal_to"] = inherited["equal_to"]
     unstable = _not_repeating(params)
     if unstable:  # its numbers are one draw of many: never judged as if they were the binary's
-        report["gated"] = gates.results(report["gates"], metrics, _float_metrics(params)) if report["gates"] else []
+        report["gated"] = gates.results(report["gates"], metrics, float_metrics(params)) if report["gates"] else []
         message = f"{params['name']}: {unstable}"
         results.keep_failed(memo, report, message, key, metrics, graph_runs=graph_runs)
         raise BuildError(message)
     if report["gates"]:
-        reference = _float_metrics(params)
+        reference = float_metrics(params)
         try:
             if partial:  # an early verdict: the metrics of the first k samples, never judged as if of all N
                 raise BuildError(f"{params['name']}: gate {gates.describe_early(partial, metrics)}")
@@ -158,7 +158,7 @@ def equal_reference(params: dict) -> dict | None:
             "equal_to": {"chip": reference["chip"], "samples": samples, "graphs": proofs}}
 
 
-def _float_metrics(params: dict) -> dict | None:
+def float_metrics(params: dict) -> dict | None:
     """The float model's evaluation, the reference of relative gates (None when no gate is relative)."""
     if not gates.needs_float(params.get("gates", [])):
         return None
@@ -211,7 +211,7 @@ def _evaluate_per_sample(params: dict, hooks) -> tuple[dict, dict, dict | None]:
                                               "evaluation samples", counter)
             scored, early = early_verdicts.results_until_decided(
                 _results_of(runs), bound if hasattr(hooks, "bound") else None, params.get("gates", []),
-                len(samples), _float_metrics(params))
+                len(samples), float_metrics(params))
     else:  # the CPU: fast, and ONNX Runtime's CPU provider uses the cores itself
         score = open_scorer(params, hooks)
         scored = [score(sample) for sample in progress.track(samples, "evaluation samples")]

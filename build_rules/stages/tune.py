@@ -93,7 +93,7 @@ def _tighter_targets(params: dict, found: dict, step: float | None) -> dict:
     targets = {}
     for graph in params["graphs"]:
         r = found[graph["name"]]
-        if r.get("target") and r.get("sixteen_bit") is not None and "all_16bit" in r:
+        if r.get("target") and "all_16bit" in r:
             tighter = tune_model_gate.tighten(r["target"], r["tuned"], r["all_16bit"], step)
             if tighter is not None:
                 targets[graph["name"]] = tighter

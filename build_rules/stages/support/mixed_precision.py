@@ -131,7 +131,7 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
         log(f"{name}: the CPU against the emulator: {judge.describe()}; a CPU number is judged with "
             + ", ".join(f"{m} {d:+.5g}" for m, d in judge.margin().items()))
         cpu_budget = CPU_MEASUREMENTS_PER_TENSOR * len(order)
-        cpu_spent = _budget(cpu, cpu_budget, CPU_SEARCH_SECONDS)
+        cpu_spent = _Budget(cpu, cpu_budget, CPU_SEARCH_SECONDS)
         spent = c.evaluations + budget  # the emulator's, if it has to search itself
         final = None
         if "kept" in reuse and not judge.meets(set(order)):
@@ -205,7 +205,7 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
             brought = [t for g in additions for t in g if t in kept and t not in start]
             refine = [*brought[::-1], *[t for t in order if t in start]]  # the group that tipped it first
             # within [tuning] max_measurements, at least one try
-            refine_spent = _budget(c, max(1, spent - c.evaluations), REFINE_SECONDS, at_least=1)
+            refine_spent = _Budget(c, max(1, spent - c.evaluations), REFINE_SECONDS, at_least=1)
             if len(refine) > 1:
                 log(f"  {len(kept)} tensors at 16 bit meet on the emulator; the emulator tries fewer for up to "
                     f"{REFINE_SECONDS:.0f} s")
@@ -382,7 +382,7 @@ def _bisect(holds, order: list[str], graph_order: list[str], spent, log, top_mee
     return kept, dropped, [len(group) for group in queue]
 
 
-class _budget:
+class _Budget:
     """spent() of a search measured by `meter` (its .evaluations and .seconds so far): true once it has made `most`
     measurements from now, or spent `seconds` from now after at least `at_least` of them."""
 

@@ -14,9 +14,7 @@ whose gate even that misses fails the task with the numbers.
 """
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 from ...errors import BuildError
 from ...measuring import gates
@@ -42,8 +40,7 @@ def evaluate(params: dict, binaries: dict[str, str]) -> dict:
            **({"data_dir": params["data_dir"]} if params.get("data_dir") else {})}
     started = time.perf_counter()
     metrics, _, partial = evaluate_stage.measure(run)
-    reference = json.loads(Path(config["float_report"]).read_text())["metrics"]
-    gated = gates.results(config["gates"], metrics, reference, stopped=partial)
+    gated = gates.results(config["gates"], metrics, evaluate_stage.float_metrics(run), stopped=partial)
     if partial:
         passed = False
         for entry in gated:  # the early verdict's reason, for the log and the comment
@@ -75,22 +72,21 @@ def tighten(target, proposal: dict, all_16bit: dict, step: float):
     """The graph's target with each absolute gate ("min" / "max") moved `step` of the way from the proposal's value
     towards the value of every candidate at 16 bit (never looser than it was); None when no gate can move (the
     proposal is at all-16-bit's value already, or its gates are relative)."""
-    moved, changed = [], False
+    moved = []
     for gate in gates.as_list(target):
         key, metric = gates.bound_key(gate), gate["metric"]
-        if key in ("min", "max") and metric in proposal and metric in all_16bit:
+        better = {"min": 1.0, "max": -1.0}.get(key)  # which way is stricter; None: relative, left as it is
+        if better and metric in proposal and metric in all_16bit:
             now, best = float(proposal[metric]), float(all_16bit[metric])
-            if (best <= now) if key == "min" else (best >= now):
-                moved.append(gate)  # at all-16-bit's value (or past it): nothing left to ask of this gate
-                continue
-            goal = now + step * (best - now)
-            bound = max(goal, gate["min"]) if key == "min" else min(goal, gate["max"])
-            if (key == "min" and bound > gate["min"]) or (key == "max" and bound < gate["max"]):
-                moved.append({**gate, key: round(bound, 6)})
-                changed = True
+            goal = round(now + step * (best - now), 6)
+            # (a proposal at or past all-16-bit's value: nothing left to ask of this gate)
+            if (best - now) * better > 0 and (goal - gate[key]) * better > 0:
+                moved.append({**gate, key: goal})
                 continue
         moved.append(gate)
-    return (moved if isinstance(target, list) or len(moved) > 1 else moved[0]) if changed else None
+    if moved == gates.as_list(target):
+        return None
+    return moved if isinstance(target, list) else moved[0]
 
 
 def comment_lines(result: dict | None, rounds: list[dict]) -> list[str]:
