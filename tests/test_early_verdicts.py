@@ -165,7 +165,7 @@ def test_a_gate_edit_reruns_no_emulator_sample_on_any_chip(tinynet_repo, sample_
         result.output
 
 
-def test_tune_misses_stop_early_and_the_result_is_the_same(tinynet_repo, monkeypatch):
+def test_tune_misses_stop_early_and_the_result_is_the_same(tinynet_repo, monkeypatch, tmp_path):
     """tune's trials on the tiny encoder at w8a8: a trial that misses its target by far stops at the sample that
     decides it (partial, a miss), and the same set measured for a target it meets runs every sample, with the numbers
     of a measurement without a target. The exhaustive mixed-precision search (every trial judged) keeps the same
@@ -185,6 +185,10 @@ def test_tune_misses_stop_early_and_the_result_is_the_same(tinynet_repo, monkeyp
             samples.append(position)
             yield position, outputs
     monkeypatch.setattr(precision.Candidates, "iter_run", counted)
+    # each measurement here runs on the emulator: none is taken from what an earlier Candidates measured (tune_memo)
+    from build_rules.stages.support.tune_memo import TuneMemo
+    monkeypatch.setattr(precision.Candidates, "disk",
+                        lambda self: self.__dict__.setdefault("_own", TuneMemo("own", tmp_path / str(id(self)))))
     monkeypatch.chdir(tinynet_repo)
     tasks.project.cache_clear()
     try:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, environment_without, labelled_repo, make_repo, run_doit, run_doit_process
+from build_rules.emulator import repeats
 
 GRAPHS = ("encoder", "head")
 CHIPS = ("SM8550", "SM8750")
@@ -303,20 +304,27 @@ def test_sensitivity_ranks_every_candidate_tensor_and_bisect_finds_the_exhaustiv
 
 
 @pytest.mark.slow
-def test_bisect_tune_ends_at_a_mix_the_emulator_passes_even_where_the_cpu_is_blind(tinynet_repo):
+def test_bisect_tune_ends_at_a_mix_the_emulator_passes_even_where_the_cpu_is_blind(tinynet_repo, monkeypatch):
     """tune's search (mixed_precision.search, callable on its own) on the tiny encoder at w8a8 with a target between
     all-8-bit (cosine 0.99979 on the tuning chip) and all-16-bit (0.99988): the bisect search with the CPU ranking,
     and with a ranking blind to what matters (reversed graph order: the first convolution's output, the one tensor
     nothing else keeps at 16 bit, comes last), ends at a mix that meets the target on the emulator, with fewer
     emulator runs than the exhaustive search."""
-    from build_rules.stages.support import mixed_precision
+    from build_rules.stages.support import mixed_precision, precision
     toml = tinynet_repo / "models/tinynet/model.toml"
     toml.write_text(toml.read_text() + '\n[variants.w8a8]\ninherits = "w8a16"\nactivations = "uint8"\n')
+    runs, iter_run = [], precision.Candidates.iter_run
+
+    def spied(self, model, indices, repeat_samples=None):  # how many samples of each emulator run ran twice
+        runs.append(repeat_samples)
+        return iter_run(self, model, indices, repeat_samples)
     with tuning_graph(tinynet_repo, "encoder", "w8a8") as (graph, settings):
         target = {"metric": "cosine", "min": 0.99985}
         lines = []
+        with monkeypatch.context() as m:
+            m.setattr(precision.Candidates, "iter_run", spied)
+            fast = mixed_precision.search(graph, target, log=lines.append, **settings)
         exhaustive = mixed_precision.search(graph, target, method="exhaustive", log=lines.append, **settings)
-        fast = mixed_precision.search(graph, target, log=lines.append, **settings)
         blind = mixed_precision.search(graph, target, order=list(reversed(graph_candidates(graph, settings))),
                                        log=lines.append, **settings)
     for result in (exhaustive, fast, blind):
@@ -339,6 +347,21 @@ def test_bisect_tune_ends_at_a_mix_the_emulator_passes_even_where_the_cpu_is_bli
     assert "  the first 1 of 2 groups back at 16 bit (5 tensors) (emulator): meets the target" in log, log
     assert [p["point"] for p in fast["cpu_vs_emulator"][:3]] == ["the variant at 8 bit", "all at 16 bit", "proposal 1"]
     assert all(abs(p["cosine"]["cpu"] - p["cosine"]["emulator"]) < 1e-4 for p in fast["cpu_vs_emulator"])
+    # both ends ran every sample twice as a binary does (None: repeats.samples_to_check()); they repeated
+    # themselves, so each trial after them ran its first 2 samples twice (the proposal is judged as built again)
+    assert runs[:2] == [None, None] and len(runs) > 2 and set(runs[2:]) == {repeats.CANDIDATE_SAMPLES}, runs
+
+
+def test_trials_run_every_sample_twice_unless_both_ends_repeated_themselves():
+    """YOLOv8n's w8a16 does not repeat itself on the emulator: a graph whose end is marked unstable keeps every
+    full-set trial on as many samples twice as a binary; one whose ends repeated runs 2 twice (Whisper's encoder
+    measurements: 108 -> 81 s)."""
+    from build_rules.stages.support.precision import Candidates
+    shaky, steady = Candidates.__new__(Candidates), Candidates.__new__(Candidates)
+    shaky.full_repeats = steady.full_repeats = None
+    shaky.ends_repeat({"cosine": 0.9}, {"cosine": 0.99, "unstable": "output 'y' differed by up to 200"})
+    steady.ends_repeat({"cosine": 0.9}, {"cosine": 0.99})
+    assert shaky.full_repeats is None and steady.full_repeats == repeats.CANDIDATE_SAMPLES
 
 
 def test_tuning_a_16_bit_variant_that_misses_goes_on_and_fails_when_no_mix_meets(tinynet_repo):
@@ -667,13 +690,18 @@ def test_a_second_tune_after_a_target_edit_the_first_decided_runs_no_emulator_se
     assert log.read_text().splitlines() == [], second.output
     text = (tinynet_repo / "out/tinynet/tuning/w8a8.tuned.toml").read_text()
     assert text[text.index("[variants."):] == proposal
-    # nor is the CPU asked again: every CPU measurement of the first tune is kept (cpu_memo.py)
+    # nor is the CPU asked again: every CPU measurement of the first tune is kept (tune_memo.py)
     log_text = (tinynet_repo / "out/tinynet/tuning/w8a8.tune.log").read_text()
     ranked = re.search(r"^encoder: CPU ranking: (\d+) CPU QDQ runs \((\d+) of them measured by an earlier tune\)",
                        log_text, re.M)
     assert ranked and ranked.group(1) == ranked.group(2), log_text
     encoder = json.loads((tinynet_repo / "out/tinynet/tuning/w8a8.tuned.json").read_text())["graphs"]["encoder"]
     assert encoder["cpu_remembered"] == encoder["cpu_evaluations"] > 0, encoder
+    # and every emulator measurement of the search comes from the first tune's (tune_memo.py): no candidate is
+    # quantized again to find its outputs in the output memo, and the time budgets read the seconds they took then
+    assert encoder["emulator_remembered"] == encoder["evaluations"] > 0, encoder
+    assert re.search(r"^#     search bisect: (\d+) emulator measurements \(\d+ s, \1 of them from an earlier tune\)",
+                     text, re.M), text
 
 
 def test_when_the_emulator_searches_the_sets_the_cpu_rules_out_are_not_measured():
@@ -734,14 +762,14 @@ def test_the_cpu_search_and_the_emulators_tries_at_fewer_stop_by_time_as_well_as
     from build_rules.stages.support.mixed_precision import _Budget, _bisect
 
     class Meter:  # a search's measurements so far and the time they took
-        evaluations, seconds = 5, 40.0  # made before this search: not counted against it
+        evaluations, clock = 5, 40.0  # made before this search: not counted against it
 
     slow, asked = Meter(), []
 
     def holds(sixteen):
         asked.append(len(sixteen))
         slow.evaluations += 1
-        slow.seconds += 100.0
+        slow.clock += 100.0
         return len(sixteen) >= 8
 
     spent = _Budget(slow, 50, 300.0)
@@ -752,20 +780,32 @@ def test_the_cpu_search_and_the_emulators_tries_at_fewer_stop_by_time_as_well_as
     fast = Meter()
     count = _Budget(fast, 4, 300.0)
     while not count():
-        fast.evaluations, fast.seconds = fast.evaluations + 1, fast.seconds + 1.0
+        fast.evaluations, fast.clock = fast.evaluations + 1, fast.clock + 1.0
     assert count.measurements() == 4
     first = _Budget(Meter(), 10, 0.0, at_least=1)  # the tries at fewer: at least one, whatever the time
     assert not first()
+    # none started that would end past the budget, at the pace so far: at 120 s a measurement, 2 of 300 s (the
+    # third would end at 360 s; run 8's encoder's last try ended 2 min past its budget)
+    paced = Meter()
+    fits = _Budget(paced, 50, 300.0)
+    while not fits():
+        paced.evaluations, paced.clock = paced.evaluations + 1, paced.clock + 120.0
+    assert fits.measurements() == 2
 
 
 def test_a_remembered_cpu_run_keeps_the_pace_it_ran_at(tmp_path):
     """The CPU ranking runs on one sample when a run is slow (cpu_ranking.RANKING_SECONDS), judged by how long the
     all-8-bit run took. Whisper's second tune took that run from the CPU memo in no time, ranked on all 4 clips and
     measured 4x the first tune's ranking again. A remembered run now gives the seconds it took when it ran."""
-    from build_rules.stages.support.cpu_memo import CpuMemo
-    first = CpuMemo("k", tmp_path)
+    from build_rules.stages.support.tune_memo import TuneMemo
+    first = TuneMemo("k", tmp_path)
     first.put(frozenset({"a", "b"}), (0, 1), {"cosine": 0.99, "sqnr": float("inf")}, 2.5)
     (tmp_path / "k.jsonl").open("a").write('{"on": ["c"], "samp')  # a line a killed run left half written
-    again = CpuMemo("k", tmp_path)
+    first.put(frozenset({"a"}), (0, 1), {"cosine": 0.98}, 40.0, twice=2)  # an emulator run: 2 samples twice
+    again = TuneMemo("k", tmp_path)
     assert again.get(frozenset({"b", "a"}), (0, 1)) == ({"cosine": 0.99, "sqnr": float("inf")}, 2.5)
-    assert again.get(frozenset({"a"}), (0, 1)) is None and again.get(frozenset({"a", "b"}), (0,)) is None
+    assert again.get(frozenset({"a", "b"}), (0,)) is None and again.get(frozenset({"c"}), (0, 1)) is None
+    # a run that checked 2 samples twice answers a request for 2, not for 16 (an end's, or a graph's that does not
+    # repeat itself)
+    assert again.get(frozenset({"a"}), (0, 1), twice=2) == ({"cosine": 0.98}, 40.0)
+    assert again.get(frozenset({"a"}), (0, 1), twice=16) is None

@@ -16,7 +16,8 @@ again (and re-run those whose outputs it cannot vouch for), never a wrong one. L
 | <toolchain>-identity-<digest>.json | the toolchain's identity (versions, QNN build id), read once per installed version | toolchains/ort_qnn.py, toolchains/qairt.py | JSON |
 | emulator-outputs/<2 hex>/<key>.npz | the HTP emulator's outputs by binary, input bytes and runtime version; bounded, least recently used go first | emulator_memo.py | npz |
 | emulator-repeats/<2 hex>/<binary>.json | whether a binary repeats itself on the emulator: samples that ran twice with equal bytes, or the first that did not | repeats.py | JSON |
-| cpu-measurements/<key>.jsonl | tune's CPU switch-model measurements by switch model, samples, hooks and runtime: a second tune reuses them | stages/support/cpu_memo.py | one JSON object a line |
+| cpu-measurements/<key>.jsonl | tune's CPU switch-model measurements by switch model, samples, hooks and runtime: a second tune reuses them | stages/support/tune_memo.py | one JSON object a line |
+| emulator-measurements/<key>.jsonl | tune's emulator measurements of candidates by the variant's QDQ model, chip, samples, hooks and runtime: a second tune reuses them | stages/support/tune_memo.py | one JSON object a line |
 """
 from __future__ import annotations
 
@@ -31,5 +32,6 @@ BUILD_LOG = f"{STATE_DIR}/build.log"
 REMOTE_CACHE_STATS = f"{STATE_DIR}/remote-cache.json"
 EMULATOR_OUTPUTS = f"{STATE_DIR}/emulator-outputs"  # emulator_memo.py
 EMULATOR_REPEATS = f"{STATE_DIR}/emulator-repeats"  # repeats.py
-CPU_MEASUREMENTS = f"{STATE_DIR}/cpu-measurements"  # stages/support/cpu_memo.py
+CPU_MEASUREMENTS = f"{STATE_DIR}/cpu-measurements"  # stages/support/tune_memo.py
+EMULATOR_MEASUREMENTS = f"{STATE_DIR}/emulator-measurements"  # stages/support/tune_memo.py
 OUTPUTS_PREFIX = "outputs-"  # outputs-<toolchain>-<digest>.json (target_set.py)

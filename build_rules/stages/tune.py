@@ -186,8 +186,9 @@ def toml_section(tuned: dict, params: dict) -> str:
         if "evaluations" in r:
             cpu = f", {r['cpu_evaluations']} CPU QDQ runs" if r.get("cpu_evaluations") else ""
             cpu += f" ({r['cpu_remembered']} of them from an earlier tune)" if r.get("cpu_remembered") else ""
+            kept = f", {r['emulator_remembered']} of them from an earlier tune" if r.get("emulator_remembered") else ""
             lines.append(f"#     search {r.get('search', 'exhaustive')}: {r['evaluations']} emulator measurements "
-                         f"({r['emulator_seconds']:.0f} s){cpu}")
+                         f"({r['emulator_seconds']:.0f} s{kept}){cpu}")
         if r.get("cpu_vs_emulator"):  # how well the CPU predicted the emulator at the points measured on both
             lines.append(f"#     the CPU against the emulator: {cpu_search.points_text(r['target'], r['cpu_vs_emulator'])}")
         if r.get("budget_spent"):

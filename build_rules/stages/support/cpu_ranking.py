@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 
-from . import cpu_memo
+from . import tune_memo
 
 SWITCH = "build_rules_16bit_switch_"  # prefix of the switch inputs (one scalar per candidate tensor)
 
@@ -92,9 +92,10 @@ class SwitchModel:
         self.session = ort.InferenceSession(serialized, sess_options=options, providers=["CPUExecutionProvider"])
         self.names = list(c.reference[0])
         # measured by an earlier tune of the same switch model, samples, hooks and runtime: not run again
-        self.disk = cpu_memo.CpuMemo(cpu_memo.key(serialized, c.graph["evaluation"], c.hooks, c.data_dir))
+        self.disk = tune_memo.TuneMemo(tune_memo.cpu_key(serialized, c.graph["evaluation"], c.hooks, c.data_dir))
         self.remembered = 0  # measurements taken from it (they count as evaluations: the search takes one path)
         self.last_seconds = 0.0  # what the last measurement took (a remembered one: when it ran)
+        self.clock = 0.0  # the measurements' seconds as they ran (remembered ones too): what time budgets read
         self.build_seconds = time.perf_counter() - started
 
     def measure(self, sixteen, indices=None) -> dict:
@@ -118,6 +119,7 @@ class SwitchModel:
             self.remembered += 1
             self._memo[key] = kept
             summary, self.last_seconds = kept
+            self.clock += self.last_seconds
             return summary
         started = time.perf_counter()
         switches = {s: np.array(t in key[0]) for t, s in self.switches.items()}
@@ -131,6 +133,7 @@ class SwitchModel:
         self.evaluations += 1
         self.last_seconds = time.perf_counter() - started
         self.seconds += self.last_seconds
+        self.clock += self.last_seconds
         self._memo[key] = (summary, self.last_seconds)
         self.disk.put(*key, summary, self.last_seconds)
         return summary

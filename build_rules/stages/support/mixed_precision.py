@@ -44,12 +44,13 @@ CONFIRMATIONS = 3  # emulator checks of the CPU's proposals (each miss widens th
 CPU_MEASUREMENTS_PER_TENSOR = 4  # the CPU search's budget: group halving needs about 2 per tensor kept
 # ... and its time: Whisper's encoder spent 11 min in CPU measurements of 4 clips (~3 s each) whose proposal the
 # emulator then missed by 10x the CPU's error; the groups left unsplit stay 16 bit (the comment says so)
-CPU_SEARCH_SECONDS = 300.0
+CPU_SEARCH_SECONDS = 180.0
 # The emulator's tries to put tensors back at 8 bit after it brought groups back from a CPU proposal it missed (that
 # set meets already): as many as start within this much emulator time (a tiny graph's take a second each; Whisper's
 # encoder's ~40 s a miss stopped at its first clip, ~2.5 min a set that meets on all 4: run 7's 8 tries took 14.5 min
-# for 24 of 132 tensors at 8 bit, ~0.1 % of the binary). At least one.
-REFINE_SECONDS = 300.0
+# for 24 of 132 tensors at 8 bit, ~0.1 % of the binary; run 8's first of 4 tries in 7 min put 16 of its 22 at 8 bit).
+# At least one; none started that would end past it.
+REFINE_SECONDS = 180.0
 
 
 def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_dir=None,
@@ -88,7 +89,7 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
     sixteen_bit_variant = BY_NAME[graph["variant"].get("activations", "uint8")].bits == 16
     if sixteen_bit_variant:
         _all_16bit(c, target, c.candidates, name, chip, where, log, first=True)
-    base = c.measure(set(), full=True, target=target)  # a miss may stop early: the start is only compared
+    base = c.measure(set(), full=True, target=target, end=True)  # a miss may stop early: only compared
     result = {"target": target, "search": method, "candidates": len(c.candidates), "base": clean(base),
               "float_score": base.get("_float_score", {})}
     log(f"{name}: target {describe(target)}; {variant} at 8-bit activations: {values(target, base)}")
@@ -111,6 +112,7 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
         log(f"{name}: first in the ranking, the fix of the quantize stage's Concat warning: {', '.join(first)}")
     top = _all_16bit(c, target, order, name, chip, where, log, said=sixteen_bit_variant)
     result["all_16bit"] = clean(top)
+    c.ends_repeat(base, top)
     full = search_full(c, target)
     judge = None
     if method == "exhaustive":
@@ -260,7 +262,7 @@ def _all_16bit(c: Candidates, target, order: list[str], name: str, chip: dict, w
     the score Sigmoid and the output at 16 bit 0.971; a 16-bit binary that does not repeat itself is a miss), so the
     search goes on along the ranking and fails only when no mix it tries meets (_bisect). first: measured before the
     8-bit start (a 16-bit variant: its usual miss, the first thing to know); said: its numbers were logged then."""
-    top = c.measure(set(order), full=True, target=target)
+    top = c.measure(set(order), full=True, target=target, end=True)
     if not said:
         log(f"{name}: all {len(order)} candidates at 16 bit: {values(target, top)}")
     if "not_built" in top:  # the upper end of every search: nothing below it can be judged against it
@@ -383,19 +385,27 @@ def _bisect(holds, order: list[str], graph_order: list[str], spent, log, top_mee
 
 
 class _Budget:
-    """spent() of a search measured by `meter` (its .evaluations and .seconds so far): true once it has made `most`
-    measurements from now, or spent `seconds` from now after at least `at_least` of them."""
+    """spent() of a search measured by `meter` (its .evaluations and .clock so far: the seconds its measurements took
+    when they ran, so that a second tune that remembers them stops where the first did): true once it has made `most`
+    measurements from now, or, after at least `at_least` of them, once another one as long as those so far took on
+    average would end past `seconds` from now (Whisper's encoder: its last try started at 4 min of a 5-minute budget
+    and ended 2 min past it)."""
 
     def __init__(self, meter, most: int, seconds: float, at_least: int = 0):
         self.meter, self.most, self.seconds, self.at_least = meter, most, seconds, at_least
-        self.start = (meter.evaluations, meter.seconds)
+        self.start = (meter.evaluations, meter.clock)
 
     def measurements(self) -> int:
         return self.meter.evaluations - self.start[0]
 
     def __call__(self) -> bool:
         made = self.measurements()
-        return made >= self.most or (made >= self.at_least and self.meter.seconds - self.start[1] >= self.seconds)
+        if made >= self.most:
+            return True
+        if made < self.at_least:
+            return False
+        used = self.meter.clock - self.start[1]
+        return used + (used / made if made else 0.0) > self.seconds
 
 
 def _additions(cpu, target, kept: set, dropped: list[list[str]], order: list[str]) -> list[list[str]]:
@@ -446,6 +456,7 @@ def _samples(c: Candidates, full: bool) -> int:
 
 
 def _done(result: dict, c: Candidates) -> dict:
-    result.update(evaluations=c.evaluations, emulator_seconds=round(c.seconds, 1), samples=len(c.subset),
+    result.update(evaluations=c.evaluations, emulator_seconds=round(c.seconds, 1), emulator_remembered=c.remembered,
+                  samples=len(c.subset),
                   full_samples=len(c.inputs))
     return result

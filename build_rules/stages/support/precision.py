@@ -17,7 +17,7 @@ from pathlib import Path
 from ...quantization.quant_spec import QuantSpec
 from ...measuring import gates
 from ..check import measure, summarize, worst_of_runs
-from ...emulator.repeats import CANDIDATE_SAMPLES, shown
+from ...emulator.repeats import CANDIDATE_SAMPLES, samples_to_check, shown
 from ...emulator.repeats import describe as describe_repeats
 from ...measuring.samples import compare, evenly_spaced, load_evaluation, load_labels
 
@@ -103,7 +103,10 @@ class Candidates:
         self.work = Path(tempfile.mkdtemp(prefix=f"tuning-{graph['name']}-"))
         self.evaluations = 0
         self.seconds = 0.0
+        self.clock = 0.0  # the measurements' seconds as they ran (remembered ones too): what time budgets read
+        self.remembered = 0  # measurements an earlier tune made (tune_memo.py), counted in evaluations
         self._memo: dict = {}
+        self._disk = None  # tune_memo's emulator memo of this graph's candidates (disk())
         self.score_on_subset = True
         variant = graph["variant"]
         # Tensors the variant itself pins to a type keep it; every other tensor is 8 or 16 bit as asked.
@@ -118,6 +121,9 @@ class Candidates:
         # 16-bit consumer (QNN_COMMON_ERROR_MEM_ALLOC: the labelled classifier's x into its first Gemm) and built it
         # with them at 16 bit, as W8A16 has them. Learnt by measure(); closed() adds them.
         self.inputs_at_16: set[str] = set()
+        # Samples a full-set trial runs twice (None: as many as a binary's). A search lowers it to
+        # repeats.CANDIDATE_SAMPLES once both ends repeated themselves on every sample (ends_repeat()).
+        self.full_repeats: int | None = None
 
     def _candidates(self) -> list[str]:
         """Activation tensors the quantizer calibrates, except graph inputs (the binary's input format stays;
@@ -214,7 +220,8 @@ class Candidates:
         """Summary metrics (cosine, sqnr, max_abs, task metrics) with `sixteen` at 16 bit. With `target`, the runs
         stop once the samples so far decide that it is missed: then the summary is partial (meets() says a miss).
         Whether it repeats itself is checked on its first few samples (repeats.CANDIDATE_SAMPLES), on as many as a
-        binary's for the full set or an `end` (all at 8 or 16 bit: what everything else is compared with)."""
+        binary's for an `end` (all at 8 or 16 bit: what everything else is compared with) and for the full set
+        unless the ends repeated themselves (full_repeats)."""
         key = (frozenset(self.closed(sixteen)), full)
         if key in self._memo and answers(self._memo[key], target):
             return self._memo[key]
@@ -222,11 +229,19 @@ class Candidates:
         indices = list(range(len(self.inputs))) if full else self.subset
         if key in self._memo and "not_built" in self._memo[key]:
             return self._not_built(self._memo[key])
+        # every sample of the full set can decide; a trial on the subset checks its first few (repeats.py)
+        repeat = None if end else self.full_repeats if full else CANDIDATE_SAMPLES
+        twice = min(len(indices), samples_to_check() if repeat is None else repeat)
+        kept = self.disk().get(key[0], tuple(indices), twice)
+        if kept is not None and answers(kept[0], target):  # an earlier tune measured it: not quantized nor run
+            self.evaluations += 1
+            self.remembered += 1
+            self.clock += kept[1]
+            self._memo[key] = kept[0]
+            return kept[0]
         from ...emulator.emulator_runs import EmulatorCompileError
         model = self.quantize(sixteen, self.work / "candidate.onnx")
         reference = [self.reference[i] for i in indices]
-        # every sample of the full set can decide; a trial on the subset checks its first few (repeats.py)
-        repeat = None if full or end else CANDIDATE_SAMPLES
         try:
             outputs, missed = measured_until_missed(self.iter_run(model, indices, repeat), reference, target)
         except EmulatorCompileError as e:  # QNN refused the candidate's graph (seen: a graph input kept 8 bit
@@ -243,17 +258,35 @@ class Candidates:
                 return self.measure(sixteen, full=full, target=target, end=end)
             self._memo[key] = {"not_built": self.why_not_built(sixteen, e)}
             return self._not_built(self._memo[key])
-        if missed is not None:
-            self.evaluations += 1
-            self.seconds += time.perf_counter() - started
-            self._memo[key] = unstable_marked(missed, outputs)
-            return missed
-        summary = self.summary(indices, outputs, target, full)
+        summary = unstable_marked(missed, outputs) if missed is not None else \
+            self.summary(indices, outputs, target, full)
+        took = time.perf_counter() - started
         self.evaluations += 1
-        self.seconds += time.perf_counter() - started
+        self.seconds += took
+        self.clock += took
         self._memo[key] = summary
+        self.disk().put(key[0], tuple(indices), summary, took, twice)
         return summary
 
+    def disk(self):
+        """tune_memo's emulator memo of this graph's candidates: keyed by the all-8-bit QDQ model every candidate
+        is quantized from (and the chip, samples, hooks, runtime)."""
+        if self._disk is None:
+            from . import tune_memo
+            base = self.quantize(set(), self.work / "memo_base.onnx").read_bytes()
+            self._disk = tune_memo.emulator_memo(tune_memo.emulator_key(
+                base, self.graph["evaluation"], self.hooks, self.data_dir, self.chip))
+        return self._disk
+
+
+    def ends_repeat(self, *ends: dict) -> None:
+        """The ends' summaries (measured with end=True): when none was marked unstable, the full-set trials from now
+        on run only their first CANDIDATE_SAMPLES samples twice. The proposal is judged again as built, every sample
+        of its binary twice (tune_confirm.py); twice on every trial doubled each of Whisper's encoder measurements
+        (4 clips of 27 s on 2 workers: 108 s, against 81 s). A graph whose 16-bit end does not repeat itself
+        (YOLOv8n's w8a16) keeps every trial on as many as a binary's."""
+        if all("unstable" not in end for end in ends):
+            self.full_repeats = CANDIDATE_SAMPLES
 
     def summary(self, indices: list[int], outputs: list, target, full: bool) -> dict:
         """The summary metrics of `outputs` (repeats.Outputs of the samples `indices`): of each run and the worst of
