@@ -159,7 +159,7 @@ STAGES: tuple[Stage, ...] = (
           # 9: the search runs on the CPU, judged with margins from points measured on both; rungs screened on the CPU
           # 11: after the emulator misses the CPU's proposal, groups come back (halving) and a few tries at fewer;
           # a screen rules out with the largest difference seen of either sign; candidates quantized as quantize 8
-          {"any": _w("tune", 12, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
+          {"any": _w("tune", 13, ("onnxruntime", "onnx", "numpy", "aimet-onnx"), sdk=True)}),
     Stage("diagnose", "7c diagnose: where a binary loses accuracy, tensor by tensor (emulator vs CPU QDQ vs float) "
           "-> <graph>.diagnose.md", {"any": "diagnose:diagnose_tasks"},
           # 2: a drop at a layer reading int4 weights proposes the weight_overrides line; the weight type per row;
