@@ -52,6 +52,8 @@ def run(params: dict) -> dict:
              "chip": params["chip"], "model_toml": params["model_toml"], "graphs": found, "model_rounds": []}
     for step in (*tune_model_gate.STEPS, None):  # the proposal built; while the model's gate misses, tighter targets
         tuned.update(tune_ladder.summary(ladder, found, params))
+        for graph, sizes in tuned.pop("all_16_smaller", {}).items():  # its upper end builds smaller than its mix
+            found[graph] = tune_ladder.every_candidate(ladder, graph, found[graph], sizes)
         w16 = tuned.get("w8a16", {})
         # a mix no cheaper than W8A16: propose W8A16 itself
         tuned["w8a16_instead"] = "bytes" in w16 and tuned.get("mixed_bytes", 0) >= w16["bytes"]
