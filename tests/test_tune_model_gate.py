@@ -101,6 +101,30 @@ def test_a_model_gate_that_all_16_bit_misses_fails_the_tune_and_writes_nothing(t
     assert not (repo / "out/tinynet/tuning/w8a8.tuned.json").exists()
 
 
+def test_a_variant_that_meets_every_graph_target_but_not_the_model_gate_is_tuned_all_the_same(tinynet_repo):
+    """Each graph's target met at 8 bit (the encoder's 0.999: w8a8 gives 0.99979) said "nothing to add", and the
+    model's gate, which the build's evaluate fails, was never judged. Now it is judged on the variant's own binaries;
+    its miss tightens the targets of the graphs that met at 8 bit (after measuring their every-candidate end) and
+    the search runs."""
+    repo = gated_repo(tinynet_repo, 0.999875)
+    toml = repo / "models/tinynet/model.toml"
+    toml.write_text(toml.read_text().replace('gate = { metric = "cosine", min = 0.99985 }',
+                                             'gate = { metric = "cosine", min = 0.999 }', 1))
+    result = run_doit(repo, "tune:tinynet/w8a8")
+    assert result.code == 0, result.output
+    tuned = json.loads((repo / "out/tinynet/tuning/w8a8.tuned.json").read_text())
+    first = tuned["model_rounds"][0]
+    assert first["targets"]["encoder"]["from"] == "cosine >= 0.999" and \
+        first["targets"]["head"]["from"] == "cosine >= 0.98", first  # both met at 8 bit: both tightened
+    assert re.fullmatch(r"features_cosine = 0\.9997\d*, gate features_cosine >= 0\.999875: misses", first["missed"])
+    assert tuned["model_gate"]["passed"] is True and tuned["graphs"]["encoder"]["sixteen_bit"], tuned["graphs"]
+    text = (repo / "out/tinynet/tuning/w8a8.tuned.toml").read_text()
+    assert "\n[variants.w8a8_tuned]\n" in text and "# Nothing to add" not in text, text
+    log = (repo / "out/tinynet/tuning/w8a8.tune.log").read_text()
+    assert "as built: the model: features_cosine = 0.9997" in log and ", gate features_cosine >= 0.999875: misses" \
+        in log, log
+
+
 def test_a_tighter_target_moves_part_of_the_way_to_all_16_bit_and_never_past_a_relative_gate():
     from build_rules.stages.support.tune_model_gate import tighten
     target = {"metric": "cosine", "min": 0.98}
