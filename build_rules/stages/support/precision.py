@@ -278,7 +278,6 @@ class Candidates:
                 base, self.graph["evaluation"], self.hooks, self.data_dir, self.chip))
         return self._disk
 
-
     def ends_repeat(self, *ends: dict) -> None:
         """The ends' summaries (measured with end=True): when none was marked unstable, the full-set trials from now
         on run only their first CANDIDATE_SAMPLES samples twice. The proposal is judged again as built, every sample

@@ -407,6 +407,7 @@ def every_candidate(found: dict, graph: str, result: dict, sizes: dict) -> dict:
     changed = {**result, "sixteen_bit": [*c.candidates, *state, *inputs], "state_tensors": len(state),
                "tuned": result["all_16bit"], "mix": {"sixteen_bit": len(result["sixteen_bit"]), **sizes}}
     changed.pop("graph_inputs_16", None)
+    changed.pop("budget_spent", None)  # (a mix's search left groups untried: not what is proposed)
     return {**changed, **({"graph_inputs_16": inputs} if inputs else {})}
 
 
