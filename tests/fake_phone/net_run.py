@@ -68,6 +68,10 @@ def _contract(binary: Path, host_repo: Path):
 
 
 def main(argv: list[str]) -> int:
+    # A stand-in that dies of a signal (a native crash of the emulator behind it) says so in its log, which the
+    # tool's error quotes: a power loop once ended after 2.5 s of 4 with nothing in its log but LIBNATIVE's line
+    import faulthandler
+    faulthandler.enable()
     try:
         return _main(argv)
     except Fail as e:
