@@ -457,6 +457,5 @@ def _samples(c: Candidates, full: bool) -> int:
 
 def _done(result: dict, c: Candidates) -> dict:
     result.update(evaluations=c.evaluations, emulator_seconds=round(c.seconds, 1), emulator_remembered=c.remembered,
-                  samples=len(c.subset),
-                  full_samples=len(c.inputs))
+                  samples=len(c.subset), full_samples=len(c.inputs))
     return result

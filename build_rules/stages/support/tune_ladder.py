@@ -398,8 +398,8 @@ def mixed_size(found: dict, results: dict, params: dict) -> dict:
 
 
 def every_candidate(found: dict, graph: str, result: dict, sizes: dict) -> dict:
-    """`result` of the mixed search made the graph's every candidate at 16 bit (its upper end, measured on the
-    emulator), for a graph whose mix builds larger than that (mixed_size)."""
+    """The graph's mixed-search `result` turned into its upper end: every candidate at 16 bit, with the numbers the
+    search measured for it on the emulator; for a graph whose mix builds larger than that (mixed_size)."""
     c = found["ladder"].candidates[graph]
     closed = c.closed(set(c.candidates))
     inputs = [i for i in c.graph_inputs if i in closed]
