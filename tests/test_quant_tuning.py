@@ -543,10 +543,12 @@ def test_a_graph_whose_every_candidate_at_16_bit_builds_smaller_than_its_mix_is_
     """Binary size is not monotonic in the 16-bit tensors (Whisper's run 11: its mix of 80 + 81 tensors built to
     63234 KB, W8A16 to 62579 KB, run 8's mix of 110 + 59 to 62067 KB). Each graph's upper end (every candidate at
     16 bit, which the search measured meeting its target) is built beside its mix, and proposed where smaller."""
+    from build_rules.stages.support.precision import Candidates
     from build_rules.stages.support.tune_ladder import every_candidate, mixed_size
 
     class Graph:  # a graph of three candidates whose graph input x goes to 16 bit with a
         candidates, graph_inputs = ["a", "b", "c"], ["x"]
+        listed = Candidates.listed
 
         def closed(self, sixteen):
             return set(sixteen) | ({"x"} if "a" in sixteen else set())

@@ -40,7 +40,7 @@ class SwitchModel:
         self.ranked_on = None  # samples the ranking ran on (costs())
         self._memo: dict = {}
         started = time.perf_counter()
-        model = onnx.load(str(c.quantize(set(), c.work / "cpu_switch_base.onnx")))
+        model = onnx.load(str(c.base()))
         graph = model.graph
         inits = {i.name: i for i in graph.initializer}
         consumers: dict[str, list] = {}

@@ -238,9 +238,7 @@ def search(graph: dict, target, *, chip: dict, samples: int, hooks: str, data_di
     # a step graph's state pairs the kept tensors touch are 16 bit too (precision.Candidates.closed): listed last
     # and the graph inputs the HTP needs at 16 bit beside them (precision.Candidates.inputs_at_16): listed apart
     reuse.update(kept=set(kept), dropped=[list(g) for g in dropped])  # a tighter target's search may start here
-    closed = c.closed(kept)
-    inputs = [i for i in c.graph_inputs if i in closed]
-    sixteen, state = [t for t in order if t in closed], sorted(closed - set(order) - set(inputs))
+    sixteen, state, inputs = c.listed(kept, order)
     result.update(sixteen_bit=sixteen + state + inputs, state_tensors=len(state), tuned=clean(final))
     if inputs:
         result["graph_inputs_16"] = inputs

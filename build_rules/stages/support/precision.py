@@ -107,6 +107,7 @@ class Candidates:
         self.remembered = 0  # measurements an earlier tune made (tune_memo.py), counted in evaluations
         self._memo: dict = {}
         self._disk = None  # tune_memo's emulator memo of this graph's candidates (disk())
+        self._base: Path | None = None  # the all-8-bit QDQ model (base())
         self.score_on_subset = True
         variant = graph["variant"]
         # Tensors the variant itself pins to a type keep it; every other tensor is 8 or 16 bit as asked.
@@ -268,15 +269,28 @@ class Candidates:
         self.disk().put(key[0], tuple(indices), summary, took, twice)
         return summary
 
+    def base(self) -> Path:
+        """The graph quantized with every candidate at 8 bit, once (the memo's key and the CPU switch model's start:
+        a quantize of Whisper's decoder takes seconds). Read it, do not write it."""
+        if self._base is None:
+            self._base = self.quantize(set(), self.work / "base.qdq.onnx")
+        return self._base
+
     def disk(self):
         """tune_memo's emulator memo of this graph's candidates: keyed by the all-8-bit QDQ model every candidate
         is quantized from (and the chip, samples, hooks, runtime)."""
         if self._disk is None:
             from . import tune_memo
-            base = self.quantize(set(), self.work / "memo_base.onnx").read_bytes()
             self._disk = tune_memo.emulator_memo(tune_memo.emulator_key(
-                base, self.graph["evaluation"], self.hooks, self.data_dir, self.chip))
+                self.base().read_bytes(), self.graph["evaluation"], self.hooks, self.data_dir, self.chip))
         return self._disk
+
+    def listed(self, kept, order: list[str]) -> tuple[list[str], list[str], list[str]]:
+        """(the candidates of `kept` in `order`, the state tensors and the graph inputs closed() adds to them): what
+        a proposal lists at 16 bit, in that order."""
+        closed = self.closed(kept)
+        inputs = [i for i in self.graph_inputs if i in closed]
+        return [t for t in order if t in closed], sorted(closed - set(order) - set(inputs)), inputs
 
     def ends_repeat(self, *ends: dict) -> None:
         """The ends' summaries (measured with end=True): when none was marked unstable, the full-set trials from now

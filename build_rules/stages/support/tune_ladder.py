@@ -401,10 +401,8 @@ def every_candidate(found: dict, graph: str, result: dict, sizes: dict) -> dict:
     """The graph's mixed-search `result` turned into its upper end: every candidate at 16 bit, with the numbers the
     search measured for it on the emulator; for a graph whose mix builds larger than that (mixed_size)."""
     c = found["ladder"].candidates[graph]
-    closed = c.closed(set(c.candidates))
-    inputs = [i for i in c.graph_inputs if i in closed]
-    state = sorted(closed - set(c.candidates) - set(inputs))
-    changed = {**result, "sixteen_bit": [*c.candidates, *state, *inputs], "state_tensors": len(state),
+    tensors, state, inputs = c.listed(set(c.candidates), c.candidates)
+    changed = {**result, "sixteen_bit": [*tensors, *state, *inputs], "state_tensors": len(state),
                "tuned": result["all_16bit"], "mix": {"sixteen_bit": len(result["sixteen_bit"]), **sizes}}
     changed.pop("graph_inputs_16", None)
     changed.pop("budget_spent", None)  # (a mix's search left groups untried: not what is proposed)
