@@ -87,6 +87,13 @@ def _qairt_part(where: str, target: dict, part: dict) -> Part:
     return Part(part["name"], part["binary"], inputs, outputs)
 
 
+def result_file(folder: Path, index: int, qnn_name: str) -> Path:
+    """Where qnn-net-run's output for `qnn_name` lands: it joins `Result_<n>/` and the name as strings, so a name
+    with slashes (torchscript's "/conv1/Conv_output_0") is a file in subfolders of Result_<n>, never an absolute
+    path (`folder / "/x.raw"` would be /x.raw on this machine, every sample's output in one file)."""
+    return Path(f"{folder}/Result_{index}/{qnn_name}.raw")
+
+
 def safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
 
@@ -138,7 +145,7 @@ def read_outputs(where: str, part: Part, folder: Path, count: int, shapes: dict 
     for i in range(count):
         result = {}
         for tensor in part.outputs:
-            path = folder / f"Result_{i}" / f"{tensor.qnn_name}.raw"
+            path = result_file(folder, i, tensor.qnn_name)
             if not path.is_file():
                 raise BuildError(f"{where}: qnn-net-run on the phone wrote no Result_{i}/{tensor.qnn_name}.raw "
                                  f"(output '{tensor.name}' of {part.name})")

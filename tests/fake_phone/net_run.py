@@ -171,7 +171,9 @@ def _main(argv: list[str]) -> int:
                     value = raw[t["name"]]
                     if not args.use_native_output_files:
                         value = dist.dequantize(value, t).astype(np.float32)
-                    np.ascontiguousarray(value).tofile(folder / f"{t['qnn_name']}.raw")
+                    path = Path(f"{folder}/{t['qnn_name']}.raw")  # a string join, as qnn-net-run's: "/a/b" -> a/b.raw
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    np.ascontiguousarray(value).tofile(path)
             index += 1
         close()  # QNN writes its profile when the session ends
         if args.profiling_level:
