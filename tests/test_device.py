@@ -910,8 +910,8 @@ SPLIT_TOML = 'gate = { metric = "cosine", min = 0.99 }\nsplit = { parts = 2 }'
 
 
 def test_a_split_graph_runs_its_parts_in_order_on_the_phone(phone_env, monkeypatch):
-    # fp16: the split stage fails on tinynet's w8a16 encoder ("Graph output 'conv2d' is not an output of any node",
-    # stages/split.py qdq_parts; reported, not this test's subject)
+    # fp16: a QDQ model's cut is test_split's subject. The cut tensor is /Relu_output_0 (torchscript's name): qnn-net-run
+    # writes it to Result_<n>/Relu_output_0.raw, which the chain must read (target.result_file), not /Relu_output_0.raw
     repo = phone_env.repo
     toml = repo / "models/tinynet/model.toml"
     text = toml.read_text()

@@ -221,7 +221,7 @@ def test_a_node_htp_rejects_in_the_dlc_flow_is_named_from_the_onnx_model(dlc_cop
     (repo / "out/tinynet/w8a16/SM8750/head.bin").unlink()
     result = run_doit(repo)
     assert result.code != 0
-    assert "compile:tinynet/head/w8a16@SM8750: qnn-context-binary-generator: QNN rejected node 'node_linear' (Gemm): " \
+    assert "compile:tinynet/head/w8a16@SM8750: qnn-context-binary-generator: QNN rejected node '/fc/Gemm' (Gemm): " \
            "None of the combinations match the provided case (error 0xc26). Fix: HTP has no kernel" in result.output
     assert "Failed in QnnSystemDlc_composeGraphs()" in (repo / "out/tinynet/w8a16/SM8750/head.compile.log").read_text()
     assert not (repo / "out/tinynet/w8a16/SM8750/head.bin").exists()
@@ -360,7 +360,7 @@ def test_16_bit_activations_on_a_v68_chip_use_per_row_quantization(tmp_path, mon
     assert result.code != 0
     assert result.ran_stage("convert") == {f"convert:tinynet/{g}/{v}" for g in GRAPHS for v in ("w8a16", "w16a16")}
     assert re.search(r"compile:tinynet/head/w(8|16)a16@SM8350: qnn-context-binary-generator: QNN rejected node "
-                     r"'node_linear' \(Gemm\): \[4294967295\] has incorrect Value 68, expected >= 73\. \(error 0xc26\)\. "
+                     r"'/fc/Gemm' \(Gemm\): \[4294967295\] has incorrect Value 68, expected >= 73\. \(error 0xc26\)\. "
                      r"Fix: this op needs HTP v73 or newer at these bit widths and the chip is v68", result.output)
 
 

@@ -486,26 +486,26 @@ def test_a_converter_log_with_an_unsupported_op_fails_naming_it(qairt_copy, monk
     result = run_doit(repo)
     assert result.code != 0
     assert "convert:tinynet/head/w8a16: qnn-onnx-converter on out/tinynet/float/head.sim.onnx: QNN rejected node " \
-           "'node_linear' (Gemm): No translation registered for op type onnx_gemm. Fix: qnn-onnx-converter has no " \
+           "'/fc/Gemm' (Gemm): No translation registered for op type onnx_gemm. Fix: qnn-onnx-converter has no " \
            "translation for Gemm: change the export so that the model has no Gemm node" in result.output
     assert not (repo / "out/tinynet/w8a16/head.cpp").exists()
-    assert "ERROR - Node node_linear: 'No translation registered for op type onnx_gemm.'" in \
+    assert "ERROR - Node /fc/Gemm: 'No translation registered for op type onnx_gemm.'" in \
         (repo / "out/tinynet/w8a16/head.convert.log").read_text()
 
 
 def test_node_and_per_graph_overrides_reach_the_converter_by_tensor(qairt_copy):
     repo, sdk, calls = qairt_copy
     toml = repo / "models/tinynet/model.toml"
-    toml.write_text(toml.read_text() + '\n[variants.w8a16.graphs.head]\nnode_overrides = { "node_linear" = "uint8" }\n')
+    toml.write_text(toml.read_text() + '\n[variants.w8a16.graphs.head]\nnode_overrides = { "/fc/Gemm" = "uint8" }\n')
     result = run_doit(repo, "convert")
     assert result.ran == {"convert:tinynet/head/w8a16"}, result.output  # the encoder's settings did not change
     overrides = json.loads((repo / "out/tinynet/w8a16/head.quantization_overrides.json").read_text())
-    assert overrides["activation_encodings"] == {"logits": [{"bitwidth": 8, "dtype": "int"}]}  # node_linear's output
-    toml.write_text(toml.read_text().replace('"node_linear"', '"node_lineer"'))
+    assert overrides["activation_encodings"] == {"logits": [{"bitwidth": 8, "dtype": "int"}]}  # /fc/Gemm's output
+    toml.write_text(toml.read_text().replace('"/fc/Gemm"', '"/fc/Gemmm"'))
     result = run_doit(repo, "convert")
     assert result.code != 0
-    assert ("convert:tinynet/head/w8a16: quantization override names unknown node 'node_lineer': "
-            "out/tinynet/float/head.sim.onnx has no such node; did you mean 'node_linear'?") in result.output
+    assert ("convert:tinynet/head/w8a16: quantization override names unknown node '/fc/Gemmm': "
+            "out/tinynet/float/head.sim.onnx has no such node; did you mean '/fc/Gemm'?") in result.output
 
 
 def test_quantization_warnings_are_listed_in_the_manifest(qairt_copy, monkeypatch):
@@ -540,10 +540,11 @@ def test_a_node_htp_rejects_fails_compile_naming_node_op_and_fix(qairt_copy, mon
     (repo / "out/tinynet/w8a16/SM8550/head.bin").unlink()
     result = run_doit(repo)
     assert result.code != 0
-    assert "compile:tinynet/head/w8a16@SM8550: qnn-context-binary-generator: QNN rejected node 'node_linear' (Gemm): " \
+    assert "compile:tinynet/head/w8a16@SM8550: qnn-context-binary-generator: QNN rejected node '/fc/Gemm' (Gemm): " \
            "None of the combinations match the provided case (error 0xc26). Fix: HTP has no kernel for this op with " \
            "these input/output data types" in result.output
-    assert "Failed to validate op node_linear with error 0xc26" in (repo / "out/tinynet/w8a16/SM8550/head.compile.log").read_text()
+    # the log has QNN's name of the node (the converter's, '/' made '_'); the message above, the ONNX model's
+    assert "Failed to validate op _fc_Gemm with error 0xc26" in (repo / "out/tinynet/w8a16/SM8550/head.compile.log").read_text()
     assert not (repo / "out/tinynet/w8a16/SM8550/head.bin").exists()
 
 

@@ -79,7 +79,7 @@ def test_quantizing_from_saved_ranges_equals_calibrating_inline(tinynet_repo, tm
     names = list(json.loads(ranges.read_text())["data"])
     assert names == sorted(names) and len(names) > 3
     for activations, weights, overrides in [("uint8", "uint8", None), ("uint16", "uint8", None),
-                                            ("uint16", "int8", None), ("uint8", "uint8", {"relu": "uint16"})]:
+                                            ("uint16", "int8", None), ("uint8", "uint8", {"/Relu_output_0": "uint16"})]:
         inline, reused = tmp_path / "inline.onnx", tmp_path / "reused.onnx"
         settings = dict(activations=activations, weights=weights, per_channel=True, method=method, overrides=overrides)
         ort_qnn.quantize(sim, inline, samples, **settings)
@@ -101,33 +101,33 @@ def _sixteen_bit_tensors(qdq: Path) -> set[str]:
 def test_node_and_per_graph_overrides_reach_only_their_graph(tinynet_repo):
     toml = tinynet_repo / "models/tinynet/model.toml"
     toml.write_text(toml.read_text() + '\n[variants.mixed]\ninherits = "w8a16"\nactivations = "uint8"\n'
-                    '[variants.mixed.graphs.encoder]\nnode_overrides = { "node_conv2d_1" = "uint16" }\n'
+                    '[variants.mixed.graphs.encoder]\nnode_overrides = { "/conv2/Conv" = "uint16" }\n'
                     '[variants.mixed.graphs.head]\noverrides = { "logits" = "uint16" }\n')
     result = run_doit(tinynet_repo, "quantize")
     assert result.code == 0, result.output
-    assert "relu_1" in _sixteen_bit_tensors(tinynet_repo / "out/tinynet/mixed/encoder.qdq.onnx") or \
-        "conv2d_1" in _sixteen_bit_tensors(tinynet_repo / "out/tinynet/mixed/encoder.qdq.onnx")
+    assert "/Relu_1_output_0" in _sixteen_bit_tensors(tinynet_repo / "out/tinynet/mixed/encoder.qdq.onnx") or \
+        "/conv2/Conv_output_0" in _sixteen_bit_tensors(tinynet_repo / "out/tinynet/mixed/encoder.qdq.onnx")
     assert "logits" in _sixteen_bit_tensors(tinynet_repo / "out/tinynet/mixed/head.qdq.onnx")
     edit(toml, '[variants.mixed.graphs.head]\noverrides = { "logits" = "uint16" }\n', "")
     result = run_doit(tinynet_repo, "quantize")
     assert result.ran == {"quantize:tinynet/head/mixed"}  # the encoder's settings did not change
 
-    edit(toml, '"node_conv2d_1" = "uint16"', '"node_conv9" = "uint16"')
+    edit(toml, '"/conv2/Conv" = "uint16"', '"/conv9/Conv" = "uint16"')
     result = run_doit(tinynet_repo, "quantize")
     assert result.code != 0
-    assert "quantization override names unknown node 'node_conv9'" in result.output
+    assert "quantization override names unknown node '/conv9/Conv'" in result.output
     assert "(fix overrides / node_overrides of [variants.mixed] in models/tinynet/model.toml)" in result.output
-    edit(toml, '"node_conv9" = "uint16"', '"node_conv2d_l" = "uint16"')  # a typo: the closest node is offered
+    edit(toml, '"/conv9/Conv" = "uint16"', '"/conv2/Cnv" = "uint16"')  # a typo: the closest node is offered
     result = run_doit(tinynet_repo, "quantize")
-    assert "has no node of that name; did you mean 'node_conv2d_1'? (fix overrides" in result.output
+    assert "has no node of that name; did you mean '/conv2/Conv'? (fix overrides" in result.output
     # a weight override naming no layer: the nodes that have a weight are listed when none is close, and the key
     # to fix is weight_overrides
-    edit(toml, '"node_conv2d_l" = "uint16"', '"node_conv2d_1" = "uint16"')
+    edit(toml, '"/conv2/Cnv" = "uint16"', '"/conv2/Conv" = "uint16"')
     edit(toml, '[variants.mixed.graphs.encoder]\n', '[variants.mixed.graphs.encoder]\nweight_overrides = { head = "int8" }\n')
     result = run_doit(tinynet_repo, "quantize")
     assert result.code != 0
     assert "weight override names 'head', which is no node with a weight in" in result.output
-    assert "(after qnn_preprocess_model); nodes with a weight: node_conv2d, node_conv2d_1" in result.output
+    assert "(after qnn_preprocess_model); nodes with a weight: /conv1/Conv, /conv2/Conv" in result.output
     assert "(fix weight_overrides of [variants.mixed] in models/tinynet/model.toml)" in result.output
 
 
@@ -269,7 +269,8 @@ def test_sensitivity_ranks_every_candidate_tensor_and_bisect_finds_the_exhaustiv
     # the CPU ranking's count, which stays on the line once the emulator measures
     assert re.search(r"^progress: \d+ emulator measurements, 6/6 tensors of encoder ranked on the CPU, ", log, re.M), log
     tensors = [r["tensor"] for r in fast["tensors"]]
-    assert set(tensors) == {"conv2d", "relu", "conv2d_1", "relu_1", "view", "features"}  # the dynamo exporter's names
+    assert set(tensors) == {"/conv1/Conv_output_0", "/Relu_output_0", "/conv2/Conv_output_0", "/Relu_1_output_0",
+                            "/Flatten_output_0", "features"}  # the torchscript exporter's names
     assert [r["rank"] for r in fast["tensors"]] == list(range(1, len(tensors) + 1))
     assert fast["search"] == "bisect" and fast["all_16bit"]["sqnr"] > fast["base"]["sqnr"]
     assert all(r["cpu_gain_db"] is not None for r in fast["tensors"]) and fast["cpu_evaluations"] > len(tensors)
@@ -334,12 +335,12 @@ def test_bisect_tune_ends_at_a_mix_the_emulator_passes_even_where_the_cpu_is_bli
     log = "\n".join(lines)
     assert blind["ranking"] == "given" and "even the top 1 miss (CPU): the search starts from all 6" in log
     assert fast["evaluations"] < exhaustive["evaluations"] and blind["evaluations"] < exhaustive["evaluations"]
-    # the CPU searches, the emulator judges (issue 45): here the CPU's proposal {relu_1, features} met the target on
+    # the CPU searches, the emulator judges (issue 45): here the CPU's proposal {/Relu_1_output_0, features} met the target on
     # the CPU model and missed on the emulator (the HTP gains nothing from them); the margin that miss sets fails
     # even all 16 bit on the CPU, so the emulator brought back the group the CPU had dropped first (what cost most
     # there), which met, and then put what it could of that set back at 8 bit. Each tensor left is needed (alone
-    # at 8 bit, the set misses): {conv2d_1, relu_1, features}, a local minimum beside the exhaustive search's
-    # {conv2d_1, view} (view was in a group never brought back). The guarantee is the emulator's pass, not the
+    # at 8 bit, the set misses): {/conv2/Conv_output_0, /Relu_1_output_0, features}, a local minimum beside the
+    # exhaustive search's {/conv2/Conv_output_0, /Flatten_output_0} (the latter was in a group never brought back). The guarantee is the emulator's pass, not the
     # fewest tensors: on Whisper's encoder the emulator's own search from scratch ran for hours (docs/tuning.md).
     assert re.search(r"the emulator misses the CPU's proposal of \d+ tensors \(cosine = 0\.9998.*by more than the CPU "
                      r"can tell apart \(margin cosine -[0-9.e-]+\): the emulator brings back groups the CPU put at "
