@@ -88,9 +88,10 @@ def _qairt_part(where: str, target: dict, part: dict) -> Part:
 
 
 def result_file(folder: Path, index: int, qnn_name: str) -> Path:
-    """Where qnn-net-run's output for `qnn_name` lands: it joins `Result_<n>/` and the name as strings, so a name
-    with slashes (torchscript's "/conv1/Conv_output_0") is a file in subfolders of Result_<n>, never an absolute
-    path (`folder / "/x.raw"` would be /x.raw on this machine, every sample's output in one file)."""
+    """Where qnn-net-run's output for `qnn_name` is read: under Result_<n>/ whatever the name holds. A name with
+    slashes (torchscript's "/conv1/Conv_output_0") is taken as a path below Result_<n>, as a C++ string join of
+    folder and name gives (assumed for the real qnn-net-run, not verified on a phone; the stand-in does so); never
+    as an absolute path (`folder / "/x.raw"` is /x.raw on this machine: every sample's output in one file)."""
     return Path(f"{folder}/Result_{index}/{qnn_name}.raw")
 
 
