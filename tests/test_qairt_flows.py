@@ -309,6 +309,7 @@ V68_MODEL = """[model]
 description = "tiny two-graph test net, on a v68 chip"
 hooks = "hooks.py"
 chips = ["SM8350"]
+export = { exporter = "torchscript" }  # as tests/models/tinynet has it
 
 [graphs.encoder]
 checkpoints = ["encoder.pt"]

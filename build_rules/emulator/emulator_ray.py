@@ -267,18 +267,18 @@ def _run_chunk(binary: list, local_model, open_binary, feeds: list[dict], expect
 
         import ray
         files = ray.get(files_ref)
-        for folder in _opened.values():
-            folder[1].cleanup()
         _opened.clear()
-        folder = tempfile.TemporaryDirectory(prefix="build_rules-ray-")
-        for relative, data in files.items():
-            path = Path(folder.name, relative)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        model = ([str(Path(folder.name, m)) for m in local_model] if isinstance(local_model, list)
-                 else str(Path(folder.name, local_model)))
-        _opened[digest] = (open_binary(model), folder)
-    run = _opened[digest][0]
+        # The files are read when the session opens, then removed: Ray ends its workers with SIGKILL, so a folder
+        # kept for the worker's life was left in the node's /tmp by every worker of every build.
+        with tempfile.TemporaryDirectory(prefix="build_rules-ray-") as folder:
+            for relative, data in files.items():
+                path = Path(folder, relative)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            model = ([str(Path(folder, m)) for m in local_model] if isinstance(local_model, list)
+                     else str(Path(folder, local_model)))
+            _opened[digest] = open_binary(model)
+    run = _opened[digest]
     return [run(feed) for feed in feeds]
 
 
