@@ -303,22 +303,23 @@ SLOW_FIXTURES = {"mtcnn_build", "whisper_float", "dist_built", "uploaded", "buil
                  "built_qairt", "built_dlc", "kvstep_dist", "speaker", "hook_calls", "built_ffn", "built_recurrent",
                  "onet_split", "gru_repo", "built_detector", "detector", "built_rnet_aimet", "cluster"}
 
-# Seconds each file's tests took in all (setup, call, teardown; docs/testing.md, measured on a loaded 2-core machine:
-# only their order matters). Under xdist (--dist loadfile --no-loadscope-reorder) the files start heaviest first, so
-# that no worker is left alone with a heavy file at the end; a file not listed starts first of all (unknown: maybe
-# heavy). xdist's own order (by number of tests) started tests/test_mtcnn_end_to_end.py last.
+# Seconds each file's tests took in all (setup, call, teardown; docs/testing.md, a fresh run on the idle 2 cores,
+# 2026-12-06; only their order matters; a session fixture counts in the file that asked first). Under xdist
+# (--dist loadfile --no-loadscope-reorder) the files start heaviest first, so that no worker is left alone with a
+# heavy file at the end; a file not listed starts first of all (unknown: maybe heavy). xdist's own order (by number of tests) started tests/test_mtcnn_end_to_end.py last.
 FILE_SECONDS = {
-    "test_quant_tuning.py": 502, "test_device.py": 484, "test_data_and_evaluate.py": 438, "test_dist.py": 405,
-    "test_reliability.py": 378, "test_block_quant.py": 373, "test_mtcnn_end_to_end.py": 349,
-    "test_user_models.py": 286, "test_repeats.py": 231, "test_progress.py": 225, "test_incremental.py": 211,
-    "test_remote_cache.py": 190, "test_aimet.py": 176, "test_whisper.py": 172, "test_chip_proof.py": 154,
-    "test_qairt_toolchain.py": 138, "test_step_graphs.py": 120, "test_qairt_flows.py": 119,
-    "test_shared_weights.py": 118, "test_diagnose.py": 104, "test_split.py": 97, "test_ray.py": 97,
-    "test_recurrent_cells.py": 94, "test_densemap.py": 93, "test_variant_precision.py": 74, "test_hooks.py": 51,
-    "test_concat_slices.py": 47, "test_transformer_blocks.py": 42, "test_errors.py": 37, "test_results.py": 36,
-    "test_gates.py": 33, "test_emulator_runs.py": 33, "test_early_verdicts.py": 29, "test_fuzzed_inputs.py": 23,
-    "test_ort_qnn_toolchain.py": 14, "test_house.py": 12, "test_report_figure.py": 5, "test_load_paths.py": 0,
-    "test_quant_spec.py": 0, "test_verdict_numbers.py": 160, "test_tune_as_built.py": 120, "test_tune_model_gate.py": 80,
+    "test_quant_tuning.py": 160, "test_device.py": 133, "test_user_models.py": 103, "test_block_quant.py": 92,
+    "test_reliability.py": 72, "test_repeats.py": 61, "test_data_and_evaluate.py": 59, "test_aimet.py": 59,
+    "test_dist.py": 55, "test_ray.py": 52, "test_incremental.py": 51, "test_progress.py": 49,
+    "test_remote_cache.py": 48, "test_tune_model_gate.py": 48, "test_qairt_flows.py": 47,
+    "test_mtcnn_end_to_end.py": 46, "test_whisper.py": 40, "test_split.py": 33, "test_step_graphs.py": 28,
+    "test_qairt_toolchain.py": 28, "test_densemap.py": 24, "test_chip_proof.py": 24, "test_verdict_numbers.py": 23,
+    "test_diagnose.py": 20, "test_transformer_blocks.py": 20, "test_tune_as_built.py": 18,
+    "test_shared_weights.py": 18, "test_recurrent_cells.py": 18, "test_variant_precision.py": 18,
+    "test_emulator_runs.py": 17, "test_fuzzed_inputs.py": 9, "test_hooks.py": 9, "test_errors.py": 9,
+    "test_concat_slices.py": 8, "test_early_verdicts.py": 7, "test_house.py": 6, "test_results.py": 5,
+    "test_ort_qnn_toolchain.py": 4, "test_gates.py": 3, "test_report_figure.py": 2, "test_load_paths.py": 0,
+    "test_quant_spec.py": 0,
 }
 
 
