@@ -306,7 +306,8 @@ SLOW_FIXTURES = {"mtcnn_build", "whisper_float", "dist_built", "uploaded", "buil
 # Seconds each file's tests took in all (setup, call, teardown; docs/testing.md, a fresh run on the idle 2 cores,
 # 2026-12-06; only their order matters; a session fixture counts in the file that asked first). Under xdist
 # (--dist loadfile --no-loadscope-reorder) the files start heaviest first, so that no worker is left alone with a
-# heavy file at the end; a file not listed starts first of all (unknown: maybe heavy). xdist's own order (by number of tests) started tests/test_mtcnn_end_to_end.py last.
+# heavy file at the end; a file not listed starts first of all (unknown: maybe heavy). xdist's own order (by number
+# of tests) started tests/test_mtcnn_end_to_end.py last.
 FILE_SECONDS = {
     "test_quant_tuning.py": 160, "test_device.py": 133, "test_user_models.py": 103, "test_block_quant.py": 92,
     "test_reliability.py": 72, "test_repeats.py": 61, "test_data_and_evaluate.py": 59, "test_aimet.py": 59,
