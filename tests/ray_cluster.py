@@ -57,7 +57,8 @@ class LocalCluster:
 
     def __init__(self, num_cpus: int = 1):
         self.temp_dir = tempfile.mkdtemp(prefix="brray-", dir="/tmp")  # short: Ray's socket paths must fit
-        self.port = free_port()
+        self.ports: set[int] = set()
+        self.port = self.free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.sessions: list[int] = []
         # A dead node is noticed in ~3 s instead of ~30 s (read by the GCS).
@@ -66,8 +67,17 @@ class LocalCluster:
                         RAY_USAGE_STATS_ENABLED="0", RAY_health_check_period_ms="1000",
                         RAY_health_check_timeout_ms="1000", RAY_health_check_failure_threshold="3")
         self.head = self._start(["--head", f"--port={self.port}", f"--temp-dir={self.temp_dir}",
-                                 "--include-dashboard=false", f"--ray-client-server-port={free_port()}",
-                                 f"--dashboard-port={free_port()}"], num_cpus)
+                                 "--include-dashboard=false", f"--ray-client-server-port={self.free_port()}",
+                                 f"--dashboard-port={self.free_port()}"], num_cpus)
+
+    def free_port(self) -> int:
+        """A port free now and not handed to another component of this cluster yet: the OS gives a port it just
+        freed again, and `ray start` refused a head whose client server and object manager got the same one."""
+        while True:
+            port = free_port()
+            if port not in self.ports:
+                self.ports.add(port)
+                return port
 
     def add_node(self, num_cpus: int = 1, resources: dict | None = None) -> int:
         """A worker node; returns its session id (for kill_node)."""
@@ -79,8 +89,8 @@ class LocalCluster:
     def _start(self, extra: list[str], num_cpus: int) -> int:
         command = [*_ray_cli(), "start", *extra, "--node-ip-address=127.0.0.1", f"--num-cpus={num_cpus}",
                    f"--memory={MEMORY}", f"--object-store-memory={OBJECT_STORE}", "--disable-usage-stats",
-                   f"--node-manager-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-                   f"--object-manager-port={free_port()}"]
+                   f"--node-manager-port={self.free_port()}", f"--dashboard-agent-listen-port={self.free_port()}",
+                   f"--object-manager-port={self.free_port()}"]
         starter = subprocess.Popen(command, env=self.env, start_new_session=True, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True)
         self.sessions.append(starter.pid)  # its session id: the daemons it starts keep it
