@@ -441,7 +441,12 @@ def test_profile_reads_back_latencies_beside_the_cpu_baseline(phone_env, monkeyp
         assert t["throughput_per_s"] == pytest.approx(1000 / t["median_ms"])
         assert t["warm_load_ms"] > 0 and t["peak_memory_kib"] > 10_000  # the stand-in's emulator process, measured
         assert [layer["op"] for layer in t["layers"][:10]] == [op["op"] for op in t["top_ops"]]
-        assert sum(layer["us"] for layer in t["layers"]) == pytest.approx(1000 * t["accelerator_median_ms"], rel=0.1)
+        # each layer's time is its share of the accelerator's median: its median cycles over the median of all cycles
+        # (the ops' medians need not add up to the median of their sum: 0.89 of it in one fresh run; the bound on the
+        # shares is above; a 10 % bound on that sum here failed once)
+        cycles = sum(layer["cycles"] for layer in t["layers"])
+        assert sum(layer["us"] for layer in t["layers"]) == pytest.approx(
+            1000 * t["accelerator_median_ms"] * cycles / t["accelerator_cycles_median"])
         # the raw log beside the result, with the CSV the viewer made of it
         log = phone_env.repo / f"out/tinynet/fp16/SM8750/profile.s25/{graph}.qnn-profiling-data_0.log"
         assert log.is_file() and t["log"] == str(log.relative_to(phone_env.repo))
