@@ -915,8 +915,9 @@ SPLIT_TOML = 'gate = { metric = "cosine", min = 0.99 }\nsplit = { parts = 2 }'
 
 
 def test_a_split_graph_runs_its_parts_in_order_on_the_phone(phone_env, monkeypatch):
-    # fp16: a QDQ model's cut is test_split's subject. The cut tensor is /Relu_output_0 (torchscript's name): qnn-net-run
-    # writes it to Result_<n>/Relu_output_0.raw, which the chain must read (target.result_file), not /Relu_output_0.raw
+    # fp16: a QDQ model's cut is test_split's subject. The cut tensor is /Relu_output_0 (torchscript's name):
+    # qnn-net-run writes it to Result_<n>/Relu_output_0.raw, which the chain must read (target.result_file), not
+    # /Relu_output_0.raw
     repo = phone_env.repo
     toml = repo / "models/tinynet/model.toml"
     text = toml.read_text()

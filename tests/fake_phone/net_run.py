@@ -171,7 +171,8 @@ def _main(argv: list[str]) -> int:
                     value = raw[t["name"]]
                     if not args.use_native_output_files:
                         value = dist.dequantize(value, t).astype(np.float32)
-                    path = Path(f"{folder}/{t['qnn_name']}.raw")  # a string join (assumed of qnn-net-run): "/a/b" -> a/b.raw
+                    # a string join (assumed of qnn-net-run): the name "/a/b" is the file a/b.raw below Result_<n>
+                    path = Path(f"{folder}/{t['qnn_name']}.raw")
                     path.parent.mkdir(parents=True, exist_ok=True)
                     np.ascontiguousarray(value).tofile(path)
             index += 1
