@@ -15,17 +15,14 @@ from pathlib import Path
 
 
 def read_lines(base: Path):
+    """(seconds, how, task) of every task line of every build log under `base`, once."""
+    from build_rules.build_log import read_build_log
     seen = set()
     for log in base.rglob("out/.build-state/build.log"):
-        for line in log.read_text(errors="replace").splitlines():
-            fields = line.split("\t")
-            if line.startswith("#") or len(fields) < 4:
-                continue
-            key = (fields[0], fields[3])
-            if key in seen:
-                continue
-            seen.add(key)
-            yield float(fields[1]), fields[2], fields[3]
+        for start, seconds, how, task in read_build_log(str(log)):
+            if (start, task) not in seen:
+                seen.add((start, task))
+                yield seconds, how, task
 
 
 def main() -> None:

@@ -147,9 +147,10 @@ def read_outputs(where: str, part: Part, folder: Path, count: int, shapes: dict 
         result = {}
         for tensor in part.outputs:
             path = result_file(folder, i, tensor.qnn_name)
+            shown = path.relative_to(folder)  # Result_<n>/<name>.raw as the phone has it (no doubled slash)
             if not path.is_file():
-                raise BuildError(f"{where}: qnn-net-run on the phone wrote no Result_{i}/{tensor.qnn_name}.raw "
-                                 f"(output '{tensor.name}' of {part.name})")
+                raise BuildError(f"{where}: qnn-net-run on the phone wrote no {shown} (output '{tensor.name}' of "
+                                 f"{part.name})")
             if native:
                 data = dequantize(np.fromfile(path, dtype=NUMPY_DTYPES[tensor.encoding["dtype"]]),
                                   tensor.encoding).astype(np.float32)
@@ -164,7 +165,6 @@ def read_outputs(where: str, part: Part, folder: Path, count: int, shapes: dict 
                     raise ValueError(f"{data.size} {tensor.encoding['dtype'] if native else 'float32'} values, the "
                                      f"contract says shape {tensor.shape}")
             except ValueError as e:
-                raise BuildError(f"{where}: Result_{i}/{tensor.qnn_name}.raw (output '{tensor.name}' of "
-                                 f"{part.name}): {e}") from None
+                raise BuildError(f"{where}: {shown} (output '{tensor.name}' of {part.name}): {e}") from None
         outputs.append(result)
     return outputs
