@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 import uuid
 from pathlib import Path
 
 from doit.exceptions import TaskFailed
 
+from . import stage_table
+from .plumbing import fork_server
 from .plumbing.files import publish, remove_quietly, replace_folder
 
 STAGING = Path("out/.staging")
@@ -65,8 +66,9 @@ def run_stage(stage: str, params: dict, targets: list[str], log: str, publish_di
             p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p))
         from .plumbing import progress
         with open(log, "wb") as log_file:
-            proc = subprocess.Popen([sys.executable, "-m", "build_rules.stage_main", stage, str(staging)],
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+            proc = fork_server.python_process(["-m", "build_rules.stage_main", stage, str(staging)], env=env,
+                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_server=True,
+                                              preload=("torch",) if stage_table.imports_torch(stage) else ())
             copying = threading.Thread(target=_copy_output, args=(proc.stdout, log_file), daemon=True)
             copying.start()
             try:

@@ -214,6 +214,12 @@ def generator(stage: str, toolchain: str) -> str | None:
     return generators.get(toolchain, generators.get("any"))
 
 
+def imports_torch(module: str) -> bool:
+    """Whether a stage module imports torch (torch is among its tools): the runner forks it from a server that has
+    imported torch already (plumbing/fork_server.py), ~1.2 s a stage here."""
+    return any(w.module == module and "torch" in w.tools for stage in STAGES for w in stage.workers.values())
+
+
 def worker_modules() -> set[str]:
     """Every module in build_rules/stages/ that some row runs."""
     return {w.module for stage in STAGES for w in stage.workers.values() if w.module}

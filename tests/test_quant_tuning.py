@@ -164,16 +164,16 @@ def test_flipping_a_setting_back_restores_from_the_cache_without_running_a_stage
     assert run_doit(tinynet_repo).code == 0
     assert _binaries(tinynet_repo) != before
 
-    import build_rules.runner as runner
+    from build_rules.plumbing import fork_server
 
-    real_popen = runner.subprocess.Popen
+    real_start = fork_server.python_process
 
-    def no_stage_process(cmd, *args, **kwargs):  # the runner starts stages with Popen (other programs may run)
-        if "build_rules.stage_main" in cmd:
-            raise AssertionError(f"a stage process was started: {cmd}")
-        return real_popen(cmd, *args, **kwargs)
+    def no_stage_process(args, **kwargs):  # the runner starts stages here (forked or fresh; other programs may run)
+        if "build_rules.stage_main" in args:
+            raise AssertionError(f"a stage process was started: {args}")
+        return real_start(args, **kwargs)
 
-    monkeypatch.setattr(runner.subprocess, "Popen", no_stage_process)
+    monkeypatch.setattr(fork_server, "python_process", no_stage_process)
     set_weights(tinynet_repo, "uint8")
     result = run_doit(tinynet_repo)  # (no stage process: the restore does no stage's work, whatever the machine)
     assert result.code == 0, result.output

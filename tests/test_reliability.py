@@ -129,15 +129,19 @@ def test_sigterm_keeps_finished_work(tmp_path, built_tinynet):
 
 
 def stage_processes(repo: Path) -> list[str]:
-    """Command lines of the live stage processes working for this repo (their staging folder is in it)."""
+    """The live stage processes working for this repo: a fresh interpreter's command line names stage_main and its
+    staging folder in the repo; a child of the fork server (plumbing/fork_server.py, whose command line it shows) is
+    named stage_main and works in the repo."""
     found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+    for proc in Path("/proc").glob("[0-9]*"):
         try:
-            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
+            text = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            name, cwd = (proc / "comm").read_text().strip(), os.readlink(proc / "cwd")
+        except OSError:  # gone, or a zombie (no working folder)
             continue
-        if "build_rules.stage_main" in text and f"{repo.resolve()}/out/.staging" in text:
-            found.append(text)
+        if "build_rules.stage_main" in text and f"{repo.resolve()}/out/.staging" in text \
+                or name == "stage_main" and cwd == str(repo.resolve()):
+            found.append(f"{proc.name} {name} {text}")
     return found
 
 

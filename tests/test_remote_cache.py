@@ -78,18 +78,18 @@ def without_seconds(data: bytes) -> dict:
 
 
 def stage_processes(monkeypatch, started: list | None = None) -> None:
-    """Watch the runner's Popen (stages start there; other programs such as git may run): record each stage
-    process's stage in `started`, or fail on the first one when started is None."""
-    from build_rules import runner
-    real_popen = runner.subprocess.Popen
+    """Watch where the runner starts its stage processes (forked or fresh; other programs such as git may run):
+    record each stage process's stage in `started`, or fail on the first one when started is None."""
+    from build_rules.plumbing import fork_server
+    real_start = fork_server.python_process
 
-    def popen(cmd, *args, **kwargs):
-        if "build_rules.stage_main" in cmd:
+    def start(args, **kwargs):
+        if "build_rules.stage_main" in args:
             if started is None:
-                raise AssertionError(f"a stage process was started: {cmd}")
-            started.append(cmd[3])
-        return real_popen(cmd, *args, **kwargs)
-    monkeypatch.setattr(runner.subprocess, "Popen", popen)
+                raise AssertionError(f"a stage process was started: {args}")
+            started.append(args[2])
+        return real_start(args, **kwargs)
+    monkeypatch.setattr(fork_server, "python_process", start)
 
 
 def bucket_files(root: Path) -> dict[str, tuple[int, int]]:

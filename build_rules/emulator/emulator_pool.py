@@ -1,7 +1,7 @@
 """Worker processes that run a job's items on the HTP emulator, one session each (emulator_runs.py's local backend).
 
-A worker is a fresh interpreter (never a fork: the stage process may hold QNN state, and QNN's threads do not survive
-a fork), started with two pipes. It waits for a machine-wide slot (emulator_slots.py), pins itself to the slot's
+A worker is a fresh interpreter or a child of the fork server (plumbing/fork_server.py), never a fork of the stage
+process (it may hold QNN state, and QNN's threads do not survive a fork), started with two pipes. It waits for a machine-wide slot (emulator_slots.py), pins itself to the slot's
 core, calls the job's opener once (e.g. loads the binary: one session per worker) and then applies what the opener
 returned to each item it is sent, sending each result back. The parent hands out items as workers become free and
 yields results in item order, so a slow sample on one worker never reorders anything.
@@ -14,13 +14,14 @@ from __future__ import annotations
 import importlib
 import os
 import subprocess
-import sys
 import time
 import traceback
 from collections import deque
 from collections.abc import Iterator
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
+
+from ..plumbing import fork_server
 
 _ROOT = str(Path(__file__).resolve().parent.parent.parent)  # where this build_rules lives: the workers import the same one
 _IN_FLIGHT = 2  # items sent ahead to each worker, so it never waits on the parent between two items
@@ -43,8 +44,8 @@ class _Worker:
         code = (f"import sys; sys.path.insert(0, {_ROOT!r}); from build_rules.emulator.emulator_pool import serve; "
                 f"serve({to_child_r}, {from_child_w}, {os.getpid()})")
         try:
-            self.process = subprocess.Popen([sys.executable, "-c", code], pass_fds=(to_child_r, from_child_w),
-                                            stdin=subprocess.DEVNULL)
+            self.process = fork_server.python_process(["-c", code], pass_fds=(to_child_r, from_child_w),
+                                                      stdin=subprocess.DEVNULL)
         finally:
             os.close(to_child_r)
             os.close(from_child_w)
@@ -148,8 +149,8 @@ def serve(read_fd: int, write_fd: int, parent: int) -> None:
         while True:
             try:
                 message = receive.recv()
-            except (EOFError, OSError):
-                message = None
+            except (EOFError, OSError):  # the parent is gone without a word (killed): end now, mid-item too
+                os._exit(1)
             inbox.put(message)
             if message is None:
                 return
@@ -185,8 +186,8 @@ def _die_with(parent: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the pipe's EOF ends the worker after its current item
         pass
-    if os.getppid() != parent:  # the parent died before the signal was set
-        os._exit(1)
+    if os.getppid() != parent and not fork_server.FORKED:  # the parent died before the signal was set
+        os._exit(1)  # (a forked worker's parent is the fork server: the pipe's EOF tells instead)
 
 
 def _picklable(error: BaseException):

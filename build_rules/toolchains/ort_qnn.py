@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -639,8 +638,8 @@ def _compile_in_child(model: Path, ctx_out: Path, provider_options: dict[str, st
     # Load this very file in the child (not "import build_rules..."), so it works wherever the package lives.
     code = ("import importlib.util as u, sys; s = u.spec_from_file_location('_ort_qnn_compile_child', sys.argv[1]); "
             "m = u.module_from_spec(s); s.loader.exec_module(m); m._compile_child()")
-    proc = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve())], input=request,
-                          capture_output=True, text=True)
+    from ..plumbing import fork_server
+    proc = fork_server.run(["-c", code, str(Path(__file__).resolve())], input=request)  # fresh: no QNN state
     reply = None
     for line in proc.stdout.splitlines():
         if line.startswith(_CHILD_MARK):
