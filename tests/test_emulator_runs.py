@@ -164,21 +164,33 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_workers_end_with_a_stage_killed_outright(spy, monkeypatch):
+@pytest.mark.parametrize("started", ["fresh", "forked"])
+def test_workers_end_with_a_stage_killed_outright(spy, monkeypatch, started):
     """An interrupted build kills its stage processes with SIGKILL (no cleanup runs): their workers end too, even in
-    the middle of an item that would take an hour (here: functools.partial(time.sleep) over [3600] * 4)."""
+    the middle of an item that would take an hour (here: functools.partial(time.sleep) over [3600] * 4). Forked
+    (plumbing/fork_server.py), the stage and its workers are children of the fork server, not stage and children."""
     import signal
     import time
+
+    from build_rules.plumbing import fork_server
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
     job = ("import time; from build_rules.emulator import emulator_runs; "
            "list(emulator_runs.iter_results('functools:partial', (time.sleep,), [3600] * 4))")
-    stage = subprocess.Popen([sys.executable, "-c", job])
+    if started == "fresh":
+        stage = subprocess.Popen([sys.executable, "-c", job])
+        parent = stage.pid
+    else:
+        monkeypatch.delenv(fork_server.SWITCH, raising=False)
+        stage = fork_server.python_process(["-c", job], start_server=True)
+        assert not isinstance(stage, subprocess.Popen)
+        parent = fork_server._servers[()].process.pid
 
     def workers() -> list[int]:
         try:
-            return [int(p) for p in Path(f"/proc/{stage.pid}/task/{stage.pid}/children").read_text().split()]
+            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
         except FileNotFoundError:
             return []
+        return [int(p) for p in children if int(p) != stage.pid]
 
     deadline = time.monotonic() + 120
     while len(workers()) < 2 and time.monotonic() < deadline:

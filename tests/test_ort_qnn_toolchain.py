@@ -237,6 +237,24 @@ def test_compile_is_deterministic_and_path_independent(work, tiny_w8a16, compile
     assert again["ctx_model"].read_bytes() == compiled_43["ctx_model"].read_bytes()
 
 
+def test_a_compile_forked_from_the_fork_server_gives_the_same_bytes(work, tiny_w8a16, compiled_43, monkeypatch):
+    """A build's compile runs in a stage process forked from the fork server, whose compile child is forked from it too
+    (plumbing/fork_server.py): the same bytes as the fresh interpreters here (the HTP backend's state between
+    compiles of one process changes them: ort_qnn._compile_in_child)."""
+    from build_rules.plumbing import fork_server
+    monkeypatch.delenv(fork_server.SWITCH, raising=False)
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r}); "
+            "from pathlib import Path; from build_rules.toolchains import ort_qnn; "
+            f"ort_qnn.compile_context_binary(Path({str(tiny_w8a16)!r}), Path({str(work / 'forked')!r}), 'tiny', "
+            "soc_model=43, vtcm_mb=8, fp16=False)")
+    proc = fork_server.python_process(["-c", code], start_server=True, stderr=subprocess.PIPE)
+    assert not isinstance(proc, subprocess.Popen)
+    _, err = proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    for name in ("binary", "ctx_model"):
+        assert (work / "forked" / compiled_43[name].name).read_bytes() == compiled_43[name].read_bytes()
+
+
 def test_compile_accepts_output_dq_renamed_by_layout_transform(tmp_path):
     # A 4-D (NCHW) output makes the EP's layout transform re-create the output DQ under a new name
     # ("DequantizeLinear_token_N"); it is still an allowed graph-output DQ.
