@@ -158,3 +158,30 @@ def test_the_server_ends_with_its_caller(env, tmp_path):
     while fork_server._exists(server) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not fork_server._exists(server) and not fork_server._exists(child)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to connect as another user")
+def test_another_user_is_refused(env):
+    """The server's socket is abstract (no file, no mode): a connection from another uid is closed unserved."""
+    marker = Path("/tmp") / f"fork-server-refused-{os.getpid()}"
+    marker.unlink(missing_ok=True)
+    assert start(["-c", "pass"], env).wait(timeout=60) == 0
+    address = fork_server._servers[()].address
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # as nobody, in a fork of this process (the interpreter's folder may be closed to nobody)
+        try:
+            os.setuid(65534)
+            fork_server._Forked(address, ["-c", f"open({str(marker)!r}, 'w')"], {}, "/", None, None, None, ())
+            os.write(write_fd, b"served")
+        except OSError as e:
+            os.write(write_fd, f"refused: {e}".encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    os.waitpid(pid, 0)
+    answer = os.read(read_fd, 1000).decode()
+    os.close(read_fd)
+    assert answer.startswith("refused: "), answer  # closed unread: a reset, or an empty answer
+    time.sleep(0.5)
+    assert not marker.exists()

@@ -49,7 +49,8 @@ def env_key(env) -> str:
 
 
 def enabled() -> bool:
-    return hasattr(os, "fork") and hasattr(socket, "send_fds") and os.environ.get(SWITCH, "1") != "0"
+    """Linux only: the server listens on an abstract socket (no file) and checks who connects (SO_PEERCRED)."""
+    return sys.platform.startswith("linux") and hasattr(socket, "send_fds") and os.environ.get(SWITCH, "1") != "0"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -329,6 +330,9 @@ def _serve(address: str, death_fd: int, preload: tuple = ()) -> None:
         for key, _ in selector.select():
             if key.data == "request":
                 conn, _ = listener.accept()
+                if _peer_uid(conn) != os.getuid():  # an abstract socket has no file mode: anyone may connect
+                    conn.close()
+                    continue
                 job = _fork_child(conn, children)
                 if job is not None:  # this is the child
                     for fd in (wake_r, wake_w, death_fd):
@@ -350,6 +354,11 @@ def _serve(address: str, death_fd: int, preload: tuple = ()) -> None:
                 caller_alive = False
         _reap(children)
     os._exit(0)
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return uid
 
 
 def _reap(children: dict) -> None:
