@@ -18,6 +18,7 @@ inside the functions that run binaries.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import hashlib
 import json
@@ -480,24 +481,28 @@ def check_contract(chip_dir: Path, graph: str, contract: dict, evaluation: Path,
         worst = 0.0
         runs = emulator_runs.iter_results("build_rules.dist:open_contract_runs", (str(wrapper), str(ctx_path), contract,
                                                                                  where), feeds, "verify samples")
-        for number, (raw, reference) in runs:
-            for tensor in contract["outputs"]:
-                got = dequantize(raw[tensor["name"]], tensor)
-                want = np.asarray(reference[tensor["name"]], dtype=np.float64)
-                if got.shape != want.shape:
-                    raise DistError(f"{where}: output '{tensor['name']}' has shape {list(got.shape)} from the "
-                                    f"binary, {list(want.shape)} from {ctx_path.name}")
-                step = tensor["scale"] if tensor["scale"] is not None else 1e-6 * max(1.0, float(np.abs(want).max()))
-                error = float(np.abs(got - want).max()) if got.size else 0.0
-                steps = error / step
-                if steps > 1.0 + 1e-6:
-                    raise DistError(
-                        f"{where}: I/O contract mismatch on output '{tensor['name']}' (sample {number}): the bare "
-                        f"binary with the index's scale/offset differs from {ctx_path.name} by {error:.6g}, "
-                        f"{steps:.1f} quantization steps of {step:.6g} (index: "
-                        + ", ".join(f"{t['name']} {t['dtype']} scale {t['scale']} offset {t['offset']}"
-                                    for t in [*contract["inputs"], tensor]) + ")")
-                worst = max(worst, steps)
+        # closed before the folder goes: a mismatch raised below ends the workers first (one still opening the
+        # wrapper would find it gone, and onnxruntime print its own error above this one)
+        with contextlib.closing(runs):
+            for number, (raw, reference) in runs:
+                for tensor in contract["outputs"]:
+                    got = dequantize(raw[tensor["name"]], tensor)
+                    want = np.asarray(reference[tensor["name"]], dtype=np.float64)
+                    if got.shape != want.shape:
+                        raise DistError(f"{where}: output '{tensor['name']}' has shape {list(got.shape)} from the "
+                                        f"binary, {list(want.shape)} from {ctx_path.name}")
+                    step = tensor["scale"] if tensor["scale"] is not None else \
+                        1e-6 * max(1.0, float(np.abs(want).max()))
+                    error = float(np.abs(got - want).max()) if got.size else 0.0
+                    steps = error / step
+                    if steps > 1.0 + 1e-6:
+                        raise DistError(
+                            f"{where}: I/O contract mismatch on output '{tensor['name']}' (sample {number}): the bare "
+                            f"binary with the index's scale/offset differs from {ctx_path.name} by {error:.6g}, "
+                            f"{steps:.1f} quantization steps of {step:.6g} (index: "
+                            + ", ".join(f"{t['name']} {t['dtype']} scale {t['scale']} offset {t['offset']}"
+                                        for t in [*contract["inputs"], tensor]) + ")")
+                    worst = max(worst, steps)
     return {"samples": len(inputs), "worst_steps": worst}
 
 

@@ -215,6 +215,29 @@ def edit_index(bundle: Path, change) -> None:
     resign(bundle)
 
 
+def test_a_mismatch_ends_the_emulator_workers_before_their_folder_goes(dist_built, tmp_path, monkeypatch):
+    """check_contract's wrapper lives in a temporary folder its workers open: a mismatch raised while a worker is still
+    opening it must end the workers first (else that worker found the folder gone and onnxruntime printed its own
+    error above the mismatch; the CLI test below once saw it)."""
+    from build_rules import dist
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "0")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # slots of its own (others' builds may hold the machine's)
+    bundle = copied_bundle(dist_built, tmp_path)
+    index = json.loads((bundle / "index.json").read_text())
+    contract = index["graphs"]["head"]["io"]
+    contract["inputs"][0]["scale"] *= 1.05
+
+    def children() -> set[int]:
+        return {int(p) for task in Path(f"/proc/{os.getpid()}/task").iterdir()
+                for p in (task / "children").read_text().split()}
+    before = children()
+    with pytest.raises(dist.DistError, match="I/O contract mismatch on output 'logits'") as caught:
+        dist.check_contract(bundle / "SM8550", "head", contract, dist_built / "out/tinynet/float/head.evaluation.npz",
+                            None, "SM8550/head")
+    assert children() - before == set(), caught.traceback[-1]  # (its traceback holds the generator's frame)
+
+
 def test_verify_catches_a_wrong_scale_in_a_copied_index(dist_built, tmp_path):
     bundle = copied_bundle(dist_built, tmp_path)
 
