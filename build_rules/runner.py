@@ -2,10 +2,11 @@
 
 Why a process per stage: QNN libraries can crash natively, torch and onnxruntime are heavy to
 import, and doit itself must stay light. The process is forked from the fork server where it can be
-(plumbing/fork_server.py: numpy and onnx, and torch for the stages that use it, imported once a run). The stage writes into a private staging folder under
-out/.staging; only when it succeeded are its files moved onto the targets (same file system, so
-each move is atomic). A failed or interrupted stage leaves the old targets or none, never a half file.
-The stage's stdout and stderr go to a log beside its outputs.
+(plumbing/fork_server.py: numpy and onnx, and torch for the stages that use it, imported once a run).
+The stage writes into a private staging folder under out/.staging; only when it succeeded are its
+files moved onto the targets (same file system, so each move is atomic). A failed or interrupted
+stage leaves the old targets or none, never a half file. The stage's stdout and stderr go to a log
+beside its outputs.
 """
 from __future__ import annotations
 

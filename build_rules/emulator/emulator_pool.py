@@ -1,9 +1,10 @@
 """Worker processes that run a job's items on the HTP emulator, one session each (emulator_runs.py's local backend).
 
 A worker is a fresh interpreter or a child of the fork server (plumbing/fork_server.py), never a fork of the stage
-process (it may hold QNN state, and QNN's threads do not survive a fork), started with two pipes. It waits for a machine-wide slot (emulator_slots.py), pins itself to the slot's
-core, calls the job's opener once (e.g. loads the binary: one session per worker) and then applies what the opener
-returned to each item it is sent, sending each result back. The parent hands out items as workers become free and
+process (it may hold QNN state, and QNN's threads do not survive a fork), started with two pipes. It waits for a
+machine-wide slot (emulator_slots.py), pins itself to the slot's core, calls the job's opener once (e.g. loads the
+binary: one session per worker) and then applies what the opener returned to each item it is sent, sending each
+result back. The parent hands out items as workers become free and
 yields results in item order, so a slow sample on one worker never reorders anything.
 
 Closing the parent's iterator (an early verdict, an error, Ctrl-C) kills the workers: the items not yet sent are never

@@ -1,20 +1,20 @@
-"""Python processes forked from a server that has imported numpy, onnx and onnxruntime once, instead of fresh
-interpreters that each import them again.
+"""Python processes forked from a server that has imported numpy and onnx once (and torch, for the stages that use
+it), instead of fresh interpreters that each import them again.
 
-Why: a build starts a Python process per stage, per compile (ort_qnn) and per emulator worker: a tiny graph's build
-starts ~55 of them, and each fresh interpreter spent ~0.25 s starting and importing those three before its own work
-(most of a small graph's compile or check). The server (a child of the doit process, started by the first stage)
-imports them, starts no thread and loads no QNN library, then forks a child for each request. The child is then what
-`python -c code args` or `python -m module args` gives: its own pid, the caller's environment, working folder, stdio
-and extra file descriptors, the exit code or signal of the code it ran, and no QNN state (no session was ever opened
-in the server: ort_qnn's compile relies on a fresh process for byte-stable binaries).
+Why: a build starts a Python process per stage, per compile (ort_qnn) and per emulator worker: a tiny net's build
+starts ~55 of them, and each fresh interpreter spent ~0.25 s starting and importing before its own work (most of a
+small graph's compile or check; ~1.2 s more with torch). The server (a child of the doit process, started by the
+first stage that asks) imports them, starts no thread and loads no QNN library, then forks a child for each request.
+The child is then what `python -c code args` or `python -m module args` gives: its own pid, the caller's
+environment, working folder, stdio and extra file descriptors, the exit code or signal of the code it ran, and no QNN
+state (no session was ever opened in the server: ort_qnn's compile relies on that for byte-stable binaries).
 
 Not the same as a fresh interpreter, by design of fork: what the interpreter reads at start (PYTHONPATH, a
 sitecustomize, LD_LIBRARY_PATH ...) is the server's. So a server serves only callers whose environment equals the one
 it was started with (but for VOLATILE): a caller with another one gets a fresh interpreter (subprocess.Popen), and
 the runner starts a server for its new environment. The child's parent is the server, not the caller (a worker that
-must die with its caller watches its pipe, not its parent: emulator_pool). BUILD_RULES_FORK_SERVER=0, or a platform
-without fork, gives fresh interpreters everywhere.
+must die with its caller watches its pipe, not its parent: emulator_pool). It serves its own user only. Linux only;
+BUILD_RULES_FORK_SERVER=0 gives fresh interpreters everywhere.
 
 Standard library only (the server imports this module before anything else).
 """
@@ -203,7 +203,8 @@ class _Forked:
         import select
         deadline = None if timeout is None else time.monotonic() + timeout
         while b"\n" not in self._buffer:
-            if deadline is not None and not select.select([self._sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if left is not None and not select.select([self._sock], [], [], left)[0]:
                 return None
             chunk = self._sock.recv(4096)
             if not chunk:
@@ -301,9 +302,9 @@ def _exists(pid: int) -> bool:
 # server side
 
 def _serve(address: str, death_fd: int, preload: tuple = ()) -> None:
-    """The server's body (python -c): import PRELOAD and `preload`, say ready, fork a child per request until the caller is gone and
-    the children have ended. In a child, returns into the child's code instead (the -c bootstrap ends with the code's
-    own exit, as `python -c` would)."""
+    """The server's body (python -c): import PRELOAD and `preload`, say ready, fork a child per request until the
+    caller is gone and the children have ended. In a child, returns into the child's code instead (the -c bootstrap
+    ends with the code's own exit, as `python -c` would)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the caller decides
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (it ends with its caller, below; SIGKILL still ends it)
     for module in (*PRELOAD, *preload):

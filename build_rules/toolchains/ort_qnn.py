@@ -630,7 +630,7 @@ def _compile_in_child(model: Path, ctx_out: Path, provider_options: dict[str, st
     Why a process per compile:
     - Determinism. The HTP backend keeps state between compiles in one process: every further compile of the same
       model in the same process gives different .bin bytes (measured: PICKLE/256, 258, ... records). The first
-      compile in a fresh process is byte-stable.
+      compile in a fresh process is byte-stable; so is one in a child of the fork server, which never loads QNN.
     - Isolation. A native crash in the 100 MB QNN libraries cannot take the build tool down, and the
       compiler's memory goes back to the system.
     """
