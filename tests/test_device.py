@@ -695,6 +695,31 @@ def test_power_measures_drain_and_cpu_share_and_resets_the_battery(phone_env, mo
     assert f"| w8a16 | SM8750 | s25 | CPU | {cpu['seconds']:.4g} | " in table
 
 
+def test_the_drain_is_over_the_phones_seconds_whatever_adbs_latency():
+    """power reads the charge and the phone's clock (/proc/uptime) in one command: an answer that reaches the host a
+    second late does not stretch or shrink the interval (the host's clock did: a 4 s loop read 16 % high once)."""
+    import time
+
+    from build_rules.device import power
+
+    class LatePhone:  # drains 150 uAh/s on its own clock; its first answer reaches the host 1 s late
+        name, reads, started = "late", 0, time.monotonic()
+
+        def shell(self, command: str) -> str:
+            assert command == f"cat {power.BATTERY}/charge_counter {power.BATTERY}/capacity /proc/uptime"
+            now = time.monotonic()
+            self.reads += 1
+            if self.reads == 1:
+                time.sleep(1.0)
+            return f"{int(3_000_000 - 150 * (now - self.started))}\n80\n{now:.2f} 1.00\n"
+    phone = LatePhone()
+    before = power.battery(phone)
+    time.sleep(1.0)
+    after = power.battery(phone)
+    rate = (before["charge_counter_uah"] - after["charge_counter_uah"]) / (after["time"] - before["time"])
+    assert rate == pytest.approx(150, rel=0.02)  # the host's clock gave ~300 here
+
+
 def test_a_bad_power_or_profile_setting_is_one_line_naming_it(phone_env, monkeypatch):
     """BUILD_RULES_POWER_SECONDS and BUILD_RULES_PROFILE_RUNS are read while the phone tasks are made: a value that
     is not one is the setting's own line before any task, not a traceback through doit's loader."""
