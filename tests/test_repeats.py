@@ -90,6 +90,31 @@ def test_which_samples_run_twice_is_decided_for_the_job_not_by_racing_workers(bi
     assert repeats.shown(first)["samples"] == 3 and emulator_runs.repeat_record(binary)["equal"] == 3
 
 
+def test_workers_noting_samples_at_once_lose_no_count_and_no_finding(tmp_path):
+    """A job's workers note the samples they ran twice in the binary's record at once: under load two read the same
+    count and one update was lost (fresh27: 3 samples ran twice, the record said 2); a worker could as well write
+    "unstable": None back over another's finding. Four processes note 40 equal samples each: 160; then again with one
+    differing sample among them: the finding stays."""
+    import multiprocessing
+    context = multiprocessing.get_context("spawn")  # fresh interpreters, as the workers are
+    with context.Pool(4) as pool:
+        pool.starmap(_note_many, [(str(tmp_path / "equal"), 40, False) for _ in range(4)])
+        pool.starmap(_note_many, [(str(tmp_path / "differ"), 40, worker == 3) for worker in range(4)])
+    assert repeats.Record("ab" * 8, tmp_path / "equal").load() == {"equal": 160, "unstable": None}
+    assert repeats.Record("ab" * 8, tmp_path / "differ").load()["unstable"] == {"output": "y", "spread": 1.0,
+                                                                                "runs": 2}
+
+
+def _note_many(folder: str, count: int, differ_midway: bool) -> None:
+    import numpy as np
+    record = repeats.Record("ab" * 8, folder)
+    same = repeats.Outputs({"y": np.zeros(2)}, [{"y": np.zeros(2)}])
+    for i in range(count):
+        if differ_midway and i == count // 2:
+            record.note(repeats.Outputs({"y": np.zeros(2)}, [{"y": np.ones(2)}]))
+        record.note(same)
+
+
 def test_a_binary_that_does_not_repeat_itself_is_never_memoized(detector, monkeypatch):
     monkeypatch.chdir(detector)
     inputs, _ = _evaluation(detector)

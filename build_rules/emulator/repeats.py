@@ -14,6 +14,7 @@ A leaf module: records, the outputs of one sample over its runs, and what a set 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -147,19 +148,31 @@ class Record:
         return self.load()["unstable"]
 
     def note(self, sample: Outputs) -> bool:
-        """Adds a sample that ran more than once; returns whether it repeated itself."""
+        """Adds a sample that ran more than once; returns whether it repeated itself. Read and written under a lock:
+        a job's workers note their samples at once (two read "equal": 0 and both wrote 1; a worker could write back
+        "unstable": None over another's finding)."""
         spread = sample.spread()
-        found = self.load()
         worst = max(spread.items(), key=lambda kv: kv[1], default=(None, 0.0))
-        if worst[1] > 0:
+        with self._locked():
+            found = self.load()
+            if worst[1] > 0:
+                if found["unstable"] is None:
+                    found["unstable"] = {"output": worst[0], "spread": worst[1], "runs": 1 + len(sample.others)}
+                    self._write(found)
+                return False
             if found["unstable"] is None:
-                found["unstable"] = {"output": worst[0], "spread": worst[1], "runs": 1 + len(sample.others)}
+                found["equal"] += 1
                 self._write(found)
-            return False
-        if found["unstable"] is None:
-            found["equal"] += 1
-            self._write(found)
-        return True
+            return True
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """The record's lock file beside it (the record itself is replaced on each write, so it cannot hold one)."""
+        import fcntl
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
 
     def _write(self, found: dict) -> None:
         from ..plumbing.files import atomic_write_bytes
