@@ -106,13 +106,14 @@ def test_numpy_draws_differ_between_children_as_between_fresh_interpreters(env):
 
 
 def test_a_new_environment_gets_a_new_server_and_the_old_one_ends_after_its_children(env, tmp_path):
-    slow = start(["-c", "import time; time.sleep(2)"], env)
+    held = start(["-c", "import sys; sys.stdin.read()"], env, stdin=subprocess.PIPE)  # runs until the test lets go
     old = fork_server._servers[()].process
     quick = start(["-c", "print('quick')"], dict(env, OTHER="1"), stdout=subprocess.PIPE)
     assert quick.stdout.read() == b"quick\n" and quick.wait(timeout=60) == 0
     assert server_pid() != old.pid
     assert old.poll() is None  # its child still runs; it reports that child's end
-    assert slow.wait(timeout=60) == 0
+    held.stdin.close()
+    assert held.wait(timeout=60) == 0
     old.wait(timeout=30)
 
 

@@ -77,11 +77,12 @@ def loop(phone, command: str, seconds: float, every: float, path: str = "NPU", n
     ended much sooner than `seconds` fails with its log's last error line. `later`: seconds of loops still to come
     (the time left the progress lines give)."""
     log = f"{REMOTE_ROOT}/power.{path.lower()}.log"
+    hz = int(phone.shell("getconf CLK_TCK").strip() or 100)  # before the loop: its seconds are for reading its CPU
     started = phone.shell(f"{command} > {log} 2>&1 & echo PID=$!")
     pid = int(started.split("PID=")[-1].split()[0])
     running = True
     try:
-        result, running = _sample(phone, pid, seconds, every, path, name, later)
+        result, running = _sample(phone, pid, hz, seconds, every, path, name, later)
     finally:
         if running:
             _stop(phone, pid, name)
@@ -92,11 +93,11 @@ def loop(phone, command: str, seconds: float, every: float, path: str = "NPU", n
     return result
 
 
-def _sample(phone, pid: int, seconds: float, every: float, path: str, name: str, later: float) -> tuple[dict, bool]:
+def _sample(phone, pid: int, hz: int, seconds: float, every: float, path: str, name: str,
+            later: float) -> tuple[dict, bool]:
     """(the loop's numbers, whether it still runs); the CPU share from /proc/<pid>/stat, the battery around it."""
     from ..plumbing.progress import format_seconds, interval
     started = time.monotonic()
-    hz = int(phone.shell("getconf CLK_TCK").strip() or 100)
     before = battery(phone)
     samples, first, last, seen = [], None, None, None
     deadline = started + seconds + max(30.0, 0.1 * seconds)
