@@ -117,6 +117,16 @@ def test_a_new_environment_gets_a_new_server_and_the_old_one_ends_after_its_chil
     old.wait(timeout=30)
 
 
+def test_a_server_whose_start_prints_still_serves(env, tmp_path):
+    """A sitecustomize (a user's, or the tests' spies) may print while the server starts: it still starts, and is
+    used (a failed start would cost every later stage a second interpreter start)."""
+    (tmp_path / "sitecustomize.py").write_text("print('hello from sitecustomize')\n")
+    chatty = dict(env, PYTHONPATH=os.pathsep.join((str(tmp_path), env["PYTHONPATH"])))
+    proc = start(["-c", "print('child')"], chatty, stdout=subprocess.PIPE)
+    assert not isinstance(proc, subprocess.Popen)
+    assert proc.stdout.read() == b"child\n" and proc.wait(timeout=60) == 0
+
+
 def test_switched_off_or_without_a_server_a_fresh_interpreter_runs_it(env, monkeypatch):
     code = "from build_rules.plumbing import fork_server; print(fork_server.FORKED)"
     monkeypatch.setenv(fork_server.SWITCH, "0")

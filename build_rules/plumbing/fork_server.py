@@ -67,9 +67,14 @@ class _Server:
         self.process = subprocess.Popen([sys.executable, "-c", code], env=env, pass_fds=(death_r,),
                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, cwd="/")
         os.close(death_r)
-        ready = self.process.stdout.readline()  # after its imports
+        ready = _READY
+        for line in self.process.stdout:  # after its imports (a sitecustomize or an import may print before it)
+            if line == _READY:
+                break
+        else:
+            ready = b""
         self.process.stdout.close()
-        if ready.strip() != b"ready":
+        if ready != _READY:
             self.stop()
             raise OSError(f"the fork server did not start (exit code {self.process.wait()})")
 
@@ -80,6 +85,7 @@ class _Server:
             self.death_w = None
 
 
+_READY = b"ready from the fork server\n"
 _servers: dict[tuple, _Server] = {}  # by what they import beyond PRELOAD: one per kind, for the latest environment
 _lock = threading.Lock()
 
@@ -325,7 +331,7 @@ def _serve(address: str, death_fd: int, preload: tuple = ()) -> None:
     selector.register(death_fd, selectors.EVENT_READ, "caller")
     children: dict[int, socket.socket] = {}
     caller_alive = True
-    sys.stdout.write("ready\n")
+    sys.stdout.write(_READY.decode())
     sys.stdout.flush()
     while caller_alive or children:
         for key, _ in selector.select():
@@ -383,6 +389,7 @@ def _fork_child(conn: socket.socket, children: dict):
     """Read one request and fork its child: None in the server, the request in the child."""
     fds = []
     try:
+        conn.settimeout(30)  # a caller sends its request at once: one that does not must not stop the server
         head, fds, _, _ = socket.recv_fds(conn, 4 + 65536, 64)
         size = struct.unpack("!I", head[:4])[0]
         data = head[4:]
@@ -393,6 +400,7 @@ def _fork_child(conn: socket.socket, children: dict):
             data += more
         job = json.loads(data)
         job["received"] = fds
+        conn.settimeout(None)
     except (OSError, ValueError, struct.error) as e:
         for fd in fds:
             os.close(fd)
