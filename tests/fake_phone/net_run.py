@@ -149,7 +149,8 @@ def _main(argv: list[str]) -> int:
     contract = dist.contract_from_ctx(ctx)
     inputs = _read_list(fs, cwd, args, contract)
     import numpy as np
-    with tempfile.TemporaryDirectory(prefix="fake-net-run-") as tmp:
+    # in the phone's own folder: a loop killed on the phone (power, Ctrl-C) never removes it, and /tmp kept one per kill
+    with tempfile.TemporaryDirectory(prefix="fake-net-run-", dir=fs.parent) as tmp:
         wrapper = dist._bare_binary_model(ctx, binary, contract, Path(tmp))
         profile_csv = Path(tmp) / "profile.csv"
         run, close = _session(wrapper, args.profiling_level, profile_csv)
