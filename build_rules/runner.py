@@ -126,18 +126,8 @@ def remove_stale_staging() -> None:
         return
     for folder in STAGING.iterdir():
         pid = folder.name.split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not fork_server.alive(int(pid)):
             remove_quietly(folder)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _tail(path: str, lines: int = 15) -> str:

@@ -166,9 +166,9 @@ def test_the_server_ends_with_its_caller(env, tmp_path):
     caller.kill()
     caller.wait()
     deadline = time.monotonic() + 30
-    while fork_server._exists(server) and time.monotonic() < deadline:
+    while fork_server.alive(server) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not fork_server._exists(server) and not fork_server._exists(child)
+    assert not fork_server.alive(server) and not fork_server.alive(child)
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to connect as another user")

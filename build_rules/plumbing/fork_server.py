@@ -239,7 +239,7 @@ class _Forked:
         if line.startswith(b"exit "):
             self.returncode = int(line.split()[1])
         else:  # the server died before the child: wait for the child by its pid (it is not ours to reap)
-            while _exists(self.pid):
+            while alive(self.pid):
                 time.sleep(0.05)
             self.returncode = 255
         self._sock.close()
@@ -290,7 +290,8 @@ class _Forked:
         self.wait()
 
 
-def _exists(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie has ended; another user's process counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -378,10 +379,7 @@ def _reap(children: dict) -> None:
             return
         conn = children.pop(pid, None)
         if conn is not None:
-            try:
-                conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
-            except OSError:
-                pass  # the caller is gone
+            _say(conn, f"exit {os.waitstatus_to_exitcode(status)}")
             conn.close()
 
 
@@ -404,10 +402,7 @@ def _fork_child(conn: socket.socket, children: dict):
     except (OSError, ValueError, struct.error) as e:
         for fd in fds:
             os.close(fd)
-        try:
-            conn.sendall(f"error {e}\n".encode())
-        except OSError:
-            pass
+        _say(conn, f"error {e}")
         conn.close()
         return None
     pid = os.fork()
@@ -416,12 +411,17 @@ def _fork_child(conn: socket.socket, children: dict):
         return job
     for fd in fds:
         os.close(fd)
-    try:
-        conn.sendall(f"pid {pid}\n".encode())
-    except OSError:
-        pass
+    _say(conn, f"pid {pid}")
     children[pid] = conn
     return None
+
+
+def _say(conn: socket.socket, line: str) -> None:
+    """One line to a caller, who may be gone (killed): then nobody listens."""
+    try:
+        conn.sendall(f"{line}\n".encode())
+    except OSError:
+        pass
 
 
 def _run_child(job: dict):
