@@ -69,7 +69,8 @@ def _contract(binary: Path, host_repo: Path):
 
 def main(argv: list[str]) -> int:
     # A stand-in that dies of a signal (a native crash of the emulator behind it) says so in its log, which the
-    # tool's error quotes: a power loop once ended after 2.5 s of 4 with nothing in its log but LIBNATIVE's line
+    # tool's error quotes (a power loop once seemed to end after 2.5 s of 4 with nothing in its log but LIBNATIVE's
+    # line: power judged it by its last sighting, an adb round trip early on a busy host; now by its first absence)
     import faulthandler
     faulthandler.enable()
     try:
