@@ -117,6 +117,20 @@ def test_a_new_environment_gets_a_new_server_and_the_old_one_ends_after_its_chil
     old.wait(timeout=30)
 
 
+def test_a_change_of_the_tools_own_settings_keeps_the_server_and_the_child_sees_the_callers_value(env):
+    """BUILD_RULES_* are read by the tool's modules after the fork, never at interpreter start: a new value keeps the
+    server (a restart costs ~2 s with torch) and reaches the child; any other change still gets a new server."""
+    ask = "import os; print(os.environ.get('BUILD_RULES_SOME_SETTING'), os.getppid())"
+    first = start(["-c", ask], dict(env, BUILD_RULES_SOME_SETTING="a"), stdout=subprocess.PIPE)
+    assert first.stdout.read().decode().split() == ["a", str(server_pid())] and first.wait(timeout=60) == 0
+    server = server_pid()
+    second = start(["-c", ask], dict(env, BUILD_RULES_SOME_SETTING="b"), stdout=subprocess.PIPE)
+    assert second.stdout.read().decode().split() == ["b", str(server)] and second.wait(timeout=60) == 0
+    other = start(["-c", ask], dict(env, BUILD_RULES_SOME_SETTING="b", OTHER="1"), stdout=subprocess.PIPE)
+    assert other.stdout.read().decode().split() == ["b", str(server_pid())] and other.wait(timeout=60) == 0
+    assert server_pid() != server
+
+
 def test_a_server_whose_start_prints_still_serves(env, tmp_path):
     """A sitecustomize (a user's, or the tests' spies) may print while the server starts: it still starts, and is
     used (a failed start would cost every later stage a second interpreter start)."""
