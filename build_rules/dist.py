@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gzip
-import hashlib
 import json
 import os
 import struct

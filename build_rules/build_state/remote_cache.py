@@ -37,7 +37,6 @@ from pathlib import Path
 
 import xxhash
 
-from . import layout
 from .state import REMOTE_CACHE_STATS
 from ..configuration.config import ConfigError
 

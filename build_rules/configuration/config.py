@@ -6,8 +6,6 @@ Only the standard library is used: this runs every time doit loads the build fil
 """
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
 import math
 import os

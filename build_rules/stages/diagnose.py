@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 import time
 
-from ..plumbing import progress
 from ..errors import BuildError
 from ..plumbing.files import atomic_write_json, atomic_write_text
 from .support.diagnosis import CAP_DB, DROP_DB, FLOOR_DB, HTP_WORSE_DB, OWN_DROP_DB

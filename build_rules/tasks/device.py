@@ -15,7 +15,6 @@ its result into the build summary's line for it (device/console.py), since doit 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from ..build_state import layout
 from ..configuration.config import gate_dicts
