@@ -1075,6 +1075,31 @@ def test_ort_cpu_run_gives_the_float_models_outputs(tinynet_repo, tmp_path):
     assert f"ort-cpu-run: wrong input size: {tmp_path / '0.raw'} holds 3072 bytes, its input needs 1536" in bad.stderr
 
 
+def test_ort_cpu_run_writes_an_output_whose_name_holds_slashes_where_the_host_reads_it(tmp_path):
+    """torchscript names an unnamed output "/head/Relu_output_0": ort-cpu-run failed to open Result_0//head/... (no
+    such folder) and the CPU path of profile and power with it; it is written as target.result_file reads it."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    from build_rules.device.target import result_file
+    name = "/head/Relu_output_0"
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], [name])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    runtime = make_cpu_runtime(tmp_path / "cpu-runtime")
+    np.array([[-1.0, 2.0, -3.0, 4.0]], dtype=np.float32).tofile(tmp_path / "0.raw")
+    (tmp_path / "list.txt").write_text(f"x:={tmp_path / '0.raw'}\n")
+    done = subprocess.run([str(runtime / "ort-cpu-run"), "--model", str(tmp_path / "m.onnx"), "--input_list",
+                           str(tmp_path / "list.txt"), "--output_dir", str(tmp_path / "out"), "--input",
+                           "x=1x4:float32", "--output", f"{name}=1x4"], capture_output=True, text=True,
+                          env=dict(os.environ, LD_LIBRARY_PATH=str(tmp_path / "cpu-runtime.host-lib")))
+    assert done.returncode == 0, done.stderr
+    got = np.fromfile(result_file(tmp_path / "out", 0, name), dtype=np.float32)
+    assert got.tolist() == [0.0, 2.0, 0.0, 4.0]
+
+
 def test_a_half_made_cpu_runtime_fails_before_touching_the_phone(phone_env, monkeypatch, tmp_path):
     folder = make_cpu_runtime(tmp_path / "cpu-runtime")
     (folder / "libstdc++.so.6").unlink()

@@ -207,6 +207,12 @@ int main(int argc, char **argv) {
         void *data;
         check(((Status(*)(void *, void **))api[GET_TENSOR_MUTABLE_DATA])(results[k], &data), "GetTensorMutableData");
         snprintf(path, sizeof path, "%s/Result_%ld/%s.raw", output_dir, index, outputs[k].name);
+        /* a name with slashes (torchscript's "/head/Gemm_output_0") is a path below Result_<n>, where the host
+           reads it (target.result_file), as for qnn-net-run: its folders first */
+        char *last = strrchr(path, '/');
+        *last = 0;
+        make_dirs(path);
+        *last = '/';
         FILE *out = fopen(path, "wb");
         if (!out || fwrite(data, 4, outputs[k].count, out) != outputs[k].count) fail("cannot write", path);
         fclose(out);
