@@ -303,23 +303,23 @@ SLOW_FIXTURES = {"mtcnn_build", "whisper_float", "dist_built", "uploaded", "buil
                  "built_qairt", "built_dlc", "kvstep_dist", "speaker", "hook_calls", "built_ffn", "built_recurrent",
                  "onet_split", "gru_repo", "built_detector", "detector", "built_rnet_aimet", "cluster"}
 
-# Seconds each file's tests took in all (setup, call, teardown; docs/testing.md, a fresh run on the idle 2 cores,
-# 2026-12-06; only their order matters; a session fixture counts in the file that asked first). Under xdist
+# Seconds each file's tests took in all (setup, call, teardown; docs/testing.md, fresh33, a fresh run on the idle 2
+# cores, 2026-12-06; only their order matters; a session fixture counts in the file that asked first). Under xdist
 # (--dist loadfile --no-loadscope-reorder) the files start heaviest first, so that no worker is left alone with a
 # heavy file at the end; a file not listed starts first of all (unknown: maybe heavy). xdist's own order (by number
 # of tests) started tests/test_mtcnn_end_to_end.py last.
 FILE_SECONDS = {
-    "test_quant_tuning.py": 160, "test_device.py": 133, "test_user_models.py": 103, "test_block_quant.py": 92,
-    "test_reliability.py": 72, "test_repeats.py": 61, "test_data_and_evaluate.py": 59, "test_aimet.py": 59,
-    "test_dist.py": 55, "test_ray.py": 52, "test_incremental.py": 51, "test_progress.py": 49,
-    "test_remote_cache.py": 48, "test_tune_model_gate.py": 48, "test_qairt_flows.py": 47,
-    "test_mtcnn_end_to_end.py": 46, "test_whisper.py": 40, "test_split.py": 33, "test_step_graphs.py": 28,
-    "test_qairt_toolchain.py": 28, "test_densemap.py": 24, "test_chip_proof.py": 24, "test_verdict_numbers.py": 23,
-    "test_diagnose.py": 20, "test_transformer_blocks.py": 20, "test_tune_as_built.py": 18,
-    "test_shared_weights.py": 18, "test_recurrent_cells.py": 18, "test_variant_precision.py": 18,
-    "test_emulator_runs.py": 17, "test_fuzzed_inputs.py": 9, "test_hooks.py": 9, "test_errors.py": 9,
-    "test_concat_slices.py": 8, "test_early_verdicts.py": 7, "test_house.py": 6, "test_results.py": 5,
-    "test_ort_qnn_toolchain.py": 4, "test_gates.py": 3, "test_report_figure.py": 2, "test_load_paths.py": 0,
+    "test_quant_tuning.py": 157, "test_device.py": 139, "test_user_models.py": 90, "test_repeats.py": 81,
+    "test_reliability.py": 64, "test_block_quant.py": 64, "test_dist.py": 62, "test_ray.py": 54,
+    "test_qairt_flows.py": 52, "test_whisper.py": 49, "test_data_and_evaluate.py": 49, "test_aimet.py": 46,
+    "test_mtcnn_end_to_end.py": 46, "test_remote_cache.py": 43, "test_progress.py": 39, "test_incremental.py": 38,
+    "test_split.py": 35, "test_tune_model_gate.py": 34, "test_qairt_toolchain.py": 29, "test_emulator_runs.py": 28,
+    "test_diagnose.py": 24, "test_densemap.py": 23, "test_verdict_numbers.py": 23, "test_step_graphs.py": 20,
+    "test_tune_as_built.py": 19, "test_chip_proof.py": 17, "test_transformer_blocks.py": 16,
+    "test_recurrent_cells.py": 16, "test_variant_precision.py": 15, "test_shared_weights.py": 14,
+    "test_fuzzed_inputs.py": 12, "test_house.py": 11, "test_concat_slices.py": 11, "test_early_verdicts.py": 10,
+    "test_errors.py": 9, "test_fork_server.py": 7, "test_ort_qnn_toolchain.py": 5, "test_hooks.py": 5,
+    "test_report_figure.py": 4, "test_results.py": 4, "test_gates.py": 3, "test_load_paths.py": 0,
     "test_quant_spec.py": 0,
 }
 
