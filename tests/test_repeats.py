@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import runpy
 import shutil
 import sys
@@ -140,8 +141,9 @@ def test_the_check_of_a_binary_that_does_not_repeat_itself_fails_naming_it(detec
     result = run_doit(detector, UNSTABLE)
     assert result.code != 0
     message = next(line for line in result.output.splitlines() if line.startswith(f"{UNSTABLE}: "))
-    assert message.startswith(f"{UNSTABLE}: the binary does not repeat itself on the emulator: sample 0's output "
-                              "'output0' differed between 2 runs of one session by up to ")
+    # which sample shows it first is itself chance (fresh35: sample 1, sample 0 unchanged between its two runs)
+    assert re.match(re.escape(f"{UNSTABLE}: the binary does not repeat itself on the emulator: sample ") +
+                    r"\d+'s output 'output0' differed between 2 runs of one session by up to ", message), message
     assert "; it starts at node '/" in message and "16-bit output" in message  # located on the exposed model
     assert message.endswith("a verdict on one run would be chance, so the check fails; `doit diagnose:detector/det/"
                             "w8a16@SM8750` tries precisions until one repeats itself (docs/building.md, \"A binary "
@@ -189,7 +191,7 @@ def test_diagnose_names_where_it_starts_and_a_precision_that_repeats(detector):
     assert all(f["repeats"] is False for f in fixes[:-1])
     assert fixes[-1]["cosine"] > 0.999
     lines = report["diagnosis"]
-    assert lines[0].startswith("The binary does not repeat itself on the emulator: sample 0's output 'output0'")
+    assert re.match(r"The binary does not repeat itself on the emulator: sample \d+'s output 'output0'", lines[0])
     fix = next(line for line in lines if "Fix: " in line)
     assert "[variants.w8a16.graphs.det]\nnode_overrides = { " in fix
     # the fix, built as the build makes it, repeats itself on every sample and passes the gates
