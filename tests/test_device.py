@@ -780,8 +780,9 @@ def test_a_power_loop_is_judged_by_what_it_lived_at_most_whatever_adbs_latency(m
         assert result["cpu_percent_mean"] == pytest.approx(100.0)
         assert not any(command.startswith("kill") for command in phone.log)  # it ended on its own
     else:
-        with pytest.raises(DeviceError, match=r"^the NPU loop \(pid 4242, --duration 6\) ended within 3\.\d s of the 6 s "
-                                              r"asked: \[ ERROR \] the loop's own last line \(its log: "):
+        said = (r"^the NPU loop \(pid 4242, --duration 6\) ended within 3\.\d s of the 6 s asked: \[ ERROR \] the "
+                r"loop's own last line \(its log: ")
+        with pytest.raises(DeviceError, match=said):
             power.loop(phone, "qnn-net-run --duration 6", 6.0, 0.2)
 
 

@@ -12,9 +12,9 @@ state (no session was ever opened in the server: ort_qnn's compile relies on tha
 Not the same as a fresh interpreter, by design of fork: what the interpreter reads at start (PYTHONPATH, a
 sitecustomize, LD_LIBRARY_PATH ...) is the server's. So a server serves only callers whose environment equals the one
 it was started with (but for VOLATILE and the tool's own BUILD_RULES_ settings): a caller with another one gets a
-fresh interpreter (subprocess.Popen), and the runner starts a server for its new environment. The child's parent is the server, not the caller (a worker that
-must die with its caller watches its pipe, not its parent: emulator_pool). It serves its own user only. Linux only;
-BUILD_RULES_FORK_SERVER=0 gives fresh interpreters everywhere.
+fresh interpreter (subprocess.Popen), and the runner starts a server for its new environment. The child's parent is
+the server, not the caller (a worker that must die with its caller watches its pipe, not its parent: emulator_pool).
+It serves its own user only. Linux only; BUILD_RULES_FORK_SERVER=0 gives fresh interpreters everywhere.
 
 Standard library only (the server imports this module before anything else).
 """
@@ -40,10 +40,10 @@ ADDRESS = "BUILD_RULES_FORK_SERVER_ADDRESS"  # set in a forked child's environme
 SWITCH = "BUILD_RULES_FORK_SERVER"  # "0": fresh interpreters only
 _KEY = "BUILD_RULES_FORK_SERVER_KEY"  # beside it: which environment that server serves
 VOLATILE = ("PYTEST_CURRENT_TEST", ADDRESS, _KEY)  # change between calls, read by nobody at interpreter start
+# The tool's own settings: its modules read them when called, none at import (a server has imported none of them, but
+# for what a sitecustomize imports), so a child reads the caller's values, which it is given.
+OWN = "BUILD_RULES_"
 FORKED = False  # True in a child this server forked
-
-
-OWN = "BUILD_RULES_"  # this tool's settings: read by its own modules, which a server has not imported when it forks
 
 
 def env_key(env) -> str:
