@@ -3,6 +3,7 @@ numbers of those samples marked partial, and a passing verdict measures every sa
 early_verdicts.py, stages/check.py). Equal-chip proofs keep their own memo: a gate edit re-judges, never re-runs."""
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -187,8 +188,16 @@ def test_tune_misses_stop_early_and_the_result_is_the_same(tinynet_repo, monkeyp
     monkeypatch.setattr(precision.Candidates, "iter_run", counted)
     # each measurement here runs on the emulator: none is taken from what an earlier Candidates measured (tune_memo)
     from build_rules.stages.support.tune_memo import TuneMemo
-    monkeypatch.setattr(precision.Candidates, "disk",
-                        lambda self: self.__dict__.setdefault("_own", TuneMemo("own", tmp_path / str(id(self)))))
+    # a folder per Candidates from a counter, not id(self): CPython gives a freed object's id to the next one, and a
+    # search then read the memo of the Candidates measured before it (fresh38: its 8-bit start came whole from plain's
+    # measurement, not partial; once, the search without early verdicts from the one with them: fewer samples)
+    made = itertools.count()
+
+    def own_memo(self):
+        if "_own" not in self.__dict__:
+            self._own = TuneMemo("own", tmp_path / f"memo-{next(made)}")
+        return self._own
+    monkeypatch.setattr(precision.Candidates, "disk", own_memo)
     monkeypatch.chdir(tinynet_repo)
     tasks.project.cache_clear()
     try:
