@@ -14,7 +14,6 @@ A leaf module: records, the outputs of one sample over its runs, and what a set 
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from pathlib import Path
@@ -153,7 +152,9 @@ class Record:
         "unstable": None over another's finding)."""
         spread = sample.spread()
         worst = max(spread.items(), key=lambda kv: kv[1], default=(None, 0.0))
-        with self._locked():
+        from ..plumbing.files import exclusive_lock
+        # the lock file beside the record (the record itself is replaced on each write, so it cannot hold one)
+        with exclusive_lock(self.path.with_suffix(".lock")):
             found = self.load()
             if worst[1] > 0:
                 if found["unstable"] is None:
@@ -164,15 +165,6 @@ class Record:
                 found["equal"] += 1
                 self._write(found)
             return True
-
-    @contextlib.contextmanager
-    def _locked(self):
-        """The record's lock file beside it (the record itself is replaced on each write, so it cannot hold one)."""
-        import fcntl
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_suffix(".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            yield
 
     def _write(self, found: dict) -> None:
         from ..plumbing.files import atomic_write_bytes
