@@ -586,7 +586,8 @@ def test_a_graph_whose_every_candidate_at_16_bit_builds_smaller_than_its_mix_is_
     assert mixed_size(found, {"enc": missed}, params)["mixed_bytes"] == 90
 
 
-def test_tuning_a_variant_that_already_meets_its_targets_at_8_bit_proposes_nothing(tinynet_repo):
+def test_tuning_a_variant_that_already_meets_its_targets_at_8_bit_proposes_nothing(tinynet_repo, tmp_path,
+                                                                                     monkeypatch):
     from build_rules import tuning
     from build_rules.configuration.config import ConfigError
     toml = tinynet_repo / "models/tinynet/model.toml"
@@ -601,8 +602,14 @@ def test_tuning_a_variant_that_already_meets_its_targets_at_8_bit_proposes_nothi
     (folder / "head.measure.json").write_text(json.dumps(memo))
     (folder / "head.check.json").unlink()
     # tunes on SM8750, the chip the checks measure in full (not SM8550, the model's first chip: issue 44 item 7)
+    scratch = tmp_path / "tmp"  # the tune's own $TMPDIR: its candidates' folders must be gone when it ends
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
     result = run_doit(tinynet_repo, "tune:tinynet/w8a8")
     assert result.code == 0, result.output
+    assert "tune:tinynet/w8a8" in result.ran
+    # the candidates' folders (14 MB each for a detector) go; the emulator's slots and the fork server's stay
+    assert [p.name for p in scratch.iterdir() if p.name.startswith(("tuning-", "tune-"))] == []
     assert ('warning: tune:tinynet/w8a8: head meets its target on the tuning chip SM8750, but its check failed on '
             'SM8550 (gate failed: cosine = 0.9000, needs >= 0.95 (short by 0.05)): to tune for that chip, set chip = '
             '"SM8550" under [tuning] in models/tinynet/model.toml') in result.output

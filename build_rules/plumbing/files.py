@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+import weakref
 from pathlib import Path
 
 
@@ -68,6 +69,14 @@ def replace_folder(staged: Path, target: Path) -> None:
         os.replace(target, old)
     os.replace(staged, target)
     remove_quietly(old)
+
+
+def scratch_folder(owner, prefix: str) -> Path:
+    """A new folder under $TMPDIR that lives as long as `owner`: removed when owner is freed or the process exits,
+    whichever comes first (a tune's candidates were 14 MB each, and every tune left its folders behind)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    weakref.finalize(owner, shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def remove_quietly(*paths: str | os.PathLike) -> None:

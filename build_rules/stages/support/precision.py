@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-import tempfile
 import time
 from pathlib import Path
 
+from ...plumbing.files import scratch_folder
 from ...quantization.quant_spec import QuantSpec
 from ...measuring import gates
 from ..check import measure, summarize, worst_of_runs
@@ -100,7 +100,7 @@ class Candidates:
         self.inputs, self.reference = load_evaluation(graph["evaluation"])
         self.labels = load_labels(graph["evaluation"])
         self.subset = evenly_spaced(len(self.inputs), samples)
-        self.work = Path(tempfile.mkdtemp(prefix=f"tuning-{graph['name']}-"))
+        self.work = scratch_folder(self, f"tuning-{graph['name']}-")
         self.evaluations = 0
         self.seconds = 0.0
         self.clock = 0.0  # the measurements' seconds as they ran (remembered ones too): what time budgets read

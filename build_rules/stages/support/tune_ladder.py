@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import tempfile
 import time
 from pathlib import Path
 
 from ...measuring import gates
 from ...quantization.aimet_techniques import PARAMS as TECHNIQUE_PARAMS
 from ...quantization.dtypes import TYPES
-from ...plumbing.files import atomic_write_json, atomic_write_text
+from ...plumbing.files import atomic_write_json, atomic_write_text, scratch_folder
 from ...quantization.quant_spec import QuantSpec
 from . import cpu_search, weight_bits
 from ...emulator.repeats import CANDIDATE_SAMPLES
@@ -78,7 +77,7 @@ class Ladder:
 
     def __init__(self, params: dict):
         self.params = params
-        self.work = Path(tempfile.mkdtemp(prefix="tune-ladder-"))
+        self.work = scratch_folder(self, "tune-ladder-")
         self.candidates = {g["name"]: Candidates(g, params["chip"], params["samples"], params["hooks"],
                                                  params.get("data_dir"))
                            for g in params["graphs"] if g.get("target")}
