@@ -216,3 +216,47 @@ def test_sensitivity_says_when_an_end_does_not_repeat_itself(detector):
     assert report["all_16bit"]["unstable"].startswith("sample ")
     markdown = (detector / "out/detector/tuning/w8a8/det.sensitivity.md").read_text()
     assert "**Every candidate at 16 bit does not repeat itself on the emulator** (sample " in markdown
+
+
+class _RarelyVarying:
+    """An emulator session whose output for sample `sample` differs from its first run on run `on` (1: the first)."""
+
+    def __init__(self, sample: int, on: int):
+        self.sample, self.on, self.calls = sample, on, {}
+
+    def run(self, names, feed):
+        import numpy as np
+        index = int(feed["x"][0])
+        self.calls[index] = self.calls.get(index, 0) + 1
+        value = 1.0 + (index == self.sample and self.calls[index] == self.on)
+        return [np.full(2, value, dtype=np.float32)]
+
+
+@pytest.mark.parametrize("checks", ["", "0", "8"])
+def test_a_fix_diagnose_names_repeats_itself_over_as_many_pairs_of_runs_as_the_builds_check_asks(monkeypatch, checks):
+    """instability.repeatable judged a candidate on 3 runs of each of diagnose's 4 samples: 8 pairs, which a candidate
+    that still varies, as often as YOLOv8n's binary does (1 pair in 3), passes with probability 4 % (the check: 16
+    pairs, 0.2 %). Now it runs each sample until it has the check's pairs (BUILD_RULES_REPEAT_SAMPLES, 16 when unset
+    or 0), so a candidate whose sample 2 differs only on its 5th run is seen to vary."""
+    import contextlib
+
+    import numpy as np
+
+    from build_rules.stages.support import instability
+    from build_rules.toolchains import ort_qnn
+    monkeypatch.setenv(repeats.SAMPLES_ENV, checks)
+    sessions = []
+
+    def session(model, **options):
+        sessions.append(_RarelyVarying(sample=2, on=5))
+        return sessions[-1]
+    monkeypatch.setattr(ort_qnn, "emulator_session", session)
+    monkeypatch.setattr(emulator_runs, "holding_slot", contextlib.nullcontext)
+    feeds = [{"x": np.array([i], dtype=np.float32)} for i in range(4)]
+    reference = [{"y": np.ones(2, dtype=np.float32)} for _ in feeds]
+    found = instability.repeatable(b"model", feeds, reference, {"soc_id": 69, "vtcm_mb": 8})
+    pairs = 8 if checks == "8" else 16
+    assert (found["runs"], found["pairs"]) == (1 + pairs // 4, pairs)
+    assert sessions[0].calls == {i: 1 + pairs // 4 for i in range(4)}
+    assert found["repeats"] is (pairs < 16)  # 8 pairs (3 runs each) miss the 5th run's difference
+    assert found["spread"] == {"y": 0.0 if pairs < 16 else 1.0}

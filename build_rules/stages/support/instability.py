@@ -8,8 +8,10 @@ Exposing tensors changes what the HTP fuses, so these are the exposed model's so
 inside a fused group. Measured on YOLOv8n w8a16 (three sessions): the sources moved between sessions (SiLU Muls,
 a Conv, a Resize, a Concat, all at the 10x10 stage), and no single op at 8 bit made the binary repeat itself.
 
-repeatable(): what a candidate precision gives on the emulator, each sample run RUNS times: whether it repeats
-itself and how far its first run is from the float model. Diagnose tries candidates from the sources outwards and
+repeatable(): what a candidate precision gives on the emulator: whether it repeats itself, judged on as many pairs
+of runs as the build's check asks of a binary (repeats.samples_to_check(), 16), and how far its first run is from
+the float model. (It ran each sample 3 times: 8 pairs on 4 samples, which a candidate varying as often as YOLOv8n's
+binary does passes by chance with probability (2/3)^8, 4 %; with 16 pairs, 0.2 %, as the check.) Diagnose tries candidates from the sources outwards and
 names the first that repeats (measured on YOLOv8n: the 7 source nodes of three sessions at 8 bit still varied, so
 did the 18 nodes of the sources' exact shape; the 61 nodes at the 10x10 stage at 8 bit repeated themselves, as did
 every Conv or every Mul there; w8a8 always did).
@@ -63,14 +65,18 @@ def where(found: dict) -> str:
 
 
 def repeatable(model: bytes, samples: list[dict], reference: list[dict], chip: dict, fp16: bool = False,
-               runs: int = 3) -> dict:
-    """{"repeats", "spread": {output: largest difference}, "cosine": worst output's cosine of the first run against
-    `reference` (the float model's outputs)} of a float or QDQ model compiled in-process, each sample run `runs`
-    times in one session; {"not_built": QNN's error} when it does not compile."""
+               pairs: int | None = None) -> dict:
+    """{"repeats", "runs" (of each sample), "pairs" (each later run against its sample's first), "spread": {output:
+    largest difference}, "cosine": worst output's cosine of the first run against `reference` (the float model's
+    outputs)} of a float or QDQ model compiled in-process, its samples run in one session until there are `pairs`
+    (default: as many as the build's check asks) and at least 2 runs each; {"not_built": QNN's error} when it does not
+    compile."""
     from ...emulator import emulator_runs
-    from ...emulator.repeats import difference
+    from ...emulator.repeats import DEFAULT_SAMPLES, difference, samples_to_check
     from ...measuring.samples import compare
     from ...toolchains import ort_qnn
+    pairs = pairs if pairs is not None else (samples_to_check() or DEFAULT_SAMPLES)  # 0 (checks off): the default
+    runs = 1 + max(1, -(-pairs // len(samples)))
     with emulator_runs.holding_slot():
         try:
             session = ort_qnn.emulator_session(model, soc_model=chip["soc_id"], vtcm_mb=chip["vtcm_mb"], fp16=fp16)
@@ -84,7 +90,7 @@ def repeatable(model: bytes, samples: list[dict], reference: list[dict], chip: d
             for name in names:
                 spread[name] = max([spread[name]] + [difference(outputs[0][name], o[name]) for o in outputs[1:]])
     compared = compare(reference, first)
-    return {"repeats": not any(spread.values()), "spread": spread,
+    return {"repeats": not any(spread.values()), "runs": runs, "pairs": len(samples) * (runs - 1), "spread": spread,
             "cosine": min(v["cosine"] for v in compared.values()), "sqnr": min(v["sqnr"] for v in compared.values())}
 
 
@@ -202,7 +208,8 @@ def words(params: dict, examined: dict) -> list[str]:
                       for f in fixes)
     if good:
         fix = good[0]
-        lines.append(f"Measured on the diagnosed samples, each run 3 times: {tried}. "
+        lines.append(f"Measured on the diagnosed samples, each run {fix['runs']} times in one session ({fix['pairs']} "
+                     f"pairs of runs, as many as a build's check compares): {tried}. "
                      f"Fix: {fix['description']} (cosine {fix['cosine']:.5f} against float, SQNR {fix['sqnr']:.1f} dB "
                      f"on the first run); in model.toml:\n{fix_lines(params, fix)}")
     elif fixes:
