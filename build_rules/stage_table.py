@@ -165,8 +165,9 @@ STAGES: tuple[Stage, ...] = (
           # 2: a drop at a layer reading int4 weights proposes the weight_overrides line; the weight type per row;
           # 3: a concatenated tensor slice by slice, a crushed slice named with its overrides (concat_slices.py);
           # a binary that does not repeat itself: where it starts, precisions tried ("instability"); 4: quantized as
-          # quantize 8 does (element-wise constants)
-          {"any": _w("diagnose", 4, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),
+          # quantize 8 does (element-wise constants); 5: a fix repeats itself over as many pairs of runs as a check
+          # compares (16), not 3 runs of each sample
+          {"any": _w("diagnose", 5, ("onnxruntime", "onnx", "numpy", "matplotlib"), sdk=True)}),
     Stage("multi_soc", "12 multi_soc: [dist] multi_soc = true: one Flexible Context Binary per graph for all the "
           "variant's chips", {"any": "dist:multi_soc_tasks"},
           {"any": _w("multi_soc", 1, ("onnxruntime", "onnx"), sdk=True)}),
