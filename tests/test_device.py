@@ -263,6 +263,18 @@ def test_a_phone_that_stops_answering_times_out_naming_the_command_and_the_phone
     assert not (phone_env.repo / RESULT).exists()
 
 
+def test_a_phone_run_timeout_that_is_not_seconds_is_named(monkeypatch):
+    """A negative timeout was taken as is (every model run then timed out at once, naming a timeout of -5 s)."""
+    from build_rules.device import adb
+    for value in ("-5", "0", "1h"):
+        monkeypatch.setenv("BUILD_RULES_PHONE_RUN_TIMEOUT", value)
+        with pytest.raises(adb.DeviceError, match=rf"^BUILD_RULES_PHONE_RUN_TIMEOUT='{value}' is not a number of seconds "
+                                                  r"> 0 \(e\.g\. 3600\); unset it for the default 1800$"):
+            adb.run_seconds()
+    monkeypatch.setenv("BUILD_RULES_PHONE_RUN_TIMEOUT", "3600")
+    assert adb.run_seconds() == 3600.0
+
+
 def test_the_stand_in_adb_pushes_as_the_real_one_does(phone_env, tmp_path):
     """`adb push [--sync] [-z ALGORITHM] [-Z] LOCAL... REMOTE`: several files into a folder, a folder whole, --sync
     skipping what the phone has with the same size and mtime; the syntax as strict as adb's."""
@@ -794,7 +806,11 @@ def test_a_bad_power_or_profile_setting_is_one_line_naming_it(phone_env, monkeyp
              "seconds > 0 (each power loop's length); unset it for the default 1800"),
             ("BUILD_RULES_POWER_SECONDS", "0", "error: BUILD_RULES_POWER_SECONDS='0' is not a number of seconds > 0"),
             ("BUILD_RULES_PROFILE_RUNS", "2.5", "error: BUILD_RULES_PROFILE_RUNS='2.5' is not a whole number of runs "
-             ">= 1; unset it for the default 20")):
+             ">= 1; unset it for the default 20"),
+            # read as power's tasks were made, with float(): a bad one was a traceback through doit's loader
+            ("BUILD_RULES_POWER_SAMPLE", "0", "error: BUILD_RULES_POWER_SAMPLE='0' is not a number of seconds > 0 "
+             "(between two reads of a power loop's CPU time); unset it for the default 2"),
+            ("BUILD_RULES_POWER_SAMPLE", "1s", "error: BUILD_RULES_POWER_SAMPLE='1s' is not a number of seconds")):
         monkeypatch.setenv(name, value)
         result = run_doit(phone_env.repo, "list")
         assert result.code == 3 and said in result.output and "Traceback" not in result.output, result.output

@@ -276,11 +276,15 @@ def test_a_corrupt_entry_is_a_miss_and_the_memo_stays_bounded(binary, spy, monke
 
 def test_bad_settings_say_what_is_expected(monkeypatch):
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "many")
-    with pytest.raises(ValueError, match=r"BUILD_RULES_EMULATOR_WORKERS='many': expected a whole number"):
+    with pytest.raises(ValueError, match=r"^BUILD_RULES_EMULATOR_WORKERS='many' is not a whole number of emulator "
+                                         r"workers >= 1; unset it for the default \d+ \(one per core here\)$"):
         emulator_runs.worker_count()
     monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "-1")
-    with pytest.raises(ValueError, match=r"BUILD_RULES_EMULATOR_MEMO_MB='-1': expected the emulator output memo"):
+    with pytest.raises(ValueError, match=r"^BUILD_RULES_EMULATOR_MEMO_MB='-1' is not the emulator output memo's size "
+                                         r"in MB >= 0 \(0: off\); unset it for the default 2048$"):
         emulator_memo.limit_bytes()
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", " ")  # blank: unset
+    assert emulator_memo.limit_bytes() == 2048 << 20
 
 
 def test_diagnose_gets_the_checks_outputs_from_the_memo(tinynet_repo, emulator_sessions):

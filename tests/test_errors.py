@@ -331,3 +331,26 @@ def test_a_qdq_model_the_cpu_ep_refuses_names_its_quantizer(tmp_path):
     assert message.startswith("aimet:m/g/v: AIMET's QDQ export wrote an invalid QDQ model (out/m/v/g.qdq.onnx is not "
                               "written): onnxruntime's CPU EP refuses it: "), message
     assert message.endswith("or report it to AIMET with that file"), message
+
+
+@pytest.mark.parametrize("variable, value, said", [
+    ("BUILD_RULES_EMULATOR_WORKERS", "0", "a whole number of emulator workers >= 1; unset it for the default"),
+    ("BUILD_RULES_EMULATOR_MEMO_MB", "lots", "the emulator output memo's size in MB >= 0 (0: off); unset it for the "
+                                             "default 2048"),
+    ("BUILD_RULES_REPEAT_SAMPLES", "-2", "a whole number >= 0 of samples each binary runs twice to check that it "
+                                         "repeats itself (0: none); unset it for the default 16"),
+    ("BUILD_RULES_PROGRESS_SECONDS", "fast", "a number of seconds >= 0 between progress lines; unset it for the "
+                                             "default 20"),
+    ("BUILD_RULES_PROGRESS_SECONDS", "nan", "a number of seconds >= 0 between progress lines"),
+    ("BUILD_RULES_DIAGNOSE_SAMPLES", "4.5", "a whole number of evaluation samples >= 1; unset it for the default 4"),
+])
+def test_a_bad_build_setting_is_one_line_before_any_task(tinynet_repo, monkeypatch, variable, value, said):
+    """The build's own numeric settings are read by its stages and workers as they run: a bad one failed there, in
+    the middle of a build (or, BUILD_RULES_PROGRESS_SECONDS, was ignored in silence). The build refuses it as it
+    loads, in the setting's line (plumbing/env_settings.py), and runs nothing."""
+    toml = tinynet_repo / "models/tinynet/model.toml"
+    toml.write_text(toml.read_text().replace("samples = 8 }", "samples = 7 }"))  # the quantized variant is stale
+    monkeypatch.setenv(variable, value)
+    result = run_doit(tinynet_repo, "--continue")
+    assert result.code == 3 and result.ran == set(), result.output
+    assert f"error: {variable}={value!r} is not {said}" in result.output and "Traceback" not in result.output

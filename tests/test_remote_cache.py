@@ -255,6 +255,8 @@ def test_an_unreachable_store_warns_once_and_the_build_goes_on(built_tinynet, tm
     ("BUILD_RULES_REMOTE_CACHE_MODE", "readonly",
      "error: BUILD_RULES_REMOTE_CACHE_MODE='readonly': expected 'read' (download only: developers, pull-request "
      "jobs) or 'readwrite' (trusted CI)"),
+    ("BUILD_RULES_REMOTE_CACHE_TIMEOUT", "inf",  # (was taken: a store that never answers held the build forever)
+     "error: BUILD_RULES_REMOTE_CACHE_TIMEOUT='inf' is not a number of seconds > 0; unset it for the default 5"),
 ])
 def test_a_malformed_setting_stops_the_build_with_its_fix(tinynet_repo, monkeypatch, variable, value, message):
     s3_env(monkeypatch, "http://127.0.0.1:9")

@@ -80,12 +80,9 @@ def settings(environ=os.environ) -> Settings | None:
     if mode not in MODES:
         raise ConfigError(f"{MODE_ENV}={mode!r}: expected 'read' (download only: developers, pull-request jobs) "
                           "or 'readwrite' (trusted CI)")
-    try:
-        timeout = float(environ.get(TIMEOUT_ENV, "5"))
-        if not timeout > 0:
-            raise ValueError
-    except ValueError:
-        raise ConfigError(f"{TIMEOUT_ENV}={environ.get(TIMEOUT_ENV)!r}: expected seconds > 0, e.g. 5") from None
+    from ..plumbing.env_settings import number
+    timeout = float(number(TIMEOUT_ENV, 5, more_than=0, what="a number of seconds > 0", error=ConfigError,
+                           environ=environ))
     return Settings(match.group(1), prefix + "/" if prefix else "", mode, timeout)
 
 

@@ -28,11 +28,8 @@ RUN_ENV = "BUILD_RULES_PHONE_RUN_TIMEOUT"  # one qnn-net-run / ort-cpu-run over 
 
 def run_seconds() -> float:
     """The timeout of a command that runs the model on the phone."""
-    value = os.environ.get(RUN_ENV, "").strip()
-    try:
-        return float(value) if value else 1800.0
-    except ValueError:
-        raise DeviceError(f"{RUN_ENV}={value}: expected seconds (e.g. 3600)") from None
+    from ..plumbing.env_settings import number
+    return float(number(RUN_ENV, 1800, more_than=0, error=DeviceError, what="a number of seconds > 0 (e.g. 3600)"))
 
 
 def adb_path() -> str:

@@ -26,16 +26,8 @@ _written_since_prune = 0
 
 
 def limit_bytes() -> int:
-    value = os.environ.get(ENV, "").strip()
-    if not value:
-        return DEFAULT_MB << 20
-    try:
-        mb = float(value)
-    except ValueError:
-        mb = -1
-    if mb < 0:
-        raise ValueError(f"{ENV}={value!r}: expected the emulator output memo's size in MB (0: off; unset: "
-                         f"{DEFAULT_MB})")
+    from ..plumbing.env_settings import number
+    mb = number(ENV, DEFAULT_MB, least=0, what="the emulator output memo's size in MB >= 0 (0: off)")
     return int(mb * (1 << 20))
 
 

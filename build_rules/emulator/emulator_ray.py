@@ -52,16 +52,8 @@ def _setting() -> str:
 
 
 def _int_env(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise BuildError(f"{name}={raw!r} is not a whole number >= 0; unset it for the default {default}")
-    return value
+    from ..plumbing.env_settings import number
+    return number(name, default, whole=True, least=0, what="a whole number >= 0", error=BuildError)
 
 
 def preflight() -> None:

@@ -38,17 +38,10 @@ def cores() -> list[int]:
 
 def limit() -> int:
     """How many emulator sessions may run at once on this machine."""
-    value = os.environ.get(ENV, "").strip()
-    if not value:
-        return len(cores())
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"{ENV}={value!r}: expected a whole number of emulator workers >= 1 (unset: one per core, "
-                         f"{len(cores())} here)")
-    return n
+    from ..plumbing.env_settings import number
+    here = len(cores())
+    return number(ENV, here, whole=True, least=1, what="a whole number of emulator workers >= 1",
+                  default_said=f"{here} (one per core here)")
 
 
 def directory() -> Path:

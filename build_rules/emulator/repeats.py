@@ -31,17 +31,10 @@ CANDIDATE_SAMPLES = 2
 def samples_to_check() -> int:
     """How many samples of each binary run twice (BUILD_RULES_REPEAT_SAMPLES; 0: none, each sample runs once and
     the reports say that repeatability was not checked)."""
-    value = os.environ.get(SAMPLES_ENV, "").strip()
-    if not value:
-        return DEFAULT_SAMPLES
-    try:
-        count = int(value)
-    except ValueError:
-        count = -1
-    if count < 0:
-        raise ValueError(f"{SAMPLES_ENV}={value!r}: expected how many samples of each binary run twice to check that "
-                         f"it repeats itself (0: none; unset: {DEFAULT_SAMPLES})")
-    return count
+    from ..plumbing.env_settings import number
+    return number(SAMPLES_ENV, DEFAULT_SAMPLES, whole=True, least=0,
+                  what="a whole number >= 0 of samples each binary runs twice to check that it repeats itself "
+                       "(0: none)")
 
 
 class Outputs(dict):

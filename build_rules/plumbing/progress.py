@@ -14,21 +14,21 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import threading
 import time
 
 PREFIX = "progress: "
+ENV = "BUILD_RULES_PROGRESS_SECONDS"
 _STARTED = time.monotonic()  # imported when the stage process starts (stage_main), so: the stage's clock
 
 
 def interval() -> float:
-    try:
-        return max(float(os.environ.get("BUILD_RULES_PROGRESS_SECONDS", 20)), 0.01)
-    except ValueError:
-        return 20.0
+    """Seconds between a long stage's progress lines (BUILD_RULES_PROGRESS_SECONDS; a bad value once fell back to
+    20 s silently, now it is the setting's line, checked when the build loads)."""
+    from .env_settings import number
+    return max(float(number(ENV, 20, least=0, what="a number of seconds >= 0 between progress lines")), 0.01)
 
 
 class _Counter:

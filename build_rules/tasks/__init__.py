@@ -24,7 +24,7 @@ import sys
 
 from .. import stage_table
 from ..doit_run import collector
-from ..plumbing import interrupt
+from ..plumbing import interrupt, progress
 from ..configuration.config import ConfigError
 from ..device import named
 from ..build_state.hashing import ContentChecker, use_key_digests, use_stat_cache
@@ -83,6 +83,19 @@ def _warn_about_devices() -> None:
         print(f"warning: {problem} (its device tasks are left out)", file=sys.stderr)
 
 
+def _check_settings() -> None:
+    """The build's numeric settings (BUILD_RULES_*, read by its stages and workers as they run): a bad one is its
+    one line before any task runs, not a failure in the middle of the build."""
+    from ..emulator import emulator_memo, emulator_slots, repeats
+    from .diagnose import _samples as diagnose_samples
+    for read in (emulator_slots.limit, emulator_memo.limit_bytes, repeats.samples_to_check, progress.interval,
+                 diagnose_samples):
+        try:
+            read()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
 def doit_config() -> dict:
     from .summary import SummaryReporter
     try:
@@ -90,6 +103,7 @@ def doit_config() -> dict:
         if os.environ.get("BUILD_RULES_REMOTE_CACHE", "").strip():  # remote_cache.ENV (its module is not light)
             from ..build_state import remote_cache
             remote_cache.settings()  # a malformed remote cache setting stops the build before any task runs
+        _check_settings()
         if named.device_file().found:  # the phone tasks' settings, read while their tasks are made
             from ..device.settings import check_settings
             check_settings()

@@ -18,7 +18,7 @@ import os
 
 from ..build_state import layout
 from ..configuration.config import gate_dicts
-from ..device.settings import POWER_SECONDS_ENV, power_seconds, profile_runs
+from ..device.settings import POWER_SECONDS_ENV, power_sample_seconds, power_seconds, profile_runs
 from ..doit_run.project import chip_params, hook_files, model_data, project, rel, variant_builds
 
 def devices() -> dict:
@@ -142,7 +142,7 @@ def power_tasks():
                       **_common(device, chip), "target": target,
                       "evaluation": layout.float_file(model.name, graph.name, ".evaluation.npz"),
                       "float_model": layout.float_file(model.name, graph.name, ".sim.onnx"),  # the CPU path
-                      "seconds": seconds, "seconds_from": seconds_from, "sample_seconds": float(os.environ.get("BUILD_RULES_POWER_SAMPLE", "2")),
+                      "seconds": seconds, "seconds_from": seconds_from, "sample_seconds": power_sample_seconds(),
                       "outputs": {"result": result}}
             yield {"name": name, "actions": [(power.run, [params]), (console.action, ["power", params])],
                    "file_dep": [*_target_files(target), params["evaluation"], params["float_model"]],

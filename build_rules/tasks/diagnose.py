@@ -4,9 +4,9 @@ build file: stays light.
 """
 from __future__ import annotations
 
-import os
-
 from ..build_state import layout
+from ..configuration.config import ConfigError
+from ..plumbing.env_settings import number
 from ..doit_run.project import chip_params, compile_input, project, ranges_file, rel, stage_task, variant_builds
 
 SAMPLES_ENV = "BUILD_RULES_DIAGNOSE_SAMPLES"  # evaluation samples diagnose runs (default 4; the key has it)
@@ -53,10 +53,6 @@ def diagnose_tasks():
 
 
 def _samples() -> int:
-    value = os.environ.get(SAMPLES_ENV, "4")
-    count = int(value) if value.strip().isdigit() else 0
-    if count < 1:  # as a config error: the message, not a traceback through doit's loader
-        import sys
-        print(f"error: {SAMPLES_ENV}={value!r}: expected a whole number of evaluation samples >= 1", file=sys.stderr)
-        raise SystemExit(3)
-    return count
+    """BUILD_RULES_DIAGNOSE_SAMPLES (checked at load with the other settings: tasks/__init__.py)."""
+    return number(SAMPLES_ENV, 4, whole=True, least=1, what="a whole number of evaluation samples >= 1",
+                  error=ConfigError)
