@@ -268,8 +268,8 @@ def test_a_phone_run_timeout_that_is_not_seconds_is_named(monkeypatch):
     from build_rules.device import adb
     for value in ("-5", "0", "1h"):
         monkeypatch.setenv("BUILD_RULES_PHONE_RUN_TIMEOUT", value)
-        with pytest.raises(adb.DeviceError, match=rf"^BUILD_RULES_PHONE_RUN_TIMEOUT='{value}' is not a number of seconds "
-                                                  r"> 0 \(e\.g\. 3600\); unset it for the default 1800$"):
+        said = rf"^BUILD_RULES_PHONE_RUN_TIMEOUT='{value}' is not a number of seconds > 0 \(e\.g\. 3600\); unset it "
+        with pytest.raises(adb.DeviceError, match=said + r"for the default 1800$"):
             adb.run_seconds()
     monkeypatch.setenv("BUILD_RULES_PHONE_RUN_TIMEOUT", "3600")
     assert adb.run_seconds() == 3600.0

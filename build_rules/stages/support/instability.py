@@ -11,10 +11,10 @@ a Conv, a Resize, a Concat, all at the 10x10 stage), and no single op at 8 bit m
 repeatable(): what a candidate precision gives on the emulator: whether it repeats itself, judged on as many pairs
 of runs as the build's check asks of a binary (repeats.samples_to_check(), 16), and how far its first run is from
 the float model. (It ran each sample 3 times: 8 pairs on 4 samples, which a candidate varying as often as YOLOv8n's
-binary does passes by chance with probability (2/3)^8, 4 %; with 16 pairs, 0.2 %, as the check.) Diagnose tries candidates from the sources outwards and
-names the first that repeats (measured on YOLOv8n: the 7 source nodes of three sessions at 8 bit still varied, so
-did the 18 nodes of the sources' exact shape; the 61 nodes at the 10x10 stage at 8 bit repeated themselves, as did
-every Conv or every Mul there; w8a8 always did).
+binary does passes by chance with probability (2/3)^8, 4 %; with 16 pairs, 0.2 %, as the check.) Diagnose tries
+candidates from the sources outwards and names the first that repeats (measured on YOLOv8n: the 7 source nodes of
+three sessions at 8 bit still varied, so did the 18 nodes of the sources' exact shape; the 61 nodes at the 10x10
+stage at 8 bit repeated themselves, as did every Conv or every Mul there; w8a8 always did).
 """
 from __future__ import annotations
 
