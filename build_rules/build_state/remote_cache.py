@@ -39,6 +39,7 @@ import xxhash
 
 from .state import REMOTE_CACHE_STATS
 from ..configuration.config import ConfigError
+from ..plumbing.env_settings import number
 
 ENV = "BUILD_RULES_REMOTE_CACHE"
 MODE_ENV = "BUILD_RULES_REMOTE_CACHE_MODE"
@@ -80,7 +81,6 @@ def settings(environ=os.environ) -> Settings | None:
     if mode not in MODES:
         raise ConfigError(f"{MODE_ENV}={mode!r}: expected 'read' (download only: developers, pull-request jobs) "
                           "or 'readwrite' (trusted CI)")
-    from ..plumbing.env_settings import number
     timeout = float(number(TIMEOUT_ENV, 5, more_than=0, what="a number of seconds > 0", error=ConfigError,
                            environ=environ))
     return Settings(match.group(1), prefix + "/" if prefix else "", mode, timeout)

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 
 from .errors import DeviceError
+from ..plumbing.env_settings import number
 
 MARK = "__BUILD_RULES_RC="
 # seconds an adb call may take, per kind: a short command on the phone (getprop, sha256sum, cat, kill ...), one push
@@ -28,7 +29,6 @@ RUN_ENV = "BUILD_RULES_PHONE_RUN_TIMEOUT"  # one qnn-net-run / ort-cpu-run over 
 
 def run_seconds() -> float:
     """The timeout of a command that runs the model on the phone."""
-    from ..plumbing.env_settings import number
     return float(number(RUN_ENV, 1800, more_than=0, error=DeviceError, what="a number of seconds > 0 (e.g. 3600)"))
 
 

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from ..build_state.state import EMULATOR_OUTPUTS
+from ..plumbing.env_settings import number
 
 ENV = "BUILD_RULES_EMULATOR_MEMO_MB"
 DEFAULT_MB = 2048
@@ -26,7 +27,6 @@ _written_since_prune = 0
 
 
 def limit_bytes() -> int:
-    from ..plumbing.env_settings import number
     mb = number(ENV, DEFAULT_MB, least=0, what="the emulator output memo's size in MB >= 0 (0: off)")
     return int(mb * (1 << 20))
 

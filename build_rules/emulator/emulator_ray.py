@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import BuildError
+from ..plumbing.env_settings import number
 
 ADDRESS_ENV = "BUILD_RULES_RAY_ADDRESS"  # the tool's own setting; wins over Ray's RAY_ADDRESS
 RETRIES_ENV = "BUILD_RULES_RAY_RETRIES"  # Ray's max_retries of each task (a lost node, a crashed worker)
@@ -52,7 +53,6 @@ def _setting() -> str:
 
 
 def _int_env(name: str, default: int) -> int:
-    from ..plumbing.env_settings import number
     return number(name, default, whole=True, least=0, what="a whole number >= 0", error=BuildError)
 
 

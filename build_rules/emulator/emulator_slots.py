@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..plumbing.env_settings import number
+
 ENV = "BUILD_RULES_EMULATOR_WORKERS"
 _POLL_SECONDS = 0.1
 
@@ -38,7 +40,6 @@ def cores() -> list[int]:
 
 def limit() -> int:
     """How many emulator sessions may run at once on this machine."""
-    from ..plumbing.env_settings import number
     here = len(cores())
     return number(ENV, here, whole=True, least=1, what="a whole number of emulator workers >= 1",
                   default_said=f"{here} (one per core here)")

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 from ..build_state.state import EMULATOR_REPEATS
+from ..plumbing.env_settings import number
 
 SAMPLES_ENV = "BUILD_RULES_REPEAT_SAMPLES"
 # Samples run twice per binary before it is taken to repeat itself. On YOLOv8n w8a16 two runs of one sample differ
@@ -31,7 +32,6 @@ CANDIDATE_SAMPLES = 2
 def samples_to_check() -> int:
     """How many samples of each binary run twice (BUILD_RULES_REPEAT_SAMPLES; 0: none, each sample runs once and
     the reports say that repeatability was not checked)."""
-    from ..plumbing.env_settings import number
     return number(SAMPLES_ENV, DEFAULT_SAMPLES, whole=True, least=0,
                   what="a whole number >= 0 of samples each binary runs twice to check that it repeats itself "
                        "(0: none)")

@@ -19,6 +19,8 @@ import sys
 import threading
 import time
 
+from .env_settings import number
+
 PREFIX = "progress: "
 ENV = "BUILD_RULES_PROGRESS_SECONDS"
 _STARTED = time.monotonic()  # imported when the stage process starts (stage_main), so: the stage's clock
@@ -27,7 +29,6 @@ _STARTED = time.monotonic()  # imported when the stage process starts (stage_mai
 def interval() -> float:
     """Seconds between a long stage's progress lines (BUILD_RULES_PROGRESS_SECONDS; a bad value once fell back to
     20 s silently, now it is the setting's line, checked when the build loads)."""
-    from .env_settings import number
     return max(float(number(ENV, 20, least=0, what="a number of seconds >= 0 between progress lines")), 0.01)
 
 

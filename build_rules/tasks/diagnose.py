@@ -19,7 +19,7 @@ def task_name(model: str, graph: str, variant: str, chip: str) -> str:
 def diagnose_tasks():
     if project().toolchain["name"] != "ort-qnn":
         return  # the emulator and the in-process compile are onnxruntime-qnn's
-    samples = _samples()
+    samples = evaluation_samples()
     for model in project().models:
         for variant, chip in variant_builds(model):
             for graph in model.graphs.values():
@@ -52,7 +52,7 @@ def diagnose_tasks():
                                   file_dep, list(outputs.values()), chip_file(".diagnose.log"))
 
 
-def _samples() -> int:
+def evaluation_samples() -> int:
     """BUILD_RULES_DIAGNOSE_SAMPLES (checked at load with the other settings: tasks/__init__.py)."""
     return number(SAMPLES_ENV, 4, whole=True, least=1, what="a whole number of evaluation samples >= 1",
                   error=ConfigError)
