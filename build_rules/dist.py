@@ -351,13 +351,15 @@ def verify(bundle: Path, evaluation: dict[str, Path] | None = None, samples: int
                     f"on the HTP emulator over {measured['samples']} samples (worst output: "
                     f"{measured['worst_steps']:.2f} of one quantization step)")
             else:
-                began, sessions = time.monotonic(), emulator_slots.session_seconds()
+                began = time.monotonic()
+                seconds, sessions = emulator_slots.session_seconds(), emulator_slots.session_count()
                 measured = check_contract(bundle / chip, graph, entry["io"], Path(evaluation[graph]), samples, where,
                                           inputs=inputs[graph])
                 result["contract"][where] = measured
+                timing = _timing(time.monotonic() - began, emulator_slots.session_seconds() - seconds,
+                                 emulator_slots.session_count() - sessions)
                 say(f"{where}: I/O contract holds on the HTP emulator over {measured['samples']} samples "
-                    f"(worst output: {measured['worst_steps']:.2f} of one quantization step; "
-                    f"{_timing(time.monotonic() - began, emulator_slots.session_seconds() - sessions, measured['samples'])})")
+                    f"(worst output: {measured['worst_steps']:.2f} of one quantization step; {timing})")
             if entry.get("step") and steps:
                 walked = check_steps(bundle / chip, graph, entry, Path(evaluation[graph]), steps, where)
                 result["steps"][where] = walked
@@ -373,16 +375,17 @@ def verify(bundle: Path, evaluation: dict[str, Path] | None = None, samples: int
     return result
 
 
-def _timing(seconds: float, sessions: float, samples: int) -> str:
+def _timing(seconds: float, session_seconds: float, sessions: int) -> str:
     """'8.1 s on 2 emulator sessions': the wall time of one chip's contract check, and the time it waited for one of
     the machine's emulator slots when that is most of it (emulator_slots.py: every task and every doit run of this
-    user share them; a worker holds its slot from when it has it, so the sessions' seconds, summed over them, over
-    the workers is their share of the wall time). Measured on YOLOv8n-320's w8a8 bundle (5 chips, 4 samples): 8-12 s
-    a chip alone; with both slots held by two other processes for 30 s, its first chip took 39.2 s, 29 s of it
-    waiting. A slow `doit dist` is most often that: its verify queued behind other tasks' emulator work."""
-    workers = max(1, min(emulator_slots.limit(), samples))
-    waited = seconds - sessions / workers
-    text = f"{seconds:.1f} s on {workers} emulator session{'s' if workers > 1 else ''}"
+    user share them; a session holds its slot from when it has it, so the sessions' seconds, summed over them, over
+    those that ran at once is their share of the wall time). Measured on YOLOv8n-320's w8a8 bundle (5 chips, 4
+    samples): 8-12 s a chip alone; with both slots held by two other processes for 30 s, its first chip took 39.2 s,
+    29 s of it waiting. A slow `doit dist` is most often that: its verify queued behind other tasks' emulator work.
+    sessions: how many the check used (a small one runs its samples in this process: one)."""
+    sessions = max(1, sessions)
+    waited = seconds - session_seconds / min(emulator_slots.limit(), sessions)
+    text = f"{seconds:.1f} s on {sessions} emulator session{'s' if sessions > 1 else ''}"
     if waited > max(5.0, seconds / 2):
         text += (f", about {waited:.0f} s of it waiting for a free emulator slot (the machine's "
                  f"{emulator_slots.limit()} were held by other work)")

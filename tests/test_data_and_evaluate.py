@@ -123,6 +123,7 @@ def test_the_per_sample_form_runs_across_workers_and_gives_the_old_forms_numbers
     hooks = repo / "models/tinynet/hooks.py"
     hooks.write_text(hooks.read_text() + PER_SAMPLE)  # both forms: the per-sample one is used
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_INLINE_SECONDS", "0")  # on the workers, however small the job
     # two slots of this test's own (another process on the machine holding one would leave the second worker
     # waiting), and a worker's first image waits until the other opened its first binary: otherwise a worker that
     # starts late on a busy machine finds the 4 images done by the other

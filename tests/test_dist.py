@@ -223,6 +223,7 @@ def test_a_mismatch_ends_the_emulator_workers_before_their_folder_goes(dist_buil
     error above the mismatch; the CLI test below once saw it)."""
     from build_rules import dist
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_INLINE_SECONDS", "0")  # on the workers, however small the job
     monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "0")
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # slots of its own (others' builds may hold the machine's)
     bundle = copied_bundle(dist_built, tmp_path)

@@ -114,7 +114,13 @@ def test_workers_give_the_serial_runs_bytes_in_sample_order(binary, spy, monkeyp
     assert [line[0] for line in spy()].count("open") == 1 and {line[1] for line in spy()} == {str(os.getpid())}
     in_process = session_seconds() - before  # the slot this process held while it ran the 7 samples
     assert in_process > 0
+    # a small job (7 samples of ~2 ms) runs here even with two workers allowed: starting them costs more
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    (Path(os.environ["SPY_LOG"])).write_text("")
+    assert _same_bytes(serial, emulator_runs.run_outputs(binary, feeds))
+    assert [line[0] for line in spy()].count("open") == 1 and {line[1] for line in spy()} == {str(os.getpid())}
+    # without that probe (BUILD_RULES_EMULATOR_INLINE_SECONDS=0) the job goes to two worker processes
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_INLINE_SECONDS", "0")
     monkeypatch.setenv("SPY_HOLD_OPENS", "2")  # (unheld, an idle machine's first worker ran all 7 before the second)
     (Path(os.environ["SPY_LOG"])).write_text("")
     before = session_seconds()
@@ -134,6 +140,26 @@ def test_workers_give_the_serial_runs_bytes_in_sample_order(binary, spy, monkeyp
     assert _same_bytes(serial, emulator_runs.run_outputs([binary], feeds))
 
 
+@pytest.mark.parametrize("clock, here", [((0.0, 0.01, 0.0, 10.0), 2), ((0.0, 5.0), 1)],
+                         ids=["the second sample decides", "a slow first sample hands over at once"])
+def test_a_job_that_the_probe_finds_large_goes_to_the_workers_after_its_first_samples(binary, spy, monkeypatch, clock,
+                                                                                      here):
+    """The first samples run in this process and are timed (here by a clock the test sets): a second sample whose time
+    times the samples left is over BUILD_RULES_EMULATOR_INLINE_SECONDS (1 s), or a first one that took that alone
+    (its session opened in it), hands the rest to the workers. The samples come back in order, in the serial bytes."""
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "0")
+    feeds = samples(7, 8)
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "1")
+    serial = emulator_runs.run_outputs(binary, feeds)
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    (Path(os.environ["SPY_LOG"])).write_text("")
+    monkeypatch.setattr(emulator_runs, "_now", iter(clock).__next__)
+    assert _same_bytes(serial, emulator_runs.run_outputs(binary, feeds))
+    ran = [line[1] for line in spy() if line[0] == "run"]
+    assert len(ran) == 7 and ran[:here] == [str(os.getpid())] * here
+    assert str(os.getpid()) not in ran[here:]  # (one worker may run them all before the other opens: any workers)
+
+
 def test_closing_early_runs_no_more_samples_and_leaves_no_worker(binary, spy, tmp_path, monkeypatch):
     """Whatever the machine's speed: each worker runs its first sample once both workers are open, and every later
     sample waits for a file this test never makes (the spy's hold). The caller gets sample 0, closes, and the
@@ -141,6 +167,7 @@ def test_closing_early_runs_no_more_samples_and_leaves_no_worker(binary, spy, tm
     tiny samples before the close, and a loaded one could close before the second worker opened.)"""
     monkeypatch.setenv("BUILD_RULES_EMULATOR_MEMO_MB", "0")
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_INLINE_SECONDS", "0")  # the workers from the first sample
     monkeypatch.setenv("SPY_HOLD", str(tmp_path / "never"))
     monkeypatch.setenv("SPY_HOLD_OPENS", "2")
     runs = emulator_runs.iter_outputs(binary, samples(40, 4))
@@ -174,6 +201,7 @@ def test_workers_end_with_a_stage_killed_outright(spy, monkeypatch, started):
 
     from build_rules.plumbing import fork_server
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_INLINE_SECONDS", "0")  # (else the stage itself sleeps in the first item)
     job = ("import time; from build_rules.emulator import emulator_runs; "
            "list(emulator_runs.iter_results('functools:partial', (time.sleep,), [3600] * 4))")
     if started == "fresh":
@@ -207,8 +235,10 @@ def test_workers_end_with_a_stage_killed_outright(spy, monkeypatch, started):
     assert not any(_alive(pid) for pid in started)
 
 
-def test_a_worker_error_reaches_the_caller_with_the_sample(binary, spy, monkeypatch):
+@pytest.mark.parametrize("inline", ["0", "1"], ids=["on a worker", "in this process"])
+def test_a_worker_error_reaches_the_caller_with_the_sample(binary, spy, monkeypatch, inline):
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_INLINE_SECONDS", inline)
     feeds = samples(3, 5)
     feeds[2] = {"x": np.zeros((1, 3, 4, 4), np.float32)}  # a wrong shape: onnxruntime refuses it in the worker
     with pytest.raises(Exception, match="x"):

@@ -335,6 +335,7 @@ def test_a_qdq_model_the_cpu_ep_refuses_names_its_quantizer(tmp_path):
 
 @pytest.mark.parametrize("variable, value, said", [
     ("BUILD_RULES_EMULATOR_WORKERS", "0", "a whole number of emulator workers >= 1; unset it for the default"),
+    ("BUILD_RULES_EMULATOR_INLINE_SECONDS", "-1", "a number of seconds >= 0; unset it for the default 1.0"),
     ("BUILD_RULES_EMULATOR_MEMO_MB", "lots", "the emulator output memo's size in MB >= 0 (0: off); unset it for the "
                                              "default 2048"),
     ("BUILD_RULES_REPEAT_SAMPLES", "-2", "a whole number >= 0 of samples each binary runs twice to check that it "

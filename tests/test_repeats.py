@@ -86,6 +86,7 @@ def test_which_samples_run_twice_is_decided_for_the_job_not_by_racing_workers(bi
     decides: the first samples it runs, as many as the binary still needs, whichever worker runs them."""
     monkeypatch.setenv("BUILD_RULES_REPEAT_SAMPLES", "3")
     monkeypatch.setenv("BUILD_RULES_EMULATOR_WORKERS", "2")
+    monkeypatch.setenv("BUILD_RULES_EMULATOR_INLINE_SECONDS", "0")  # on the workers, however small the job
     first = emulator_runs.run_outputs(binary, samples(12, 13))
     assert [len(o.others) for o in first] == [1, 1, 1] + [0] * 9
     assert repeats.shown(first)["samples"] == 3 and emulator_runs.repeat_record(binary)["equal"] == 3

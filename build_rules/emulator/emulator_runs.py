@@ -6,9 +6,11 @@ each sample's outputs back in sample order. Behind the door:
   compared; one that differs is recorded, and that binary's samples run twice from then on, never from the memo;
 - the output memo (emulator_memo.py): a sample this binary already ran on, in any stage, is not run again (when the
   binary repeats itself);
-- the samples left are spread over worker processes, one emulator session each, at most BUILD_RULES_EMULATOR_WORKERS
-  sessions on the machine at once (emulator_pool.py, emulator_slots.py); one sample left, or a limit of 1, runs in
-  this process. The outputs are the same bytes whichever way they ran.
+- the samples left run in this process first: while they look small (the rest would take less than
+  BUILD_RULES_EMULATOR_INLINE_SECONDS here), all of them, since two workers cost more than they save on a small job;
+  else the rest are spread over worker processes, one emulator session each, at most BUILD_RULES_EMULATOR_WORKERS
+  sessions on the machine at once (emulator_pool.py, emulator_slots.py). A limit of 1 runs everything here. The
+  outputs are the same bytes whichever way they ran.
 - the caller may stop early (an early verdict): closing the iterator of iter_outputs() stops the samples not yet run
   and ends the workers.
 Work that is not "this binary on these feeds" (an evaluate hook scoring one sample with several graphs, diagnose's
@@ -16,11 +18,26 @@ per-tensor session) goes through iter_results(): a job named by an opener functi
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 from . import emulator_slots
+from ..plumbing.env_settings import number
 
 _BINARY = "build_rules.emulator.emulator_runs:open_binary"
+INLINE_ENV = "BUILD_RULES_EMULATOR_INLINE_SECONDS"
+# A job whose samples left would take less than this in this process runs them all here. Two workers each start,
+# open the binary (or compile the model) and hold a core: for the tiny net's check (8 samples run, ~2 ms each) that
+# was most of the stage's CPU (a build of it from scratch: 17 -> 15 s of CPU, docs/benchmarks.md). At 1 s, a job
+# kept here takes at most ~0.5 s longer than on two idle cores.
+INLINE_SECONDS = 1.0
+_now = time.perf_counter  # (a test replaces it to decide the probe)
+
+
+def inline_seconds() -> float:
+    """BUILD_RULES_EMULATOR_INLINE_SECONDS: how long a job's samples left may take in this process before they go to
+    workers instead; 0: every job of two or more samples goes to workers (as before the probe)."""
+    return number(INLINE_ENV, INLINE_SECONDS, least=0, what="a number of seconds >= 0")
 
 
 def worker_count() -> int:
@@ -125,17 +142,20 @@ def iter_results(opener: str, args: tuple, items: list, what: str = "samples",
     evaluate hook's graphs) or carry a model compiled in-process; only iter_outputs' binaries travel (docs/ray.md)."""
     if not items:
         return
-    workers = min(worker_count(), len(items))
-    if workers <= 1 or emulator_slots.held() is not None:  # (a worker, or a job inside a job: this one's slot)
-        yield from _in_process(opener, args, items, counter)
-    else:
+    if min(worker_count(), len(items)) <= 1 or emulator_slots.held() is not None:
+        yield from _in_process(opener, args, items, counter)  # (a worker, or a job inside a job: this one's slot)
+        return
+    start = (yield from _probe(opener, args, items, counter, inline_seconds())) if inline_seconds() > 0 else 0
+    if start < len(items):
         from . import emulator_pool
-        yield from emulator_pool.run(opener, args, items, workers, what, counter)
+        rest = items[start:]
+        for index, result in emulator_pool.run(opener, args, rest, min(worker_count(), len(rest)), what, counter):
+            yield start + index, result
 
 
 def _in_process(opener: str, args: tuple, items: list, counter) -> Iterator[tuple[int, object]]:
     from .emulator_pool import resolve
-    with holding_slot():
+    with holding_slot(pin=True):
         apply = resolve(opener)(*args)
         for index, item in enumerate(items):
             result = apply(item)
@@ -144,10 +164,39 @@ def _in_process(opener: str, args: tuple, items: list, counter) -> Iterator[tupl
             yield index, result
 
 
-def holding_slot():
+def _probe(opener: str, args: tuple, items: list, counter, seconds: float):
+    """Runs the job's items in this process, from the first, while it looks small; returns the index of the first
+    item left for the workers (len(items): none). A first item that alone took `seconds` (its session opened in it)
+    hands the rest over at once; else the second item's time, times the items left, decides for the whole job: over
+    `seconds`, the workers take the rest (this session is closed first: a worker opens its own)."""
+    from .emulator_pool import resolve
+    with holding_slot(pin=True):
+        apply = resolve(opener)(*args)
+        small = False
+        for index, item in enumerate(items):
+            began = _now()
+            result = apply(item)
+            took = _now() - began
+            if counter is not None:
+                counter.done += 1
+            yield index, result
+            left = len(items) - index - 1
+            if small or not left:
+                continue
+            if index == 0 and took >= seconds:
+                return 1
+            if index == 1:
+                if took * left > seconds:
+                    return 2
+                small = True
+    return len(items)
+
+
+def holding_slot(pin: bool = False):
     """For emulator work this process does itself, outside iter_results (an old-form evaluate hook): one of the
-    machine's slots, held for the block."""
-    return emulator_slots.slot(waiting=_say_waiting)
+    machine's slots, held for the block (pin: this thread, and the session threads it starts, on the slot's core
+    meanwhile, as a worker is: two sessions do not share cores)."""
+    return emulator_slots.slot(waiting=_say_waiting, pin=pin)
 
 
 def _say_waiting(n: int) -> None:

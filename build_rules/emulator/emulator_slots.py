@@ -28,6 +28,7 @@ _POLL_SECONDS = 0.1
 
 _held: int | None = None  # the slot this process holds (a worker, or a stage running its samples itself)
 _session_seconds = 0.0  # emulator sessions' seconds this stage process ran (its own, and its workers': count_seconds)
+_session_count = 0  # and how many sessions those were
 
 
 def cores() -> list[int]:
@@ -56,14 +57,20 @@ def held() -> int | None:
 
 def count_seconds(seconds: float) -> None:
     """Add a session's seconds (a worker's, from ready to stopped) to what this process reports (session_seconds)."""
-    global _session_seconds
+    global _session_seconds, _session_count
     _session_seconds += max(seconds, 0.0)
+    _session_count += 1
 
 
 def session_seconds() -> float:
     """Seconds of emulator sessions this process ran, summed over them: the slot-seconds its task takes of the
     machine's `limit()` slots (the build log keeps them; plan.py divides the emulator work left by the slots)."""
     return _session_seconds
+
+
+def session_count() -> int:
+    """How many sessions session_seconds() sums (a job run here is one; on workers, one per worker)."""
+    return _session_count
 
 
 @contextlib.contextmanager
@@ -90,16 +97,18 @@ def slot(waiting=None, pin: bool = False):
                     raise
                 continue
             began = time.monotonic()
+            before = cores() if pin else None
             try:
                 _held = index
                 if pin:
-                    usable = cores()
-                    os.sched_setaffinity(0, {usable[index % len(usable)]})
+                    os.sched_setaffinity(0, {before[index % len(before)]})
                 yield index
             finally:
                 _held = None
                 count_seconds(time.monotonic() - began)
                 os.close(fd)  # drops the lock
+                if before is not None:  # (a stage running samples itself goes on with its other work on all cores)
+                    os.sched_setaffinity(0, set(before))
             return
         if not told and waiting is not None:
             waiting(n)

@@ -86,10 +86,10 @@ def _warn_about_devices() -> None:
 def _check_settings() -> None:
     """The build's numeric settings (BUILD_RULES_*, read by its stages and workers as they run): a bad one is its
     one line before any task runs, not a failure in the middle of the build."""
-    from ..emulator import emulator_memo, emulator_slots, repeats
+    from ..emulator import emulator_memo, emulator_runs, emulator_slots, repeats
     from .diagnose import evaluation_samples as diagnose_samples
-    for read in (emulator_slots.limit, emulator_memo.limit_bytes, repeats.samples_to_check, progress.interval,
-                 diagnose_samples):
+    for read in (emulator_slots.limit, emulator_runs.inline_seconds, emulator_memo.limit_bytes,
+                 repeats.samples_to_check, progress.interval, diagnose_samples):
         try:
             read()
         except ValueError as e:
