@@ -8,6 +8,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -253,6 +254,74 @@ def test_a_compile_forked_from_the_fork_server_gives_the_same_bytes(work, tiny_w
     assert proc.returncode == 0, err.decode()
     for name in ("binary", "ctx_model"):
         assert (work / "forked" / compiled_43[name].name).read_bytes() == compiled_43[name].read_bytes()
+
+
+def test_a_compile_stage_compiles_in_its_own_process_once_then_in_children_with_the_same_bytes(work, tiny_w8a16,
+                                                                                             compiled_43, monkeypatch):
+    """here=True (the compile stage: a process that ends after its compile): its first compile runs in the process
+    itself, no QNN library being loaded yet, and gives the child's bytes; once QNN is loaded (a second compile) each
+    goes to a child, whose bytes are the same again. A compile the HTP refuses fails alike in the process, naming the
+    node, and leaves nothing."""
+    from build_rules.plumbing import fork_server
+    monkeypatch.delenv(fork_server.SWITCH, raising=False)
+    hardmax = make_hardmax(work / "hm-here.onnx")
+    code = textwrap.dedent(f"""
+        import sys, json
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        from pathlib import Path
+        from build_rules.toolchains import ort_qnn
+        children = []
+        real = ort_qnn._compile_in_child
+        ort_qnn._compile_in_child = lambda *a, **k: children.append(a[0]) or real(*a, **k)
+        seen = {{}}
+        try:
+            ort_qnn.compile_context_binary(Path({str(hardmax)!r}), Path({str(work / 'here-hm')!r}), "hm",
+                                           soc_model=43, vtcm_mb=8, fp16=True, here=True)
+        except ort_qnn.UnsupportedOpsError as e:
+            seen["refused"] = [str(e).splitlines()[0], len(children)]
+        seen["loaded"] = ort_qnn._qnn_loaded()
+        for folder in ("here-1", "here-2"):
+            ort_qnn.compile_context_binary(Path({str(tiny_w8a16)!r}), Path({str(work)!r}) / folder, "tiny",
+                                           soc_model=43, vtcm_mb=8, fp16=False, here=True)
+            seen[folder] = len(children)
+        print("SEEN " + json.dumps(seen))
+    """)
+    proc = fork_server.python_process(["-c", code], start_server=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    seen = json.loads(next(line for line in out.decode().splitlines() if line.startswith("SEEN "))[5:])
+    # the refused compile ran here (its one child is the verbose rerun for QNN's log), and loaded QNN
+    refused, children = seen["refused"]
+    assert refused.startswith(f"QNN HTP cannot run ") and f"of {hardmax}: " in refused, refused
+    assert "Hardmax (node 'hardmax_1')" in refused and children == 1 and seen["loaded"] is True
+    assert not (work / "here-hm").exists() or list((work / "here-hm").iterdir()) == []
+    assert seen["here-1"] == seen["here-2"] - 1  # QNN loaded: each compile in a child
+    for folder in ("here-1", "here-2"):
+        for name in ("binary", "ctx_model"):
+            assert (work / folder / compiled_43[name].name).read_bytes() == compiled_43[name].read_bytes()
+
+
+def test_a_clean_compile_stage_compiles_in_its_own_process_and_gives_the_childs_bytes(work, tiny_w8a16, compiled_43,
+                                                                                      monkeypatch):
+    """The compile stage's usual case: one compile in a process that has loaded no QNN library: no child."""
+    from build_rules.plumbing import fork_server
+    monkeypatch.delenv(fork_server.SWITCH, raising=False)
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        from pathlib import Path
+        from build_rules.toolchains import ort_qnn
+        assert not ort_qnn._qnn_loaded()
+        ort_qnn._compile_in_child = None  # a child would fail here
+        ort_qnn.compile_context_binary(Path({str(tiny_w8a16)!r}), Path({str(work / 'clean')!r}), "tiny",
+                                       soc_model=43, vtcm_mb=8, fp16=False, here=True)
+        assert ort_qnn._qnn_loaded()
+    """)
+    proc = fork_server.python_process(["-c", code], start_server=True, stderr=subprocess.PIPE)
+    _, err = proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    for name in ("binary", "ctx_model"):
+        assert (work / "clean" / compiled_43[name].name).read_bytes() == compiled_43[name].read_bytes()
 
 
 def test_compile_accepts_output_dq_renamed_by_layout_transform(tmp_path):

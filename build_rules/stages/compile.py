@@ -72,7 +72,8 @@ def run(params: dict) -> dict:
     try:
         result = ort_qnn.compile_context_binary(
             Path(params["onnx"]), out_dir, params["graph"], soc_model=chip["soc_id"], vtcm_mb=chip["vtcm_mb"],
-            fp16=params["fp16"], block_quant=not params["fp16"] and _float_scale_blocks(params["onnx"]))
+            fp16=params["fp16"], block_quant=not params["fp16"] and _float_scale_blocks(params["onnx"]),
+            here=True)  # (a stage process: it ends after this one compile)
     except (ort_qnn.UnsupportedOpsError, ort_qnn.QnnCompileError) as e:
         if e.log:
             print("QNN's log of the failed compile:\n" + "\n".join(e.log), flush=True)  # into <graph>.compile.log

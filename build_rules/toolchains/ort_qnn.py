@@ -496,7 +496,7 @@ _GRAPH_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
 def compile_context_binary(model: Path, out_dir: Path, graph: str, *, soc_model: int, vtcm_mb: int, fp16: bool,
-                           trace_dir: Path | None = None, block_quant: bool = False) -> dict:
+                           trace_dir: Path | None = None, block_quant: bool = False, here: bool = False) -> dict:
     """Compile `model` (float or QDQ ONNX) into a QNN HTP context binary for one SoC.
 
     Writes out_dir/<graph>.bin, the raw QNN context binary, and out_dir/<graph>_ctx.onnx, an EPContext model whose
@@ -506,6 +506,8 @@ def compile_context_binary(model: Path, out_dir: Path, graph: str, *, soc_model:
     EP turns into LPBQ only with enable_block_quant_weight_optimization.
     When `trace_dir` is given, the EP's op-support trace is kept as trace_dir/<graph>_qnn_op_trace.json, and this
     happens even when the compile fails.
+    here: the caller is a process that ends after this (a compile stage): the compile runs in it when it has not
+    loaded QNN yet, else (and by default) in a process of its own (_compile).
     Raises UnsupportedOpsError when any node except graph-input QuantizeLinear or graph-output DequantizeLinear would
     run on the CPU.
     Returns {"binary", "ctx_model", "seconds", "target", "ops": {"qnn": n, "cpu_io": [names]}, "float_ops",
@@ -540,7 +542,7 @@ def compile_context_binary(model: Path, out_dir: Path, graph: str, *, soc_model:
         if not fp16:  # the QNN graph as JSON: which ops still run in float (qnn_graph.py); the same binary bytes
             provider_options.update(dump_json_qnn_graph="1", json_qnn_graph_dir=str(work / "qnn_graph"))
         try:
-            seconds, _ = _compile_in_child(model, work_ctx, provider_options)
+            seconds, _ = _compile(model, work_ctx, provider_options, here)
         except _CompileFailed as failure:
             # E.g. ERROR_IF_NO_NODES_COMPILED on a model made only of unsupported ops: name them if the trace can.
             trace = _keep_trace(trace_work, trace_dir, graph)
@@ -622,6 +624,30 @@ def _qnn_log(model: Path, work: Path, provider_options: dict[str, str]) -> list[
 _CHILD_MARK = "ORT_QNN_COMPILE_JSON "
 
 
+def _compile(model: Path, ctx_out: Path, provider_options: dict[str, str], here: bool) -> tuple[float, str]:
+    """_compile_in_child, or (here: the caller's process ends after its task) the same compile in this process when
+    it is as clean as that child: no QNN library loaded yet. Its first compile is then as byte-stable as the child's
+    (tests/test_ort_qnn_toolchain.py), and the child's start is saved: ~0.26 s of CPU of a tiny graph's 0.34 s
+    compile stage, most of it onnxruntime's import and the QNN libraries' load (docs/benchmarks.md). A native crash
+    then ends the stage process instead of the child: the task fails either way."""
+    if not here or _qnn_loaded():
+        return _compile_in_child(model, ctx_out, provider_options)
+    from ..plumbing.native_stderr import captured
+    with captured() as lines:  # QNN's own lines, as the child's stderr: kept for a failure, else dropped
+        reply = _compile_now({"model": str(model), "ctx": str(ctx_out), "options": provider_options})
+    if "error" in reply:
+        raise _CompileFailed(reply["error"], "\n".join(lines))
+    return float(reply["seconds"]), "\n".join(lines)
+
+
+def _qnn_loaded() -> bool:
+    """Whether a QNN library is mapped into this process (a session opened, a model compiled, the EP registered)."""
+    try:
+        return "/libQnn" in Path("/proc/self/maps").read_text()
+    except OSError:
+        return True  # (no /proc: assume the worst)
+
+
 def _compile_in_child(model: Path, ctx_out: Path, provider_options: dict[str, str],
                       verbose: bool = False) -> tuple[float, str]:
     """Run the ModelCompiler in a fresh Python process: (seconds the compile itself took, the process's stderr).
@@ -654,7 +680,13 @@ def _compile_in_child(model: Path, ctx_out: Path, provider_options: dict[str, st
 
 def _compile_child() -> None:
     """Body of the compile process: read the request from stdin, compile, report one JSON line on stdout."""
-    request = json.loads(sys.stdin.read())
+    reply = _compile_now(json.loads(sys.stdin.read()))
+    sys.stdout.write("\n" + _CHILD_MARK + json.dumps(reply) + "\n")
+    sys.stdout.flush()
+
+
+def _compile_now(request: dict) -> dict:
+    """Compile request["model"] to request["ctx"] here: {"seconds": the compile's own} or {"error": its text}."""
     try:
         if request.get("verbose"):  # before the EP library is registered: it takes the level then
             import onnxruntime
@@ -669,11 +701,9 @@ def _compile_child() -> None:
         compiler = ort.ModelCompiler(so, model_bytes, embed_compiled_data_into_model=False,
                                      flags=ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED)
         compiler.compile_to_file(request["ctx"])
-        reply = {"seconds": time.perf_counter() - started}
-    except Exception as e:  # reported to the parent, which raises with context
-        reply = {"error": f"{type(e).__name__}: {e}"}
-    sys.stdout.write("\n" + _CHILD_MARK + json.dumps(reply) + "\n")
-    sys.stdout.flush()
+        return {"seconds": time.perf_counter() - started}
+    except Exception as e:  # reported to the caller, which raises with context
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 def _keep_trace(trace_work: Path, trace_dir: Path | None, graph: str) -> dict:
