@@ -2,7 +2,10 @@
 tools the build never calls. Each stage is a process of its own, so an import is paid on every stage run:
 
 - onnxsim 0.8's __init__ imports every tool it has, torch among them: 4.5 s of a 5 s simplify stage here;
-  simplify() lives in onnxsim/onnx_simplifier.py in every version since 0.4.
+  simplify() lives in onnxsim/onnx_simplifier.py in every version since 0.4. That module imports model_info, which
+  imports sympy if it can, for the symbolic MAC counts of dynamic shapes in the model summaries onnxsim prints
+  (sympy is optional to it: without it a dynamic dim counts as 1): 0.94 s of CPU of a tiny graph's 1.27 s simplify
+  stage, for a summary the build never asks for (its shapes are static), so it is imported without sympy.
 - onnxruntime/tools/__init__.py imports torch whenever torch is installed (for a PyTorch export helper), and the
   QNN quantization config (onnxruntime.quantization.execution_providers.qnn) imports onnxruntime.tools' model
   utilities: 2.2 s of every quantize and calibration_stats stage.
@@ -43,12 +46,30 @@ def onnxsim_simplify():
     call this more than once: the tests run stages in-process.)"""
     skip_package_init("onnxsim")
     try:
-        from onnxsim.onnx_simplifier import simplify
+        with _hidden("sympy"):
+            from onnxsim.onnx_simplifier import simplify
         return simplify
     except ImportError:
         forget("onnxsim")
     import onnxsim
     return onnxsim.simplify
+
+
+class _hidden:
+    """Within the block, `import <module>` raises ImportError unless it was imported already (sys.modules[name] =
+    None); after it, the module imports as usual."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        self.hid = self.name not in sys.modules
+        if self.hid:
+            sys.modules[self.name] = None
+
+    def __exit__(self, *exc):
+        if self.hid and sys.modules.get(self.name, 0) is None:
+            del sys.modules[self.name]
 
 
 def onnxruntime_tools_without_torch() -> None:
