@@ -28,8 +28,8 @@ _BINARY = "build_rules.emulator.emulator_runs:open_binary"
 INLINE_ENV = "BUILD_RULES_EMULATOR_INLINE_SECONDS"
 # A job whose samples left would take less than this in this process runs them all here. Two workers each start,
 # open the binary (or compile the model) and hold a core: for the tiny net's check (8 samples run, ~2 ms each) that
-# was most of the stage's CPU (a build of it from scratch: 17 -> 15 s of CPU, docs/benchmarks.md). At 1 s, a job
-# kept here takes at most ~0.5 s longer than on two idle cores.
+# was most of the stage's CPU (MTCNN from scratch: 117 -> 103 s of CPU, docs/benchmarks.md). At 1 s, a job kept
+# here takes at most ~0.5 s longer than on two idle cores.
 INLINE_SECONDS = 1.0
 _now = time.perf_counter  # (a test replaces it to decide the probe)
 
@@ -145,7 +145,8 @@ def iter_results(opener: str, args: tuple, items: list, what: str = "samples",
     if min(worker_count(), len(items)) <= 1 or emulator_slots.held() is not None:
         yield from _in_process(opener, args, items, counter)  # (a worker, or a job inside a job: this one's slot)
         return
-    start = (yield from _probe(opener, args, items, counter, inline_seconds())) if inline_seconds() > 0 else 0
+    seconds = inline_seconds()
+    start = (yield from _probe(opener, args, items, counter, seconds)) if seconds > 0 else 0
     if start < len(items):
         from . import emulator_pool
         rest = items[start:]
