@@ -20,6 +20,7 @@ Standard library only (the server imports this module before anything else).
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import selectors
@@ -411,6 +412,9 @@ def _fork_child(conn: socket.socket, children: dict):
         _say(conn, f"error {e}")
         conn.close()
         return None
+    # The server's objects move to the collector's permanent generation first: a child's collections (one runs at
+    # its exit) then never walk them, which would copy every page they live on (gc.freeze's documented use).
+    gc.freeze()
     pid = os.fork()
     if pid == 0:
         conn.close()
