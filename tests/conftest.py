@@ -303,24 +303,23 @@ SLOW_FIXTURES = {"mtcnn_build", "whisper_float", "dist_built", "uploaded", "buil
                  "built_qairt", "built_dlc", "kvstep_dist", "speaker", "hook_calls", "built_ffn", "built_recurrent",
                  "onet_split", "gru_repo", "built_detector", "detector", "built_rnet_aimet", "cluster"}
 
-# Seconds each file's tests took in all (setup, call, teardown; docs/testing.md, fresh33, a fresh run on the idle 2
-# cores, 2026-12-06; only their order matters; a session fixture counts in the file that asked first). Under xdist
+# Seconds each file's tests took in all (setup, call, teardown; docs/testing.md, fresh49, a fresh run on the idle 2
+# cores, 2026-12-07; only their order matters; a session fixture counts in the file that asked first). Under xdist
 # (--dist loadfile --no-loadscope-reorder) the files start heaviest first, so that no worker is left alone with a
 # heavy file at the end; a file not listed starts first of all (unknown: maybe heavy). xdist's own order (by number
 # of tests) started tests/test_mtcnn_end_to_end.py last.
 FILE_SECONDS = {
-    "test_quant_tuning.py": 157, "test_device.py": 139, "test_user_models.py": 90, "test_repeats.py": 81,
-    "test_reliability.py": 64, "test_block_quant.py": 64, "test_dist.py": 62, "test_ray.py": 54,
-    "test_qairt_flows.py": 52, "test_whisper.py": 49, "test_data_and_evaluate.py": 49, "test_aimet.py": 46,
-    "test_mtcnn_end_to_end.py": 46, "test_remote_cache.py": 43, "test_progress.py": 39, "test_incremental.py": 38,
-    "test_split.py": 35, "test_tune_model_gate.py": 34, "test_qairt_toolchain.py": 29, "test_emulator_runs.py": 28,
-    "test_diagnose.py": 24, "test_densemap.py": 23, "test_verdict_numbers.py": 23, "test_step_graphs.py": 20,
-    "test_tune_as_built.py": 19, "test_chip_proof.py": 17, "test_transformer_blocks.py": 16,
-    "test_recurrent_cells.py": 16, "test_variant_precision.py": 15, "test_shared_weights.py": 14,
-    "test_fuzzed_inputs.py": 12, "test_house.py": 11, "test_concat_slices.py": 11, "test_early_verdicts.py": 10,
-    "test_errors.py": 9, "test_fork_server.py": 7, "test_ort_qnn_toolchain.py": 5, "test_hooks.py": 5,
-    "test_report_figure.py": 4, "test_results.py": 4, "test_gates.py": 3, "test_load_paths.py": 0,
-    "test_quant_spec.py": 0,
+    "test_quant_tuning.py": 114, "test_device.py": 112, "test_repeats.py": 78, "test_aimet.py": 57,
+    "test_user_models.py": 55, "test_ray.py": 50, "test_block_quant.py": 48, "test_mtcnn_end_to_end.py": 45,
+    "test_data_and_evaluate.py": 36, "test_qairt_flows.py": 36, "test_whisper.py": 36, "test_reliability.py": 32,
+    "test_remote_cache.py": 31, "test_emulator_runs.py": 28, "test_tune_as_built.py": 22, "test_progress.py": 21,
+    "test_verdict_numbers.py": 21, "test_qairt_toolchain.py": 19, "test_step_graphs.py": 19,
+    "test_tune_model_gate.py": 19, "test_dist.py": 17, "test_incremental.py": 16, "test_densemap.py": 15,
+    "test_split.py": 15, "test_recurrent_cells.py": 14, "test_variant_precision.py": 12, "test_fuzzed_inputs.py": 10,
+    "test_chip_proof.py": 9, "test_diagnose.py": 9, "test_transformer_blocks.py": 9, "test_concat_slices.py": 8,
+    "test_shared_weights.py": 8, "test_house.py": 7, "test_fork_server.py": 6, "test_ort_qnn_toolchain.py": 5,
+    "test_errors.py": 4, "test_early_verdicts.py": 3, "test_hooks.py": 3, "test_report_figure.py": 3,
+    "test_results.py": 3, "test_gates.py": 1, "test_load_paths.py": 0, "test_quant_spec.py": 0,
 }
 
 
