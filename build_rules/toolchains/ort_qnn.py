@@ -641,11 +641,13 @@ def _compile(model: Path, ctx_out: Path, provider_options: dict[str, str], here:
 
 
 def _qnn_loaded() -> bool:
-    """Whether a QNN library is mapped into this process (a session opened, a model compiled, the EP registered)."""
+    """Whether QNN is mapped into this process: its libraries (a session opened, a model compiled) or the EP's own
+    (registered)."""
     try:
-        return "/libQnn" in Path("/proc/self/maps").read_text()
+        maps = Path("/proc/self/maps").read_text()
     except OSError:
         return True  # (no /proc: assume the worst)
+    return "/libQnn" in maps or "onnxruntime_providers_qnn" in maps
 
 
 def _compile_in_child(model: Path, ctx_out: Path, provider_options: dict[str, str],
