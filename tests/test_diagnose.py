@@ -278,3 +278,23 @@ def test_the_subset_line_names_what_check_measured_and_not_when_every_sample_is_
     assert early[0].endswith("`BUILD_RULES_DIAGNOSE_SAMPLES=12 doit diagnose:m/g/w8a8@SM8750`.")
     assert line(list(range(12)), {"samples": 2, "of": 12, "partial": True, "outputs": there}) == []
     assert line([0, 4, 7, 11], {"samples": 12, "of": 12, "partial": False, "outputs": here}) == []
+
+
+@pytest.mark.parametrize("weights16, said", [
+    (None, "and at the weights."),
+    ({"compiles": True}, "and at the weights (weights = \"uint16\" for this variant: it compiles for this chip)."),
+])
+def test_an_error_built_up_before_the_drop_in_a_16_bit_variant_is_said_with_the_weight_advice(weights16, said):
+    """The drop's inputs already below the floor, in a variant with 16-bit activations: the advice names the range
+    columns and the weights, with the 16-bit weight advice when diagnose compiled it. (This line read a name its
+    function did not have: a NameError ended diagnose where a user most needed it.)"""
+    from build_rules.stages.support import diagnosis
+    drop = {"tensor": "t", "node": "n", "op_type": "Add", "sources": [], "culprits": ["t"], "sqnr": 12.0,
+            "own_drop_db": 2.0, "below_floor": 3, "measured": 40}
+    rows = {"t": {"bits": 16, "op_type": "Add", "node": "n", "range": {}}}
+    params = {"variant": {"activation_bits": 16, "overrides": {}}, "model": "m"}
+    lines = diagnosis._quantization_fix(drop, rows, params, {"weights16": weights16})
+    assert lines[-1].startswith("But the error builds up before it: the tensors it is computed from are already at "
+                                "14.0 dB, and 3 of 40 tensors are below the floor. A few 16-bit tensors will not fix "
+                                "that: look at the range columns of the first tensors below the floor")
+    assert lines[-1].endswith(said)

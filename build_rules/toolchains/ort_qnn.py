@@ -506,8 +506,7 @@ def compile_context_binary(model: Path, out_dir: Path, graph: str, *, soc_model:
     EP turns into LPBQ only with enable_block_quant_weight_optimization.
     When `trace_dir` is given, the EP's op-support trace is kept as trace_dir/<graph>_qnn_op_trace.json, and this
     happens even when the compile fails.
-    here: the caller is a process that ends after this (a compile stage): the compile runs in it when it has not
-    loaded QNN yet, else (and by default) in a process of its own (_compile).
+    here: the caller is a process that ends after this (a compile stage): see _compile.
     Raises UnsupportedOpsError when any node except graph-input QuantizeLinear or graph-output DequantizeLinear would
     run on the CPU.
     Returns {"binary", "ctx_model", "seconds", "target", "ops": {"qnn": n, "cpu_io": [names]}, "float_ops",
@@ -626,10 +625,8 @@ _CHILD_MARK = "ORT_QNN_COMPILE_JSON "
 
 def _compile(model: Path, ctx_out: Path, provider_options: dict[str, str], here: bool) -> tuple[float, str]:
     """_compile_in_child, or (here: the caller's process ends after its task) the same compile in this process when
-    it is as clean as that child: no QNN library loaded yet. Its first compile is then as byte-stable as the child's
-    (tests/test_ort_qnn_toolchain.py), and the child's start is saved: ~0.26 s of CPU of a tiny graph's 0.34 s
-    compile stage, most of it onnxruntime's import and the QNN libraries' load (docs/benchmarks.md). A native crash
-    then ends the stage process instead of the child: the task fails either way."""
+    no QNN is loaded in it yet: as byte-stable as the child's first compile, without the child's start (~0.26 s of
+    CPU of a tiny graph's 0.34 s compile stage). A native crash then ends the stage: the task fails either way."""
     if not here or _qnn_loaded():
         return _compile_in_child(model, ctx_out, provider_options)
     from ..plumbing.native_stderr import captured
@@ -641,13 +638,11 @@ def _compile(model: Path, ctx_out: Path, provider_options: dict[str, str], here:
 
 
 def _qnn_loaded() -> bool:
-    """Whether QNN is mapped into this process: its libraries (a session opened, a model compiled) or the EP's own
-    (registered)."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
+    """Whether QNN's libraries (a session, a compile) or the EP's own (registered) are mapped into this process."""
+    try:  # (no /proc: assume the worst)
+        return any(name in Path("/proc/self/maps").read_text() for name in ("/libQnn", "onnxruntime_providers_qnn"))
     except OSError:
-        return True  # (no /proc: assume the worst)
-    return "/libQnn" in maps or "onnxruntime_providers_qnn" in maps
+        return True
 
 
 def _compile_in_child(model: Path, ctx_out: Path, provider_options: dict[str, str],
@@ -682,9 +677,7 @@ def _compile_in_child(model: Path, ctx_out: Path, provider_options: dict[str, st
 
 def _compile_child() -> None:
     """Body of the compile process: read the request from stdin, compile, report one JSON line on stdout."""
-    reply = _compile_now(json.loads(sys.stdin.read()))
-    sys.stdout.write("\n" + _CHILD_MARK + json.dumps(reply) + "\n")
-    sys.stdout.flush()
+    print("\n" + _CHILD_MARK + json.dumps(_compile_now(json.loads(sys.stdin.read()))), flush=True)
 
 
 def _compile_now(request: dict) -> dict:

@@ -150,7 +150,7 @@ def _from_drops(result: dict, params: dict) -> list[str]:
         lines.append(f"Quantization drops first at tensor '{quant['tensor']}' (node '{quant['node']}', "
                      f"{quant['op_type']}, {row['bits']} bit): CPU QDQ vs float {quant['sqnr']:.1f} dB, below "
                      f"{floor:g} dB, {quant['own_drop_db']:.1f} dB lost at this op.")
-        lines += _quantization_fix(quant, rows, params, sliced)
+        lines += _quantization_fix(quant, rows, params, result, sliced)
     else:
         lines.append(_no_drop(quant, floor, "the CPU QDQ model against the float model"))
         widespread = quant.get("below_floor", 0) > WIDESPREAD * max(1, quant.get("measured", 0))
@@ -191,7 +191,7 @@ def _from_drops(result: dict, params: dict) -> list[str]:
     return lines
 
 
-def _quantization_fix(drop: dict, rows: dict, params: dict, sliced: bool = False) -> list[str]:
+def _quantization_fix(drop: dict, rows: dict, params: dict, result: dict, sliced: bool = False) -> list[str]:
     row = rows[drop["tensor"]]
     pinned = params["variant"].get("overrides", {})
     lines = _weight_fix(drop, rows, params)
