@@ -225,7 +225,16 @@ def test_workers_end_with_a_stage_killed_outright(spy, monkeypatch, started):
         time.sleep(0.2)
     started = workers()
     assert len(started) == 2
-    time.sleep(10)  # started, holding their slots, each asleep in its first item
+
+    def asleep(pid: int) -> bool:  # in its first item: the worker's main thread waits in the kernel's nanosleep
+        try:  # (its wait channel, or where wchan is hidden its system call: x86_64's clock_nanosleep, nanosleep)
+            return "nanosleep" in Path(f"/proc/{pid}/wchan").read_text() or \
+                Path(f"/proc/{pid}/syscall").read_text().split()[0] in ("230", "35")
+        except (OSError, IndexError):
+            return False
+    while not all(asleep(pid) for pid in started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(asleep(pid) for pid in started)  # started, holding their slots, each asleep in its first item
     assert stage.poll() is None and all(_alive(pid) for pid in started)
     stage.send_signal(signal.SIGKILL)
     stage.wait()
