@@ -292,7 +292,7 @@ def test_a_compile_stage_compiles_in_its_own_process_once_then_in_children_with_
     seen = json.loads(next(line for line in out.decode().splitlines() if line.startswith("SEEN "))[5:])
     # the refused compile ran here (its one child is the verbose rerun for QNN's log), and loaded QNN
     refused, children = seen["refused"]
-    assert refused.startswith(f"QNN HTP cannot run ") and f"of {hardmax}: " in refused, refused
+    assert refused.startswith("QNN HTP cannot run ") and f"of {hardmax}: " in refused, refused
     assert "Hardmax (node 'hardmax_1')" in refused and children == 1 and seen["loaded"] is True
     assert not (work / "here-hm").exists() or list((work / "here-hm").iterdir()) == []
     assert seen["here-1"] == seen["here-2"] - 1  # QNN loaded: each compile in a child
