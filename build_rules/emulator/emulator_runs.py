@@ -18,6 +18,7 @@ per-tensor session) goes through iter_results(): a job named by an opener functi
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 
@@ -142,11 +143,10 @@ def iter_results(opener: str, args: tuple, items: list, what: str = "samples",
     evaluate hook's graphs) or carry a model compiled in-process; only iter_outputs' binaries travel (docs/ray.md)."""
     if not items:
         return
-    if min(worker_count(), len(items)) <= 1 or emulator_slots.held() is not None:
-        yield from _in_process(opener, args, items, counter)  # (a worker, or a job inside a job: this one's slot)
-        return
-    seconds = inline_seconds()
-    start = (yield from _probe(opener, args, items, counter, seconds)) if seconds > 0 else 0
+    # all here: one item, a limit of 1, or a job inside a job (a worker's: its slot); else here while it looks small
+    alone = min(worker_count(), len(items)) <= 1 or emulator_slots.held() is not None
+    seconds = math.inf if alone else inline_seconds()
+    start = (yield from _here(opener, args, items, counter, seconds)) if seconds > 0 else 0
     if start < len(items):
         from . import emulator_pool
         rest = items[start:]
@@ -154,22 +154,12 @@ def iter_results(opener: str, args: tuple, items: list, what: str = "samples",
             yield start + index, result
 
 
-def _in_process(opener: str, args: tuple, items: list, counter) -> Iterator[tuple[int, object]]:
-    from .emulator_pool import resolve
-    with holding_slot(pin=True):
-        apply = resolve(opener)(*args)
-        for index, item in enumerate(items):
-            result = apply(item)
-            if counter is not None:
-                counter.done += 1
-            yield index, result
-
-
-def _probe(opener: str, args: tuple, items: list, counter, seconds: float):
-    """Runs the job's items in this process, from the first, while it looks small; returns the index of the first
-    item left for the workers (len(items): none). A first item that alone took `seconds` (its session opened in it)
-    hands the rest over at once; else the second item's time, times the items left, decides for the whole job: over
-    `seconds`, the workers take the rest (this session is closed first: a worker opens its own)."""
+def _here(opener: str, args: tuple, items: list, counter, seconds: float):
+    """Runs the job's items in this process, from the first, while it looks small (seconds = inf: all of them);
+    returns the index of the first item left for the workers (len(items): none). A first item that alone took
+    `seconds` (its session opened in it) hands the rest over at once; else the second item's time, times the items
+    left, decides for the whole job: over `seconds`, the workers take the rest (this session is closed first: a
+    worker opens its own)."""
     from .emulator_pool import resolve
     with holding_slot(pin=True):
         apply = resolve(opener)(*args)

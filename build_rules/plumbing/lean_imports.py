@@ -14,6 +14,7 @@ user's hooks have run (simplify's transform(model) hook imports the real package
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 import types
@@ -55,21 +56,18 @@ def onnxsim_simplify():
     return onnxsim.simplify
 
 
-class _hidden:
-    """Within the block, `import <module>` raises ImportError unless it was imported already (sys.modules[name] =
-    None); after it, the module imports as usual."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __enter__(self):
-        self.hid = self.name not in sys.modules
-        if self.hid:
-            sys.modules[self.name] = None
-
-    def __exit__(self, *exc):
-        if self.hid and sys.modules.get(self.name, 0) is None:
-            del sys.modules[self.name]
+@contextlib.contextmanager
+def _hidden(name: str):
+    """Within the block, `import <name>` raises ImportError unless it was imported already (sys.modules[name] = None);
+    after it, the module imports as usual."""
+    hid = name not in sys.modules
+    if hid:
+        sys.modules[name] = None
+    try:
+        yield
+    finally:
+        if hid and sys.modules.get(name, 0) is None:
+            del sys.modules[name]
 
 
 def onnxruntime_tools_without_torch() -> None:
