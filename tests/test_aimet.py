@@ -276,3 +276,34 @@ def test_an_aimet_step_graph_gives_each_state_output_the_encoding_of_the_input_i
     log = (repo / "out/recurrent/w8a16_aimet/dist.log").read_text()
     assert re.search(r"SM8750/cell: \d+ steps with the state fed back in the binary's own types agree with "
                      r"cell_ctx.onnx \(worst output: ", log), log
+
+
+@needs_aimet
+def test_aimet_onnx_imports_without_its_analyzer_or_bokehs_server_and_both_import_after():
+    """aimet_onnx's __init__ imports its per-layer sensitivity analyzer (scikit-learn) and its common.utils bokeh's
+    server, for tools the build never calls: 1.4 s of the 2.4 s import, in every aimet stage and tune
+    (plumbing/lean_imports.py). The stage imports neither; a call of the analyzer loads the real one, and a later
+    `import bokeh.application` (a user's hook) gets bokeh's own."""
+    import subprocess
+    import sys
+    import textwrap
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from build_rules.plumbing import lean_imports
+        aimet_onnx = lean_imports.aimet_onnx()
+        from aimet_onnx.quantsim import QuantizationSimModel
+        from aimet_onnx import apply_seq_mse, apply_adaround
+        print(aimet_onnx.__version__ > "", "sklearn" in sys.modules, "bokeh.application" in sys.modules)
+        try:
+            aimet_onnx.analyze_per_layer_sensitivity()
+        except TypeError as e:  # the real function's signature speaks
+            print(type(sys.modules["aimet_onnx.quant_analyzer"].analyze_per_layer_sensitivity).__name__,
+                  "sklearn" in sys.modules, "missing" in str(e))
+        import bokeh.application
+        print(bokeh.application.Application.__module__)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["True False False", "function True True",
+                                        "bokeh.application.application"]

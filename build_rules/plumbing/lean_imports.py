@@ -75,3 +75,38 @@ def onnxruntime_tools_without_torch() -> None:
     import torch (the submodules it uses need none)."""
     import onnxruntime  # noqa: F401  (the parent package itself is imported as usual)
     skip_package_init("onnxruntime.tools")
+
+
+def aimet_onnx():
+    """aimet_onnx, imported without two of its imports that only tools the build never calls use: its __init__
+    imports quant_analyzer (per-layer sensitivity plots, which import scikit-learn: 0.96 s) and its common.utils
+    imports bokeh's server (to serve those plots live: 0.47 s), 1.4 s of its 2.4 s import here, in every aimet stage
+    and tune. Stand-ins take their place while aimet_onnx imports; a call of the analyzer imports the real one, and
+    bokeh imports as usual afterwards (its stand-ins are gone from sys.modules)."""
+    if "aimet_onnx" in sys.modules:
+        return sys.modules["aimet_onnx"]
+    analyzer = types.ModuleType("aimet_onnx.quant_analyzer")
+
+    def analyze_per_layer_sensitivity(*args, **kwargs):
+        del sys.modules["aimet_onnx.quant_analyzer"]
+        from aimet_onnx.quant_analyzer import analyze_per_layer_sensitivity as real
+        return real(*args, **kwargs)
+    analyzer.analyze_per_layer_sensitivity = analyze_per_layer_sensitivity
+    server, application = types.ModuleType("bokeh.server.server"), types.ModuleType("bokeh.application")
+    server.Server = application.Application = _bokeh_server_not_loaded
+    stand_ins = {"aimet_onnx.quant_analyzer": analyzer, "bokeh.server.server": server,
+                 "bokeh.application": application}
+    stand_ins = {name: module for name, module in stand_ins.items() if name not in sys.modules}
+    sys.modules.update(stand_ins)
+    try:
+        import aimet_onnx
+    finally:
+        for name, module in stand_ins.items():
+            if sys.modules.get(name) is module and not name.startswith("aimet_onnx"):
+                del sys.modules[name]
+    return aimet_onnx
+
+
+def _bokeh_server_not_loaded(*args, **kwargs):
+    raise RuntimeError("aimet_onnx was imported without bokeh's server (build_rules.plumbing.lean_imports): the "
+                       "build serves no plots")

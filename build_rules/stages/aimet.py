@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..plumbing import progress
+from ..plumbing import lean_imports, progress
 from ..errors import BuildError
 from ..quantization.aimet_techniques import BY_NAME
 from ..quantization.dtypes import TYPES
@@ -57,8 +57,7 @@ def config_file(arch: str) -> Path:
 
 
 def _aimet_folder() -> Path:
-    import aimet_onnx
-    return Path(aimet_onnx.__file__).parent
+    return Path(lean_imports.aimet_onnx().__file__).parent
 
 
 def htp_config(arch: str, per_channel: bool, folder: Path) -> tuple[Path, dict]:
@@ -104,7 +103,7 @@ def quantize(params: dict) -> dict:
     if len(samples) < spec.calibration_samples:
         raise BuildError(f"{params['input_list']}: {len(samples)} calibration samples, "
                          f"{params['name']} needs {spec.calibration_samples}")
-    import aimet_onnx
+    aimet_onnx = lean_imports.aimet_onnx()
     from aimet_onnx.quantsim import QuantizationSimModel
 
     steps = {"done": 0}
