@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.metadata
 import io
 import os
 import re
@@ -29,6 +31,7 @@ class DoitRun:
 
 def run_doit(repo: Path, *args: str) -> DoitRun:
     """Run doit in-process on a repo, as the `doit` command would (cwd = the dodo file's folder)."""
+    import doit.plugin
     from doit.cmd_base import ModuleTaskLoader
     from doit.doit_cmd import DoitMain
 
@@ -36,6 +39,7 @@ def run_doit(repo: Path, *args: str) -> DoitRun:
     from build_rules.doit_run import collector
     from build_rules.build_state.hashing import stat_cache
 
+    doit.plugin.entry_points_impl = lambda: _installed_doit_plugins
     old_cwd = os.getcwd()
     os.chdir(repo)
     tasks.project.cache_clear()  # config is re-read on every run, like a new doit process
@@ -57,6 +61,13 @@ def run_doit(repo: Path, *args: str) -> DoitRun:
         tasks.project.cache_clear()
         collector.resume()  # a `doit list` run leaves collection paused (its process would exit next)
     return doit_run(code, out.getvalue())
+
+
+@functools.lru_cache(maxsize=None)
+def _installed_doit_plugins(group: str) -> tuple:
+    """doit's plugins of a group, as importlib.metadata lists them: doit reads them at each DoitMain.run (a scan of
+    every installed distribution, ~25 ms a run here), the same in every run of a test process."""
+    return tuple(importlib.metadata.entry_points(group=group))
 
 
 def doit_run(code: int, text: str) -> DoitRun:
