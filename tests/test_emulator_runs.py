@@ -187,7 +187,7 @@ def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/status") as f:
             return "\nState:\tZ" not in f.read()  # a zombie has ended (its reaper may be slow in a container)
-    except FileNotFoundError:
+    except OSError:  # gone before the open, or reaped between the open and the read (ProcessLookupError, fresh58)
         return False
 
 
@@ -216,7 +216,7 @@ def test_workers_end_with_a_stage_killed_outright(spy, monkeypatch, started):
     def workers() -> list[int]:
         try:
             children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
-        except FileNotFoundError:
+        except OSError:
             return []
         return [int(p) for p in children if int(p) != stage.pid]
 
