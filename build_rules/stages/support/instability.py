@@ -28,7 +28,7 @@ def locate(graph, tensors: list, feed: dict, chip: dict, fp16: bool, runs: int =
     from ...emulator.repeats import difference
     from ...toolchains import ort_qnn
     model = graph.exposed_model(tensors)
-    with emulator_runs.holding_slot():
+    with emulator_runs.holding_slot(pin=True):  # on the slot's core, as a worker's session (emulator_runs.py)
         session = ort_qnn.emulator_session(model.SerializeToString(), soc_model=chip["soc_id"],
                                            vtcm_mb=chip["vtcm_mb"], fp16=fp16)
         names = [o.name for o in session.get_outputs()]
@@ -77,7 +77,9 @@ def repeatable(model: bytes, samples: list[dict], reference: list[dict], chip: d
     from ...toolchains import ort_qnn
     pairs = pairs if pairs is not None else (samples_to_check() or DEFAULT_SAMPLES)  # 0 (checks off): the default
     runs = 1 + max(1, -(-pairs // len(samples)))
-    with emulator_runs.holding_slot():
+    # on the slot's core, as a worker's session: unpinned, the emulator's threads spread over every core and took
+    # twice the CPU for a longer wall time (docs/benchmarks.md, "Emulator sessions and cores")
+    with emulator_runs.holding_slot(pin=True):
         try:
             session = ort_qnn.emulator_session(model, soc_model=chip["soc_id"], vtcm_mb=chip["vtcm_mb"], fp16=fp16)
         except Exception as e:  # onnxruntime raises its own exception types
