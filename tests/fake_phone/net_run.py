@@ -208,6 +208,14 @@ def _check_config(fs: Path, cwd: str, config_file: str) -> None:
                 raise Fail(f"[ ERROR ] {htp}: unknown perf_profile {core['perf_profile']!r}")
 
 
+def _on_one_core() -> None:
+    """This process (and the emulator threads it starts) on the core it runs on now, as the build pins its own
+    emulator sessions (emulator_slots): unpinned, the emulator's threads spread over every core of the host and took
+    twice the CPU for no shorter run, CPU the tests beside it wait for. (The phone's own loop runs on its NPU.)"""
+    cpu = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[36])  # field 39: the CPU last run on
+    os.sched_setaffinity(0, {cpu})
+
+
 def _session(model: Path, level: str | None, csv_path: Path):
     """The binary on the HTP emulator; with a profiling level, QNN's own profiling on (basic / detailed), which
     writes csv_path and, from QNN 2.39 (QAIRT API >= 2.29), <csv stem>_qnn.log: QNN's binary profiling log, the
@@ -218,6 +226,7 @@ def _session(model: Path, level: str | None, csv_path: Path):
     if level:
         options.update(profiling_level="detailed" if level == "detailed" else "basic",
                        profiling_file_path=str(csv_path))
+    _on_one_core()
     session = ort.InferenceSession(str(model), sess_options=ort_qnn._qnn_session_options(ort, options))
     session.disable_fallback()
     names = [o.name for o in session.get_outputs()]
@@ -312,7 +321,9 @@ def _run_qairt_stand_in(args, fs: Path, cwd: str, binary: Path, arch: str, tools
     samples = _parse_list(fs, cwd, args.input_list, [(t["name"], t["name"], t["dims"], "float32")
                                                      for t in meta["inputs"]])
     started = time.perf_counter()
-    session = ort.InferenceSession(meta["source"], providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1  # a stand-in's small graph: more threads only spin (2.7x the CPU, no faster)
+    session = ort.InferenceSession(meta["source"], sess_options=options, providers=["CPUExecutionProvider"])
     rows = [("QNN (load binary) time", (time.perf_counter() - started) * 1e6)]
     output_dir = _host(fs, cwd, args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
