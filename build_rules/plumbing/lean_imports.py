@@ -1,5 +1,6 @@
-"""Import a package's submodules without running the package's __init__, where that __init__ imports torch for
-tools the build never calls. Each stage is a process of its own, so an import is paid on every stage run:
+"""Import a package's submodules without running the package's __init__ (or without some of its imports), where it
+imports torch or another large package for tools the build never calls. Each stage is a process of its own, so an
+import is paid on every stage run:
 
 - onnxsim 0.8's __init__ imports every tool it has, torch among them: 4.5 s of a 5 s simplify stage here;
   simplify() lives in onnxsim/onnx_simplifier.py in every version since 0.4. That module imports model_info, which
@@ -9,6 +10,8 @@ tools the build never calls. Each stage is a process of its own, so an import is
 - onnxruntime/tools/__init__.py imports torch whenever torch is installed (for a PyTorch export helper), and the
   QNN quantization config (onnxruntime.quantization.execution_providers.qnn) imports onnxruntime.tools' model
   utilities: 2.2 s of every quantize and calibration_stats stage.
+- aimet_onnx's __init__ imports its sensitivity analyzer (scikit-learn) and its common.utils bokeh's server, both
+  for plots: 1.4 s of its 2.4 s import in every aimet stage and tune (aimet_onnx() below: stand-ins while it imports).
 Once a stub is in place, a later `import onnxsim` in that process gets the stub: the stages call this after the
 user's hooks have run (simplify's transform(model) hook imports the real package if it wants it).
 """
