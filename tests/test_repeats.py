@@ -252,7 +252,7 @@ def test_a_fix_diagnose_names_repeats_itself_over_as_many_pairs_of_runs_as_the_b
         sessions.append(_RarelyVarying(sample=2, on=5))
         return sessions[-1]
     monkeypatch.setattr(ort_qnn, "emulator_session", session)
-    monkeypatch.setattr(emulator_runs, "holding_slot", contextlib.nullcontext)
+    monkeypatch.setattr(emulator_runs, "holding_slot", lambda pin=False: contextlib.nullcontext())
     feeds = [{"x": np.array([i], dtype=np.float32)} for i in range(4)]
     reference = [{"y": np.ones(2, dtype=np.float32)} for _ in feeds]
     found = instability.repeatable(b"model", feeds, reference, {"soc_id": 69, "vtcm_mb": 8})
