@@ -88,25 +88,30 @@ def aimet_onnx():
     bokeh imports as usual afterwards (its stand-ins are gone from sys.modules)."""
     if "aimet_onnx" in sys.modules:
         return sys.modules["aimet_onnx"]
-    analyzer = types.ModuleType("aimet_onnx.quant_analyzer")
+    name = "aimet_onnx.quant_analyzer"
+    analyzer = types.ModuleType(name)
 
-    def analyze_per_layer_sensitivity(*args, **kwargs):
-        del sys.modules["aimet_onnx.quant_analyzer"]
-        from aimet_onnx.quant_analyzer import analyze_per_layer_sensitivity as real
+    def real_analyzer():  # the stand-in gives way to the real module once its function is called
+        if sys.modules.get(name) is analyzer:
+            del sys.modules[name]
+        return importlib.import_module(name)
+
+    def analyze_per_layer_sensitivity(*args, **kwargs):  # what aimet_onnx's __init__ takes from it
+        real = real_analyzer().analyze_per_layer_sensitivity
+        sys.modules["aimet_onnx"].analyze_per_layer_sensitivity = real
         return real(*args, **kwargs)
     analyzer.analyze_per_layer_sensitivity = analyze_per_layer_sensitivity
     server, application = types.ModuleType("bokeh.server.server"), types.ModuleType("bokeh.application")
     server.Server = application.Application = _bokeh_server_not_loaded
-    stand_ins = {"aimet_onnx.quant_analyzer": analyzer, "bokeh.server.server": server,
-                 "bokeh.application": application}
-    stand_ins = {name: module for name, module in stand_ins.items() if name not in sys.modules}
+    stand_ins = {name: analyzer, "bokeh.server.server": server, "bokeh.application": application}
+    stand_ins = {n: module for n, module in stand_ins.items() if n not in sys.modules}
     sys.modules.update(stand_ins)
     try:
         import aimet_onnx
     finally:
-        for name, module in stand_ins.items():
-            if sys.modules.get(name) is module and not name.startswith("aimet_onnx"):
-                del sys.modules[name]
+        for n, module in stand_ins.items():  # the analyzer's stays while aimet_onnx does (it gives way when used)
+            if sys.modules.get(n) is module and (n != name or "aimet_onnx" not in sys.modules):
+                del sys.modules[n]
     return aimet_onnx
 
 
