@@ -311,7 +311,6 @@ def _refuse_a_newer_binary(backend: Path, binary: Path, tools) -> None:
 
 def _run_qairt_stand_in(args, fs: Path, cwd: str, binary: Path, arch: str, tools) -> int:
     import numpy as np
-    import onnxruntime as ort
     meta = tools._binary_meta(str(binary))
     if meta.get("graphs"):
         raise Fail("[ ERROR ] stand-in: a weight-shared context holds several graphs; name one (not supported here)")
@@ -321,9 +320,7 @@ def _run_qairt_stand_in(args, fs: Path, cwd: str, binary: Path, arch: str, tools
     samples = _parse_list(fs, cwd, args.input_list, [(t["name"], t["name"], t["dims"], "float32")
                                                      for t in meta["inputs"]])
     started = time.perf_counter()
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1  # a stand-in's small graph: more threads only spin (2.7x the CPU, no faster)
-    session = ort.InferenceSession(meta["source"], sess_options=options, providers=["CPUExecutionProvider"])
+    session = tools._cpu_session(meta["source"])
     rows = [("QNN (load binary) time", (time.perf_counter() - started) * 1e6)]
     output_dir = _host(fs, cwd, args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

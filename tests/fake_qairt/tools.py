@@ -251,11 +251,17 @@ def _encoding(arrays: list, bits: int) -> dict:
     return {"scale": scale, "offset": int(round(low / scale))}
 
 
-def _run_onnx(source: str, feeds: list[dict]) -> list[dict]:
+def _cpu_session(source: str):
+    """The stand-in binary's ONNX source on onnxruntime's CPU, one thread: a stand-in's graph is small, and more
+    threads only spun (2.7x the CPU, no faster)."""
     import onnxruntime as ort
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 1  # a stand-in's small graph: more threads only spin (2.7x the CPU, no faster)
-    session = ort.InferenceSession(source, sess_options=options, providers=["CPUExecutionProvider"])
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(source, sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def _run_onnx(source: str, feeds: list[dict]) -> list[dict]:
+    session = _cpu_session(source)
     names = [o.name for o in session.get_outputs()]
     return [dict(zip(names, session.run(None, feed))) for feed in feeds]
 
