@@ -891,7 +891,7 @@ def test_power_restores_the_battery_state_and_stops_the_loop_after_a_failure_ctr
     assert ("power:tinynet/w8a16@s25: on s25 (R5CX1234ABC): `cat /sys/class/power_supply/battery/charge_counter"
             in result.output)
     assert "the battery state was restored (dumpsys battery reset)" in result.output
-    assert f"power:tinynet/w8a16@s25: stopped the loop (pid " in result.output
+    assert "power:tinynet/w8a16@s25: stopped the loop (pid " in result.output
     assert _battery(phone_env.folder)["unplugged"] is False
     assert not (phone_env.repo / "out/tinynet/w8a16/SM8750/power.s25.json").exists()
     assert running and gone(running), running  # the loop ran when the battery read failed; it is gone now

@@ -68,7 +68,7 @@ def test_a_proposal_that_misses_the_model_gate_is_searched_again_with_a_tighter_
     assert tuned["graphs"]["encoder"]["tuned"]["cosine"] >= tighter and tuned["as_built"]["encoder"]["meets"]
     log = (repo / "out/tinynet/tuning/w8a8.tune.log").read_text()
     assert "tune:tinynet/w8a8: the proposal meets every graph's target but misses the model's gate (features_cosine"\
-           f" = " in log and f"searched again with encoder's target cosine >= {tighter:g}" in log, log
+           " = " in log and f"searched again with encoder's target cosine >= {tighter:g}" in log, log
     # the margin the first search learnt (its CPU proposal missed on the emulator) fails even all 16 bit on the CPU
     # at the tighter target: the second search starts from the first's result and the emulator brings groups back,
     # instead of keeping every tensor at 16 bit (Whisper's run 9)

@@ -6,7 +6,6 @@ Only the standard library is used: this runs every time doit loads the build fil
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re

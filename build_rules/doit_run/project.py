@@ -205,7 +205,6 @@ EVERY_CHIP_ENV = "BUILD_RULES_CHECK_EVERY_CHIP"  # =1: a full emulator check on 
 def reference_chip(model: Model, variant: Variant) -> Chip | None:
     """The chip whose binaries of `variant` the emulator checks in full; the other chips' checks prove their outputs
     equal to its on a few samples and take its metrics (stages/check.py). None: every chip is checked in full."""
-    import os
     if model.check.every_chip or os.environ.get(EVERY_CHIP_ENV, "").strip() not in ("", "0"):
         return None
     chips = [chip for v, chip in variant_builds(model) if v.name == variant.name]

@@ -227,7 +227,7 @@ def _transpose_blocked_weight(dq, producers: dict, inits: dict, model) -> None:
     """Turn an LPBQ weight [N, K] (blocks along axis 1, AIMET's export of a Gemm with transB) into [K, N] (blocks
     along axis 0): the int4 weight, its block zero points and integer block scales transposed, the axes swapped."""
     import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, numpy_helper
     scale_dq = producers.get(dq.input[1])
     if scale_dq is None or scale_dq.op_type != "DequantizeLinear" or dq.input[0] not in inits:
         raise ValueError(f"weight {dq.input[0]!r}: no LPBQ pattern (integer block scales -> DequantizeLinear)")

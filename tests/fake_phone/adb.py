@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
         return _err("adb: device unauthorized.\nThis adb server's $ADB_VENDOR_KEYS is not set\nTry 'adb "
                     "kill-server' if that seems wrong.\nOtherwise check for a confirmation dialog on your device.")
     if phone.data["state"] != "device":
-        return _err(f"adb: device offline")
+        return _err("adb: device offline")
     if command == "push":
         return push(phone, rest)
     if command == "pull":
@@ -443,7 +443,7 @@ class Shell:
         lines = ["Current Battery Service state:"]
         if state["unplugged"]:
             lines.append("  (UPDATES STOPPED -- use 'reset' to restart)")
-        lines += [f"  AC powered: false", f"  USB powered: {'false' if state['unplugged'] else 'true'}",
+        lines += ["  AC powered: false", f"  USB powered: {'false' if state['unplugged'] else 'true'}",
                   "  Wireless powered: false", "  Max charging current: 500000", "  Max charging voltage: 5000000",
                   f"  Charge counter: {shown['charge']}", "  status: 2" if not state["unplugged"] else "  status: 3",
                   "  health: 2", "  present: true", f"  level: {shown['level']}", "  scale: 100", "  voltage: 4100",

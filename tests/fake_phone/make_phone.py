@@ -49,7 +49,7 @@ def make_phone(phones: Path, serial: str, *, soc: str = "SM8750", arch: str = "v
                charge_counter_uah: int = 3_000_000, drain_uah_per_s: float = 150.0) -> Path:
     folder = Path(phones) / serial
     (folder / "fs" / "data" / "local" / "tmp").mkdir(parents=True, exist_ok=True)
-    fingerprint = fingerprint or f"samsung/pa1qxxx/pa1q:15/AP3A.240905.015.A2/S931BXXU1AYA1:user/release-keys"
+    fingerprint = fingerprint or "samsung/pa1qxxx/pa1q:15/AP3A.240905.015.A2/S931BXXU1AYA1:user/release-keys"
     (folder / "phone.json").write_text(json.dumps({
         "serial": serial, "state": state, "arch": arch, "host_repo": str(host_repo),
         "props": {"ro.soc.model": soc, "ro.product.model": product, "ro.build.fingerprint": fingerprint,
