@@ -261,3 +261,50 @@ def test_a_fix_diagnose_names_repeats_itself_over_as_many_pairs_of_runs_as_the_b
     assert sessions[0].calls == {i: 1 + pairs // 4 for i in range(4)}
     assert found["repeats"] is (pairs < 16)  # 8 pairs (3 runs each) miss the 5th run's difference
     assert found["spread"] == {"y": 0.0 if pairs < 16 else 1.0}
+
+
+class _VaryingOnRun:
+    """An emulator session of a model with one exposed tensor 't' and the final output 'y': 't' differs from the
+    first run on run `on` (1: the first; None: never)."""
+
+    def __init__(self, on: int | None):
+        self.on, self.calls = on, 0
+
+    def get_outputs(self):
+        from types import SimpleNamespace
+        return [SimpleNamespace(name="t"), SimpleNamespace(name="y")]
+
+    def run(self, names, feed):
+        import numpy as np
+        self.calls += 1
+        return [np.full(2, 1.0 + (self.calls == self.on), dtype=np.float32), np.ones(2, dtype=np.float32)]
+
+
+@pytest.mark.parametrize("on, checks, runs", [(3, "", 4), (7, "", 7), (None, "", 17), (12, "8", 9)])
+def test_locate_runs_one_sample_on_while_no_run_differs_up_to_the_checks_pairs(monkeypatch, on, checks, runs):
+    """instability.locate ran one sample 4 times and called the exposed model one that repeats itself when they all
+    agreed: for a model whose runs differ one time in three (YOLOv8n w8a16) that is (2/3)^3, 30 % of the sessions, and
+    check and diagnose then said that no op could be named. It runs on while nothing differed, up to as many later
+    runs as the check's pairs (BUILD_RULES_REPEAT_SAMPLES, 16 when unset)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from build_rules.stages.support import instability
+    from build_rules.toolchains import ort_qnn
+    monkeypatch.setenv(repeats.SAMPLES_ENV, checks)
+    session = _VaryingOnRun(on)
+    monkeypatch.setattr(ort_qnn, "emulator_session", lambda model, **options: session)
+    monkeypatch.setattr(emulator_runs, "holding_slot", lambda pin=False: contextlib.nullcontext())
+    graph = SimpleNamespace(exposed_model=lambda tensors: SimpleNamespace(SerializeToString=lambda: b"model"),
+                            sources=lambda names: {n: [] for n in names}, final=["y"])
+    tensor = SimpleNamespace(output="t", float_name="t", scale=0.5, node="/stage/Mul", op_type="Mul", bits=16)
+    found = instability.locate(graph, [tensor], {"x": None}, {"soc_id": 69, "vtcm_mb": 8}, fp16=False)
+    assert session.calls == found["runs"] == runs
+    varies = on is not None and on <= runs
+    assert found["repeats"] is not varies
+    assert found["sources"] == ([{"tensor": "t", "node": "/stage/Mul", "op_type": "Mul", "bits": 16, "spread": 0.5}]
+                                if varies else [])
+    assert found["outputs"] == {"y": 0.0}
+    if not varies:
+        assert instability.where(found).startswith(f"the model with its 1 tensors exposed repeated itself over {runs} "
+                                                   "runs of one sample")

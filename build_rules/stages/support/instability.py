@@ -2,8 +2,11 @@
 that repeats (not a stage: the check, diagnose and tune call it).
 
 locate(): the variant's QDQ model (the float model for fp16) with its activation tensors exposed (diagnose's Graph)
-is compiled in-process for the chip and run RUNS times on one sample in one session. A tensor whose bytes differ
-between the runs while the exposed tensors it is computed from do not is where a difference starts (a source).
+is compiled in-process for the chip and run RUNS times on one sample in one session, and on while no run differs
+from the first, up to as many pairs as the check asks (16): four runs of a model whose runs differ one time in three
+all agree with probability (2/3)^3, 30 %, and the session would be called one that repeats itself. A tensor whose
+bytes differ between the runs while the exposed tensors it is computed from do not is where a difference starts (a
+source).
 Exposing tensors changes what the HTP fuses, so these are the exposed model's sources; the plain binary's may sit
 inside a fused group. Measured on YOLOv8n w8a16 (three sessions): the sources moved between sessions (SiLU Muls,
 a Conv, a Resize, a Concat, all at the 10x10 stage), and no single op at 8 bit made the binary repeat itself.
@@ -18,21 +21,30 @@ stage at 8 bit repeated themselves, as did every Conv or every Mul there; w8a8 a
 """
 from __future__ import annotations
 
-RUNS = 4  # runs of one sample in one session: on YOLOv8n w8a16 two runs differ with probability ~1/3
+RUNS = 4  # runs of one sample in one session, at least: on YOLOv8n w8a16 two runs differ with probability ~1/3
 
 
-def locate(graph, tensors: list, feed: dict, chip: dict, fp16: bool, runs: int = RUNS) -> dict:
+def locate(graph, tensors: list, feed: dict, chip: dict, fp16: bool, runs: int = RUNS,
+           pairs: int | None = None) -> dict:
     """{"runs", "exposed", "varying", "repeats", "sources": [{"tensor", "node", "op_type", "bits", "spread"}] in
-    graph order, "outputs": {final output: spread}}: the model with `tensors` exposed run `runs` times on `feed`."""
+    graph order, "outputs": {final output: spread}}: the model with `tensors` exposed run `runs` times on `feed`, and
+    on while every run equals the first, until there are `pairs` later runs (default: as many pairs as the build's
+    check asks of a binary)."""
     from ...emulator import emulator_runs
-    from ...emulator.repeats import difference
+    from ...emulator.repeats import DEFAULT_SAMPLES, difference, samples_to_check
     from ...toolchains import ort_qnn
+    pairs = pairs if pairs is not None else (samples_to_check() or DEFAULT_SAMPLES)  # 0 (checks off): the default
     model = graph.exposed_model(tensors)
     with emulator_runs.holding_slot(pin=True):  # on the slot's core, as a worker's session (emulator_runs.py)
         session = ort_qnn.emulator_session(model.SerializeToString(), soc_model=chip["soc_id"],
                                            vtcm_mb=chip["vtcm_mb"], fp16=fp16)
         names = [o.name for o in session.get_outputs()]
         outputs = [dict(zip(names, session.run(names, feed))) for _ in range(runs)]
+        same = all(difference(outputs[0][n], o[n]) == 0 for o in outputs[1:] for n in names)
+        while same and len(outputs) <= pairs:  # nothing differed yet: not "repeats" on fewer pairs than a check's
+            outputs.append(dict(zip(names, session.run(names, feed))))
+            same = all(difference(outputs[0][n], outputs[-1][n]) == 0 for n in names)
+    runs = len(outputs)
     varying = {}
     for tensor in tensors:
         values = [o[tensor.output] for o in outputs]
