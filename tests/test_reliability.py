@@ -32,12 +32,30 @@ def fresh_tinynet(tmp_path: Path) -> Path:
     return repo
 
 
+_STARTED: list[subprocess.Popen] = []  # the doit processes this test started (start_doit)
+
+
+@pytest.fixture(autouse=True)
+def _no_doit_left_running():
+    """A test that fails half-way (a wait that timed out, an assertion before its kill) or is stopped with Ctrl-C
+    leaves no doit running on, with its stages and fork server, beside the tests after it: each doit started is in
+    a session of its own, killed whole."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:  # still running: its process group id is its pid, and still its own
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def start_doit(repo: Path, *args: str, log_name: str = "doit.log") -> subprocess.Popen:
     log = open(repo / log_name, "w")
     # SIGINT as a terminal's doit has it: a test run started in the background of a non-interactive shell ignores
     # SIGINT, and an ignored signal stays ignored across exec (doit then rightly leaves it alone)
-    return subprocess.Popen([sys.executable, "-m", "doit", *args], cwd=repo, stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([sys.executable, "-m", "doit", *args], cwd=repo, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    _STARTED.append(proc)
+    return proc
 
 
 def finished_tasks(repo: Path) -> set[str]:
