@@ -138,7 +138,8 @@ STAGES: tuple[Stage, ...] = (
           # hook's metric: why it was not measured); frame_cosine is not a task metric; the float line in view
           # 10: the compiles are its setup tasks: under --continue a cell whose compile (or quantize) failed is shown
           # "not built" with the error, beside the others
-          {"any": _w("report", 10, ("onnxruntime", "numpy", "matplotlib"), sdk=True)}),
+          # 11: report.md says to rebuild with `doit report:<model>` (plain `doit report` builds every model)
+          {"any": _w("report", 11, ("onnxruntime", "numpy", "matplotlib"), sdk=True)}),
     Stage("sensitivity", "10 sensitivity: rank each graph's activation tensors by what 8 bit costs (HTP emulator) "
           "-> table + plot", {"any": "tuning:sensitivity_tasks"},
           # 3: candidates keep the variant's weight overrides and LPBQ blocks

@@ -24,7 +24,11 @@ def apply(tuned_toml: Path, model_toml: Path | None = None, name: str | None = N
           chips_toml: Path = Path("chips.toml")) -> str:
     """Append the tuned section to model.toml; returns the variant name."""
     tuned_toml = Path(tuned_toml)
-    text = tuned_toml.read_text()
+    try:
+        text = tuned_toml.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{tuned_toml}: no such file: `doit tune:<model>/<variant>` writes it, as "
+                          "out/<model>/tuning/<variant>.tuned.toml") from None
     found = re.search(r"^\[variants\.(\"[^\"]+\"|[A-Za-z0-9_.-]+?)\]\s*$", text, re.M)
     if not found:
         nothing = "Nothing to add:" in text  # the tune found the variant good as it is
@@ -35,13 +39,7 @@ def apply(tuned_toml: Path, model_toml: Path | None = None, name: str | None = N
                              "into model.toml by hand" if by_hand else ""))
     old = found.group(1)
     old_name = json.loads(old) if old.startswith('"') else old
-    if model_toml is None:
-        info = tuned_toml.with_name(tuned_toml.name.replace(".tuned.toml", ".tuned.json"))
-        try:
-            model_toml = Path(json.loads(info.read_text())["model_toml"])
-        except (OSError, ValueError, KeyError):
-            raise ConfigError(f"{tuned_toml}: cannot tell which model.toml it belongs to; pass --to") from None
-    model_toml = Path(model_toml)
+    model_toml = Path(model_toml) if model_toml is not None else model_toml_of(tuned_toml)
     new_name = name or old_name
     if new_name != old_name:
         quoted = new_name if re.fullmatch(r"[A-Za-z0-9_-]+", new_name) else json.dumps(new_name)
@@ -62,6 +60,15 @@ def apply(tuned_toml: Path, model_toml: Path | None = None, name: str | None = N
     return new_name
 
 
+def model_toml_of(tuned_toml: Path) -> Path:
+    """The model.toml the tune task read (its .tuned.json beside the proposal says)."""
+    info = tuned_toml.with_name(tuned_toml.name.replace(".tuned.toml", ".tuned.json"))
+    try:
+        return Path(json.loads(info.read_text())["model_toml"])
+    except (OSError, ValueError, KeyError):
+        raise ConfigError(f"{tuned_toml}: cannot tell which model.toml it belongs to; pass --to") from None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m build_rules.tuning", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -76,7 +83,9 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
-    print(f"added [variants.{name}]; build it with: doit (or doit compile, doit report)")
+    model_toml = Path(args.to) if args.to else model_toml_of(Path(args.tuned_toml))
+    model = model_toml.parent.name  # (a model's name is its folder's)
+    print(f"added [variants.{name}] to {model_toml}; build it with: doit {model} (and its report: doit report:{model})")
     return 0
 
 

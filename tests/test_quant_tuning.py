@@ -223,6 +223,7 @@ def test_report_lists_every_variant_and_chip_with_the_check_numbers(tinynet_repo
     cells = {(c["variant"], c["chip"], c["graph"]): c for c in report["cells"]}
     assert set(cells) == {(v, c, g) for v in VARIANTS for c in CHIPS for g in GRAPHS}
     markdown = (tinynet_repo / "out/tinynet/report.md").read_text()
+    assert "Rebuild with `doit report:tinynet`." in markdown.splitlines()[2]  # this model's alone
     for (variant, chip, graph), cell in cells.items():
         folder = tinynet_repo / f"out/tinynet/{variant}/{chip}"
         check = json.loads((folder / f"{graph}.check.json").read_text())
@@ -863,3 +864,25 @@ def test_a_remembered_cpu_run_keeps_the_pace_it_ran_at(tmp_path):
     # repeat itself)
     assert again.get(frozenset({"a"}), (0, 1), twice=2) == ({"cosine": 0.98}, 40.0)
     assert again.get(frozenset({"a"}), (0, 1), twice=16) is None
+
+
+def test_apply_names_a_missing_proposal_and_says_how_to_build_only_the_model_it_added_to(tmp_path, monkeypatch, capsys):
+    """A missing proposal was a traceback (FileNotFoundError); and the line after an apply said `doit (or doit
+    compile, doit report)`, which build every model, Whisper's tens of minutes among them (a new user's trial)."""
+    from conftest import TEST_MODELS, write_tinynet_checkpoints
+    from build_rules import tuning
+    repo = make_repo(tmp_path / "repo", {"tinynet": TEST_MODELS / "tinynet"})
+    write_tinynet_checkpoints(repo / "models/tinynet")  # (loading the model checks that its checkpoints exist)
+    monkeypatch.chdir(repo)
+    assert tuning.main(["apply", "out/tinynet/tuning/w8a16.tuned.toml"]) == 3
+    assert capsys.readouterr().err == (
+        "error: out/tinynet/tuning/w8a16.tuned.toml: no such file: `doit tune:<model>/<variant>` writes it, as "
+        "out/<model>/tuning/<variant>.tuned.toml\n")
+    folder = repo / "out/tinynet/tuning"
+    folder.mkdir(parents=True)
+    (folder / "w8a16.tuned.toml").write_text('[variants.w8a16_tuned]\ninherits = "w8a16"\n')
+    (folder / "w8a16.tuned.json").write_text(json.dumps({"model_toml": "models/tinynet/model.toml"}))
+    assert tuning.main(["apply", "out/tinynet/tuning/w8a16.tuned.toml"]) == 0
+    assert capsys.readouterr().out == ("added [variants.w8a16_tuned] to models/tinynet/model.toml; build it with: "
+                                       "doit tinynet (and its report: doit report:tinynet)\n")
+    assert (repo / "models/tinynet/model.toml").read_text().endswith('\n[variants.w8a16_tuned]\ninherits = "w8a16"\n')

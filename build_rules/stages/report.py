@@ -293,7 +293,7 @@ def markdown(report: dict) -> str:
     graphs = sorted({r["graph"] for r in rows})
     lines = [f"# {report['model']}: variants x chips", "",
              f"Measured on the HTP emulator ({report['toolchain'].get('name')} {report['toolchain'].get('build_id', '')}) "
-             "against the float model; sizes are the context binaries. Rebuild with `doit report`.", ""]
+             f"against the float model; sizes are the context binaries. Rebuild with `doit report:{report['model']}`.", ""]
     # Summary: one row per variant and chip, one column per graph (its gated metrics, or cosine).
     header = ["variant", "quantizer", "weights/activations", "chip", "size (MB)", "compile (s)"]
     for g in graphs:
