@@ -1,4 +1,4 @@
-"""The stage table: one record per stage, in the pipeline's order (the order of `doit list`).
+"""The stage table: one record per stage, in the pipeline's order (the number each stage's line in `doit list` starts with).
 
 From a name in `doit list` (`compile:mtcnn/onet/w8a16@SM8750`) the row gives:
 - doc: the stage's line in `doit list` (a toolchain's generator may yield its own, naming the SDK);
@@ -232,11 +232,12 @@ def markdown() -> str:
     checks that the page is this)."""
     lines = ["# The stages", "",
              "Made from `build_rules/stage_table.py` (`python -m build_rules.stage_table > docs/stages.md`), in the "
-             "pipeline's order:", "the order of `doit list`. A task `<stage>:<target>` is made by the generator "
-             "(`build_rules/tasks/<module>.py`) and runs", "the worker (`build_rules/stages/<module>.py`, its `run(params)`) "
-             "of its toolchain. Its key holds the key version, the", "versions of the tools, and for SDK-dependent "
-             "workers the toolchain identity; a relocatable worker's outputs are", "cached by content alone; an "
-             "in-process worker runs inside doit.", "",
+             "pipeline's order", "(`doit list` sorts the stages by name; each stage's line there starts with its "
+             "number here). A task", "`<stage>:<target>` is made by the generator (`build_rules/tasks/<module>.py`) "
+             "and runs the worker", "(`build_rules/stages/<module>.py`, its `run(params)`) of its toolchain. Its key "
+             "holds the key version, the", "versions of the tools, and for SDK-dependent workers the toolchain "
+             "identity; a relocatable worker's outputs are", "cached by content alone; an in-process worker runs "
+             "inside doit.", "",
              "| stage | `doit list` | generator | toolchain | worker | key (version) | tools | SDK | relocatable | "
              "in-process |", "|---|---|---|---|---|---|---|---|---|---|"]
     for stage in STAGES:

@@ -1,5 +1,6 @@
 """The task graph: what dodo.py imports (`from build_rules.tasks import *`): one doit creator task_<stage> per row of
-stage_table.STAGES, in the pipeline's order (the order of `doit list`), the groups, and doit_config().
+stage_table.STAGES, in the pipeline's order (`doit list` sorts them by name; each line starts with its number in
+that order), the groups, and doit_config().
 
 A stage's task generator is named in its row, per toolchain; the modules here, in the pipeline's order:
   pipeline.py   float graph (data, export, simplify, verify), quantization (calibrate, calibration_stats,
