@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from .errors import did_you_mean
+from .plumbing.native_stderr import EMULATOR_NOISE, captured
 
 
 class RunError(Exception):
@@ -176,10 +177,17 @@ def main(argv: list[str] | None = None) -> int:
     binary = None
     try:
         feed = read_inputs(args.input)
-        binary = Binary(args.binary)
-        started = time.perf_counter()
-        outputs = binary.run(feed, args.dequantize)
-        seconds = time.perf_counter() - started
+        native: list[str] = []
+        try:
+            with captured(fd=1) as native:  # what the emulator prints itself, shown after, but its per-session line
+                binary = Binary(args.binary)
+                started = time.perf_counter()
+                outputs = binary.run(feed, args.dequantize)
+                seconds = time.perf_counter() - started
+        finally:
+            for line in native:
+                if not line.startswith(EMULATOR_NOISE):
+                    print(line)
         for note in binary.notes:
             print(note)
         folder = args.output_dir or Path(f"{args.binary.name}.outputs")

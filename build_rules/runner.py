@@ -22,6 +22,7 @@ from doit.exceptions import TaskFailed
 from . import stage_table
 from .plumbing import fork_server
 from .plumbing.files import publish, remove_quietly, replace_folder
+from .plumbing.native_stderr import EMULATOR_NOISE
 
 STAGING = Path("out/.staging")
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
@@ -104,9 +105,7 @@ def run_stage(stage: str, params: dict, targets: list[str], log: str, publish_di
         remove_quietly(staging)
 
 
-# The x86 HTP emulator's HVX library prints this line for every session it opens (its thread-local-storage setting):
-# hundreds of lines in a tune's log, nothing a reader can act on.
-NATIVE_NOISE = b" # LIBNATIVE: "
+NATIVE_NOISE = EMULATOR_NOISE.encode()
 
 
 def _copy_output(source, log_file) -> None:

@@ -126,6 +126,7 @@ def test_run_executes_a_binary_on_the_emulator_and_names_bad_inputs(built_tinyne
                "--output-dir", str(tmp_path / "ctx"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert f"logits: float32[1, 10] -> {tmp_path / 'ctx' / 'logits.npy'}" in done.stdout
+    assert "LIBNATIVE" not in done.stdout + done.stderr  # the emulator's line at every session, which says nothing
     logits = np.load(tmp_path / "ctx/logits.npy")
     from build_rules.toolchains import ort_qnn
     assert np.array_equal(logits, ort_qnn.open_context_binary(chip / "head_ctx.onnx")({"features": features})["logits"])
