@@ -219,6 +219,7 @@ def test_report_lists_every_variant_and_chip_with_the_check_numbers(tinynet_repo
     result = run_doit(tinynet_repo, "report")
     assert result.code == 0, result.output
     assert result.ran == {"report:tinynet"}  # everything else was built: no cell is recomputed
+    assert "\n  report      out/tinynet/report.md and out/tinynet/report.png\n" in result.output  # where to read it
     report = json.loads((tinynet_repo / "out/tinynet/report.json").read_text())
     cells = {(c["variant"], c["chip"], c["graph"]): c for c in report["cells"]}
     assert set(cells) == {(v, c, g) for v in VARIANTS for c in CHIPS for g in GRAPHS}

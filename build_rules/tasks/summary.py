@@ -210,6 +210,9 @@ class SummaryReporter(ConsoleReporter):
         for line in self.phone_lines:
             self.write(f"  {'phone':<11} {line}\n")
         for task in sorted(self.ran, key=lambda t: t.name):
+            if task.name.startswith("report:"):  # where to read it
+                pages = [t for t in task.targets if t.endswith((".md", ".png"))]
+                self.write(f"  {'report':<11} {' and '.join(pages)}\n" if pages else "")
             if task.name.startswith("dist:"):  # bundles; with [dist] multi_soc its size beside the per-chip sum
                 from ..dist import describe
                 self.write("".join(f"  {line}\n" for t in task.targets if t.endswith("index.json") for line in describe(t)))
