@@ -172,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", type=Path, default=None,
                         help="where <output>.npy files go (default: ./<binary name>.outputs/)")
     parser.add_argument("--dequantize", action="store_true",
-                        help="a .bin's fixed-point outputs as float32 (dequantized with each output's scale and offset)")
+                        help="a .bin's fixed-point outputs as float32 (dequantized with each output's scale and "
+                             "offset)")
     args = parser.parse_args(argv)
     binary = None
     try:

@@ -1,4 +1,5 @@
-"""The stage table: one record per stage, in the pipeline's order (the number each stage's line in `doit list` starts with).
+"""The stage table: one record per stage, in the pipeline's order (the number each stage's line in `doit list`
+starts with).
 
 From a name in `doit list` (`compile:mtcnn/onet/w8a16@SM8750`) the row gives:
 - doc: the stage's line in `doit list` (a toolchain's generator may yield its own, naming the SDK);

@@ -1,7 +1,7 @@
 """What native code writes to the process's stderr (file descriptor 2, which sys.stderr does not see), or stdout,
-while a call runs, as lines for the caller to print its own way. onnxsim's C++ constant folding writes a `WARNING: failed to run
-"<op>" op (name is "<node>"), skip... <why>` line per node it cannot fold, on every folding pass: eleven of the twelve
-lines of YOLOv8n's simplify log (stages/simplify.py prints them as one). Standard library only."""
+while a call runs, as lines for the caller to print its own way. onnxsim's C++ constant folding writes a `WARNING:
+failed to run "<op>" op (name is "<node>"), skip... <why>` line per node it cannot fold, on every folding pass: eleven
+of the twelve lines of YOLOv8n's simplify log (stages/simplify.py prints them as one). Standard library only."""
 from __future__ import annotations
 
 import contextlib
