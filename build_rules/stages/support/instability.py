@@ -40,10 +40,13 @@ def locate(graph, tensors: list, feed: dict, chip: dict, fp16: bool, runs: int =
                                            vtcm_mb=chip["vtcm_mb"], fp16=fp16)
         names = [o.name for o in session.get_outputs()]
         outputs = [dict(zip(names, session.run(names, feed))) for _ in range(runs)]
-        same = all(difference(outputs[0][n], o[n]) == 0 for o in outputs[1:] for n in names)
-        while same and len(outputs) <= pairs:  # nothing differed yet: not "repeats" on fewer pairs than a check's
+
+        def differs(run: dict) -> bool:
+            return any(difference(outputs[0][n], run[n]) for n in names)
+        seen = any(differs(o) for o in outputs[1:])
+        while not seen and len(outputs) <= pairs:  # nothing differed yet: not "repeats" on fewer pairs than a check's
             outputs.append(dict(zip(names, session.run(names, feed))))
-            same = all(difference(outputs[0][n], outputs[-1][n]) == 0 for n in names)
+            seen = differs(outputs[-1])
     runs = len(outputs)
     varying = {}
     for tensor in tensors:
